@@ -1,0 +1,593 @@
+"""The elastic iterator: a resizable pool of worker processes delivering batches in order.
+
+How exactly-once in-order delivery survives resizes and batch-size changes:
+
+* Only the main process cuts the sampler's order into tasks (:class:`~dloader._state.IndexStream`),
+  numbers them (``task_idx``) and hands each task to exactly one worker. Tasks are never
+  re-assigned and results are delivered strictly by ``task_idx``. A resize changes only *who* runs
+  future tasks; a batch-size change only how the next task is cut.
+* Growing starts processes at once but sends them tasks only after they report ``READY``, so a
+  slow start (``spawn`` imports torch) never blocks batches behind it. Until then the existing
+  workers, or in-process loading when there are none, keep the trainer fed.
+* Shrinking marks workers ``retiring``: they get no new tasks, finish the ones they hold, and are
+  told to exit once those are back.
+
+With a fixed worker count the task-to-worker assignment is torch's (task ``k`` goes to worker
+``k mod N``, every worker seeded ``base_seed + id``), so batches equal torch's for the same seed,
+random augmentations in workers included.
+
+Threading: ``request_resize`` may be called from any thread; it only records the target. The
+thread iterating applies it between batches or while it waits (every ``POLL_INTERVAL_S``), so all
+pool state is owned by that one thread and needs no locks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import queue
+import signal
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch._utils import ExceptionWrapper
+from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
+
+from dloader._config import JOIN_TIMEOUT_S, POLL_INTERVAL_S
+from dloader._state import STATE_VERSION, IndexStream
+from dloader._worker import ITER_END, READY, Fetcher, worker_loop
+from dloader.errors import StateError, WorkerDiedError
+
+if TYPE_CHECKING:
+    from dloader._loader import DataLoader
+
+__all__ = ["ElasticIterator"]
+
+log = logging.getLogger(__name__)
+
+_PENDING = object()  # a task's result has not arrived yet
+
+
+@dataclass
+class _Worker:
+    slot: int
+    process: Any
+    index_queue: Any
+    state: str = "starting"  # starting -> ready -> retiring; or ready -> ended (iterable, epoch)
+    in_flight: int = 0
+    stopping: bool = False  # told to exit; a clean exit is expected
+
+
+class _Task:
+    __slots__ = ("data", "num", "slot")
+
+    def __init__(self, slot: int | None, num: int) -> None:
+        self.slot = slot
+        self.num = num
+        self.data: Any = _PENDING
+
+
+def _describe_exit(worker: _Worker) -> str:
+    code = worker.process.exitcode
+    if code is not None and code < 0:
+        try:
+            how = f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"killed by signal {-code}"
+    else:
+        how = f"exit code {code}"
+    return f"worker {worker.slot} (pid {worker.process.pid}) {how}"
+
+
+class ElasticIterator:
+    """Iterates a :class:`dloader.DataLoader` once (or once per epoch with persistent workers)."""
+
+    def __init__(self, loader: DataLoader[Any], restore: dict[str, Any] | None = None) -> None:
+        self._loader_kind_iterable = loader._is_iterable
+        self._dataset = loader.dataset
+        self._auto_collation = loader._auto_collation
+        self._collate_fn = loader.collate_fn
+        self._drop_last = loader.drop_last
+        self._timeout = loader.timeout
+        self._in_order = loader.in_order
+        self._worker_init_fn = loader.worker_init_fn
+        self._persistent = loader.persistent_workers
+        self._telemetry = loader._telemetry
+        self._len_called = loader._IterableDataset_len_called
+        self._pin_memory = self._check_pin_memory(loader)
+        self._pin_device = None
+        if self._pin_memory:
+            acc = torch.accelerator.current_accelerator()
+            self._pin_device = acc.type if acc is not None else None
+        initial = loader.num_workers
+        if initial == 0 and self._timeout != 0:
+            # Same error as torch's single-process iterator.
+            raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
+        self._ctx = loader.multiprocessing_context or torch.multiprocessing
+        self._prefetch = loader.prefetch_factor or 2
+        self._workers: dict[int, _Worker] = {}
+        self._active: list[int] = []  # slots of ready workers that take new tasks, sorted
+        self._last_slot = -1
+        self._target = initial
+        self._pending_target: int | None = None
+        self._control = threading.Lock()
+        self._shutdown = False
+        self._gen = 0
+        self._result_queue: Any = None
+        self._done_event: Any = None
+        self._in_process: Fetcher | None = None
+        self._new_epoch(loader, restore)
+        # As torch: the workers' base seed is drawn after the sampler iterator is made and before
+        # its first index, from the loader's generator.
+        self._base_seed = int(
+            torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+        )
+        if initial > 0:
+            self._spawn(initial, ready=True)
+            self._fill()
+        elif self._loader_kind_iterable:
+            self._in_process_fetcher()  # as torch: iter(dataset) when the iterator is made
+
+    # ------------------------------------------------------------------ epoch and state
+
+    def _new_epoch(self, loader: DataLoader[Any], restore: dict[str, Any] | None) -> None:
+        self._gen += 1
+        self._tasks: dict[int, _Task] = {}
+        self._done_order: list[int] = []  # arrival order, for in_order=False
+        self._send_idx = 0
+        self._rcvd_idx = 0
+        self._samples_yielded = 0
+        self._batches_yielded = 0
+        self._exhausted = False
+        self._stream_done = False
+        self._epoch = loader._epoch
+        self._replay = 0  # iterable datasets: batches to fetch and drop to reach a resume point
+        skip = 0
+        snapshot = None
+        if restore is not None and not restore["exhausted"]:
+            snapshot = restore["sampler"]
+            self._samples_yielded = restore["samples_yielded"]
+            self._batches_yielded = restore["batches_yielded"]
+            if self._loader_kind_iterable:
+                self._replay = restore["batches_yielded"]
+                self._batches_yielded = 0  # counted again while replaying
+                self._samples_yielded = 0
+            else:
+                skip = self._batches_yielded if loader._user_batch_sampler else self._samples_yielded
+        self._batch_size = loader.batch_size
+        self._stream: IndexStream | None = None
+        if not self._loader_kind_iterable:
+            source = loader.batch_sampler if loader._user_batch_sampler else loader.sampler
+            self._stream = IndexStream(
+                source,
+                loader.batch_size,
+                loader.drop_last,
+                batched=loader._user_batch_sampler,
+                restore=snapshot,
+                skip=skip,
+            )
+        for w in self._workers.values():
+            if w.state == "ended":
+                w.state = "ready"
+        self._rebuild_active()
+        if self._in_process is not None:
+            self._in_process.restart()
+
+    def reset(self, loader: DataLoader[Any], restore: dict[str, Any] | None = None) -> None:
+        """Starts a new epoch on the same (persistent) workers."""
+        self._new_epoch(loader, restore)
+        self._target = loader.num_workers
+        self._apply_target()
+        self._fill()
+
+    def state(self) -> dict[str, Any]:
+        """The resumable state of this epoch (see ``DataLoader.state_dict``)."""
+        if not self._in_order:
+            raise ValueError(
+                "state_dict() needs in_order=True: with in_order=False the delivered samples are "
+                "not a prefix of the sampler's order, so a few integers cannot describe them"
+            )
+        stream = self._stream
+        return {
+            "version": STATE_VERSION,
+            "dataset_kind": "iterable" if self._loader_kind_iterable else "map",
+            "epoch": self._epoch,
+            "samples_yielded": self._samples_yielded,
+            "batches_yielded": self._batches_yielded,
+            "batch_size": self._batch_size,
+            "num_workers": self._target,
+            "sampler": stream.snapshot if stream is not None else None,
+            "dataset_len": None if self._loader_kind_iterable else len(self._dataset),
+            "exhausted": self._exhausted,
+        }
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether this epoch has been delivered completely."""
+        return self._exhausted
+
+    # ------------------------------------------------------------------ control (any thread)
+
+    def request_resize(self, num_workers: int) -> None:
+        """Asks for ``num_workers`` workers; applied by the iterating thread between batches."""
+        with self._control:
+            self._pending_target = num_workers
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Cuts batches not yet dispatched at ``batch_size`` (an int store: atomic)."""
+        self._batch_size = batch_size
+        if self._stream is not None:
+            self._stream.batch_size = batch_size
+
+    @property
+    def live_workers(self) -> int:
+        """Workers started or ready and not retiring."""
+        return sum(1 for w in self._workers.values() if w.state != "retiring")
+
+    # ------------------------------------------------------------------ pool management
+
+    def _check_pin_memory(self, loader: DataLoader[Any]) -> bool:
+        if loader.pin_memory and loader.pin_memory_device:
+            warnings.warn(
+                "pin_memory_device is deprecated, the current accelerator will be used as the "
+                f"device,ignore pin_memory_device='{loader.pin_memory_device}'.",
+                stacklevel=4,
+            )
+        if loader.pin_memory and not torch.accelerator.is_available():
+            warnings.warn(
+                "'pin_memory' argument is set as true but no accelerator is found, "
+                "then device pinned memory won't be used.",
+                stacklevel=4,
+            )
+        return bool(loader.pin_memory and torch.accelerator.is_available())
+
+    def _spawn(self, count: int, *, ready: bool) -> None:
+        if self._result_queue is None:
+            self._result_queue = self._ctx.Queue()
+            self._done_event = self._ctx.Event()
+        for _ in range(count):
+            slot = next(i for i in itertools.count() if i not in self._workers)
+            index_queue = self._ctx.Queue()
+            index_queue.cancel_join_thread()
+            process = self._ctx.Process(
+                target=worker_loop,
+                args=(
+                    slot,
+                    self._target,
+                    self._dataset,
+                    index_queue,
+                    self._result_queue,
+                    self._done_event,
+                    self._auto_collation,
+                    self._collate_fn,
+                    self._drop_last,
+                    self._base_seed,
+                    self._worker_init_fn,
+                    self._gen,
+                ),
+                daemon=True,
+            )
+            process.start()
+            worker = _Worker(slot, process, index_queue, state="ready" if ready else "starting")
+            self._workers[slot] = worker
+            rec = self._telemetry.worker(slot)
+            rec.state, rec.pid = worker.state, process.pid
+        self._rebuild_active()
+
+    def _rebuild_active(self) -> None:
+        self._active = sorted(s for s, w in self._workers.items() if w.state == "ready")
+
+    def _apply_pending(self) -> None:
+        with self._control:
+            target, self._pending_target = self._pending_target, None
+        if target is not None and not self._shutdown:
+            self._target = target
+            self._apply_target()
+
+    def _apply_target(self) -> None:
+        live = [w for w in self._workers.values() if w.state != "retiring"]
+        if len(live) < self._target:
+            self._spawn(self._target - len(live), ready=False)
+        elif len(live) > self._target:
+            # Retire workers that have not started serving first, then the highest slots.
+            live.sort(key=lambda w: (w.state != "starting", -w.slot))
+            for w in live[: len(live) - self._target]:
+                self._retire(w)
+            self._rebuild_active()
+
+    def _retire(self, w: _Worker) -> None:
+        w.state = "retiring"
+        self._telemetry.worker(w.slot).state = "retiring"
+        if w.in_flight == 0:
+            self._stop(w)
+
+    def _stop(self, w: _Worker) -> None:
+        if not w.stopping:
+            w.stopping = True
+            try:
+                w.index_queue.put(None)
+            except (OSError, ValueError):  # queue already closed
+                pass
+
+    def _reap(self) -> None:
+        """Joins retired workers that have exited and raises if any other worker died."""
+        died = []
+        for slot, w in list(self._workers.items()):
+            if w.process.exitcode is None:
+                continue
+            if w.stopping:
+                w.process.join()
+                w.index_queue.close()
+                del self._workers[slot]
+                with self._telemetry.lock:
+                    self._telemetry.workers.pop(slot, None)
+            else:
+                died.append(w)
+        if died:
+            pids = tuple(w.process.pid for w in died)
+            details = "; ".join(_describe_exit(w) for w in died)
+            self._shutdown_workers()
+            raise WorkerDiedError(
+                f"DataLoader worker (pid(s) {', '.join(map(str, pids))}) exited unexpectedly: "
+                f"{details}",
+                pids,
+            )
+
+    # ------------------------------------------------------------------ dispatch and receive
+
+    def _next_slot(self) -> int | None:
+        active = self._active
+        if not active:
+            return None
+        if not self._in_order:
+            # As torch: a worker takes a new task only while it holds fewer than its share.
+            cap = self._prefetch
+            for slot in active[bisect.bisect_right(active, self._last_slot) :] + active:
+                if self._workers[slot].in_flight < cap:
+                    return slot
+            return None
+        i = bisect.bisect_right(active, self._last_slot)
+        return active[i] if i < len(active) else active[0]
+
+    def _fill(self) -> None:
+        """Dispatches tasks until every ready worker holds ``prefetch_factor`` of them."""
+        if self._stream_done or not self._active:
+            return
+        workers = self._workers
+        in_flight = sum(workers[s].in_flight for s in self._active)
+        cap = self._prefetch * len(self._active)
+        while in_flight < cap:
+            slot = self._next_slot()
+            if slot is None:
+                return
+            index, num = self._next_index()
+            if index is _PENDING:
+                return
+            w = workers[slot]
+            w.index_queue.put((self._gen, self._send_idx, index))
+            self._tasks[self._send_idx] = _Task(slot, num)
+            self._send_idx += 1
+            self._last_slot = slot
+            w.in_flight += 1
+            in_flight += 1
+
+    def _next_index(self) -> tuple[Any, int]:
+        if self._stream is None:  # iterable: the worker's copy of the dataset decides
+            return self._batch_size, 0
+        try:
+            return self._stream.next_task()
+        except StopIteration:
+            self._stream_done = True
+            return _PENDING, 0
+
+    def _receive(self, msg: tuple[Any, ...]) -> None:
+        slot, gen, task_idx, payload, num, fetch_s, cpu_s = msg
+        w = self._workers.get(slot)
+        if task_idx == READY:
+            if w is not None and w.state == "starting":
+                w.state = "ready"
+                self._rebuild_active()
+                self._telemetry.worker(slot).state = "ready"
+            return
+        if w is not None:
+            w.in_flight -= 1
+            if w.state == "retiring" and w.in_flight == 0:
+                self._stop(w)
+        if gen != self._gen:
+            return  # a result from an abandoned epoch (persistent workers)
+        self._telemetry.record_fetch(slot, fetch_s, cpu_s)
+        task = self._tasks[task_idx]
+        task.data, task.num = payload, num
+        if payload is ITER_END and w is not None and w.state == "ready":
+            w.state = "ended"
+            self._rebuild_active()
+        if not self._in_order:
+            self._done_order.append(task_idx)
+
+    def _wait(self) -> None:
+        """Blocks for one message from the workers, applying resizes and checking liveness."""
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        while True:
+            try:
+                msg = self._result_queue.get(timeout=POLL_INTERVAL_S)
+            except queue.Empty:
+                self._reap()
+                if self._pending_target is not None:
+                    self._apply_pending()
+                    return
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"DataLoader timed out after {self._timeout} seconds"
+                    ) from None
+                continue
+            self._receive(msg)
+            return
+
+    def _drain_nowait(self) -> None:
+        """Reads messages already waiting (start-up reports) without blocking."""
+        while True:
+            try:
+                msg = self._result_queue.get_nowait()
+            except queue.Empty:
+                return
+            self._receive(msg)
+
+    # ------------------------------------------------------------------ the iterator protocol
+
+    def __iter__(self) -> ElasticIterator:
+        return self
+
+    def __next__(self) -> Any:
+        enter = time.perf_counter()
+        while True:
+            try:
+                data, num = self._next_data()
+            except StopIteration:
+                self._exhausted = True
+                if not self._persistent:
+                    self._shutdown_workers()
+                raise
+            self._samples_yielded += num
+            self._batches_yielded += 1
+            if not self._replay:
+                break
+            self._replay -= 1  # resuming an iterable dataset: drop batches already delivered
+        if isinstance(data, ExceptionWrapper):
+            data.reraise()
+        if self._pin_memory:
+            data = _pin_memory(data, self._pin_device)
+        self._telemetry.record_batch(enter, time.perf_counter(), num)
+        if self._len_called is not None and self._batches_yielded > self._len_called:
+            self._warn_length()
+        return data
+
+    def _next_data(self) -> tuple[Any, int]:
+        tasks = self._tasks
+        while True:
+            if self._pending_target is not None:
+                self._apply_pending()
+            if self._in_order:
+                task = tasks.get(self._rcvd_idx)
+                while task is not None and task.data is not _PENDING:
+                    del tasks[self._rcvd_idx]
+                    self._rcvd_idx += 1
+                    if task.data is ITER_END:
+                        task = tasks.get(self._rcvd_idx)
+                        continue
+                    self._fill()
+                    self._update_depth()
+                    return task.data, task.num
+            elif self._done_order:
+                task = tasks.pop(self._done_order.pop(0))
+                self._fill()
+                if task.data is not ITER_END:
+                    self._update_depth()
+                    return task.data, task.num
+                continue
+            if not tasks:
+                self._fill()
+                if not tasks:
+                    if self._stream_done:
+                        raise StopIteration
+                    if not self._active:
+                        if self._loader_kind_iterable and self._workers:
+                            raise StopIteration  # every worker's copy is exhausted
+                        # No worker is serving (none asked for, or new ones still starting):
+                        # load in this process rather than wait.
+                        return self._fetch_here()
+            self._wait()
+
+    def _fetch_here(self) -> tuple[Any, int]:
+        if self._result_queue is not None:
+            self._drain_nowait()
+            if self._active:
+                self._fill()
+                return self._next_data()
+            self._reap()
+        fetcher = self._in_process_fetcher()
+        if self._stream is None:
+            index: Any = self._batch_size
+        else:
+            try:
+                index, _ = self._stream.next_task()
+            except StopIteration:
+                self._stream_done = True
+                raise
+        self._send_idx += 1
+        self._rcvd_idx += 1
+        try:
+            return fetcher.fetch(index)
+        except StopIteration:
+            self._stream_done = True
+            raise
+
+    def _in_process_fetcher(self) -> Fetcher:
+        if self._in_process is None:
+            self._in_process = Fetcher(
+                self._dataset, self._auto_collation, self._collate_fn, self._drop_last
+            )
+        return self._in_process
+
+    def _update_depth(self) -> None:
+        tel = self._telemetry
+        done = sum(1 for t in self._tasks.values() if t.data is not _PENDING)
+        tel.queue_depth = done
+        tel.in_flight = len(self._tasks) - done
+
+    def _warn_length(self) -> None:
+        msg = (
+            f"Length of IterableDataset {self._dataset} was reported to be {self._len_called}"
+            f"(when accessing len(dataloader)), but {self._batches_yielded} samples have been "
+            "fetched. "
+        )
+        if self._workers:
+            msg += (
+                "For multiprocessing data-loading, this could be caused by not properly "
+                "configuring the IterableDataset replica at each worker. Please see "
+                "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
+                "for examples."
+            )
+        warnings.warn(msg, stacklevel=3)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def _shutdown_workers(self) -> None:
+        if self._shutdown:
+            return
+        self._shutdown = True
+        workers = list(self._workers.values())
+        if self._done_event is not None:
+            self._done_event.set()
+        for w in workers:
+            self._stop(w)
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for w in workers:
+            w.process.join(timeout=max(deadline - time.monotonic(), 0.0))
+        for w in workers:
+            if w.process.is_alive():
+                log.warning("dloader worker pid %s did not exit; terminating it", w.process.pid)
+                w.process.terminate()
+                w.process.join(timeout=JOIN_TIMEOUT_S)
+            w.index_queue.close()
+        if self._result_queue is not None:
+            self._result_queue.cancel_join_thread()
+            self._result_queue.close()
+        self._workers.clear()
+        self._active = []
+        with self._telemetry.lock:
+            self._telemetry.workers.clear()
+
+    def close(self) -> None:
+        """Stops the workers now (also done when the iterator is garbage-collected)."""
+        self._shutdown_workers()
+
+    def __del__(self) -> None:
+        try:
+            self._shutdown_workers()
+        except Exception:  # interpreter shutdown: modules may already be gone
+            pass

@@ -1,0 +1,308 @@
+"""``dloader.DataLoader``: torch's DataLoader, plus live resize, batch-size changes, telemetry and
+resumable state."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import torch.utils.data
+from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
+
+from dloader._config import STATS_WINDOW_S
+from dloader._iter import ElasticIterator
+from dloader._state import STATE_VERSION, check_state
+from dloader._stats import LoaderStats, Telemetry
+
+__all__ = ["DataLoader"]
+
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}={value!r} must be an int")
+    if value < minimum:
+        raise ValueError(f"{name}={value!r} must be >= {minimum}")
+    return value
+
+
+class DataLoader(torch.utils.data.DataLoader[_T_co]):
+    """A drop-in ``torch.utils.data.DataLoader`` whose worker count and batch size can change
+    while it runs, which measures how long the trainer waits for data, and whose position in an
+    epoch can be saved and restored.
+
+    The positional and keyword arguments up to ``in_order`` are torch's, with torch's defaults
+    and meaning. With none of the options below used, it yields the same batches in the same
+    order as torch's DataLoader for the same seed.
+
+    Args:
+        min_workers: lowest worker count :meth:`resize` accepts (default 0).
+        max_workers: highest worker count :meth:`resize` accepts (default: no limit).
+        batch_size_range: ``(low, high)`` inclusive bounds for :meth:`set_batch_size`
+            (default: any positive size).
+        stats_window_s: length of the "recent" window of :meth:`stats`, seconds.
+
+    Live changes:
+        * :meth:`resize` applies mid-epoch for map-style datasets; workers added report ready
+          before they receive tasks, so the trainer never waits on a starting process; retired
+          workers finish the batches they hold. For an ``IterableDataset`` each worker holds its
+          own shard of the stream, so a resize applies from the next epoch (with a warning).
+        * :meth:`set_batch_size` applies to the next batch not yet dispatched. Up to
+          ``prefetch_factor * num_workers`` batches already handed to workers keep the old size.
+
+    Only the most recently created iterator of a loader follows live changes.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset[_T_co],
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        min_workers: int = 0,
+        max_workers: int | None = None,
+        batch_size_range: tuple[int, int] | None = None,
+        stats_window_s: float = STATS_WINDOW_S,
+    ) -> None:
+        super().__init__(
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
+        _check_int("min_workers", min_workers, 0)
+        if max_workers is not None:
+            _check_int("max_workers", max_workers, 1)
+            if max_workers < min_workers:
+                raise ValueError(f"{max_workers=} must be >= {min_workers=}")
+        if not min_workers <= num_workers <= (max_workers if max_workers is not None else
+                                                num_workers):
+            raise ValueError(
+                f"num_workers={num_workers} is outside [min_workers={min_workers}, "
+                f"max_workers={max_workers}]"
+            )
+        if batch_size_range is not None:
+            batch_size_range = self._check_range(batch_size_range, batch_size)
+        self.min_workers = min_workers
+        self.max_workers = max_workers
+        self.batch_size_range = batch_size_range
+        self._user_batch_sampler = batch_sampler is not None
+        self._is_iterable = isinstance(dataset, IterableDataset)
+        self._telemetry = Telemetry(stats_window_s)
+        self._epoch = 0
+        self._live: weakref.ref[ElasticIterator] | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self._control = threading.Lock()
+
+    @staticmethod
+    def _check_range(batch_size_range: Any, batch_size: int | None) -> tuple[int, int]:
+        try:
+            low, high = batch_size_range
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"batch_size_range={batch_size_range!r} must be a (low, high) pair"
+            ) from None
+        _check_int("batch_size_range[0]", low, 1)
+        _check_int("batch_size_range[1]", high, 1)
+        if low > high:
+            raise ValueError(f"batch_size_range={batch_size_range!r} must have low <= high")
+        if batch_size is not None and not low <= batch_size <= high:
+            raise ValueError(f"batch_size={batch_size} is outside {batch_size_range=}")
+        return (low, high)
+
+    # ------------------------------------------------------------------ iteration
+
+    def _get_iterator(self) -> ElasticIterator:  # type: ignore[override]
+        restore, self._pending_state = self._pending_state, None
+        if restore is not None:
+            self._epoch = int(restore.get("epoch", self._epoch))
+        else:
+            self._epoch += 1
+        it = ElasticIterator(self, restore)
+        self._live = weakref.ref(it)
+        return it
+
+    def __iter__(self) -> ElasticIterator:  # type: ignore[override]
+        it = self._iterator
+        if self.persistent_workers and isinstance(it, ElasticIterator):
+            if self._is_iterable and it.live_workers != self.num_workers:
+                # Each worker owns a shard of the stream: a new count needs a fresh pool.
+                it.close()
+            else:
+                restore, self._pending_state = self._pending_state, None
+                self._epoch = int(restore.get("epoch", self._epoch)) if restore else self._epoch + 1
+                self._telemetry.begin_epoch()
+                it.reset(self, restore)
+                self._live = weakref.ref(it)
+                return it
+        self._telemetry.begin_epoch()
+        it = self._get_iterator()
+        if self.persistent_workers and self.num_workers > 0:
+            self._iterator = it
+        return it
+
+    def _live_iterator(self) -> ElasticIterator | None:
+        it = self._live() if self._live is not None else None
+        return None if it is None or it.exhausted and not self.persistent_workers else it
+
+    # ------------------------------------------------------------------ the knobs
+
+    def resize(self, num_workers: int) -> None:
+        """Sets the number of worker processes, now (map-style) or from the next epoch (iterable).
+
+        Safe to call from any thread at any time. The iterating thread applies it before its next
+        batch, or within ``DLOADER_POLL_INTERVAL_S`` while it waits. ``resize(0)`` switches to
+        in-process loading once the workers' outstanding batches are delivered.
+
+        Raises:
+            TypeError: ``num_workers`` is not an int.
+            ValueError: it is negative or outside ``[min_workers, max_workers]``.
+        """
+        _check_int("num_workers", num_workers, 0)
+        if num_workers < self.min_workers or (
+            self.max_workers is not None and num_workers > self.max_workers
+        ):
+            raise ValueError(
+                f"num_workers={num_workers} is outside [min_workers={self.min_workers}, "
+                f"max_workers={self.max_workers}]"
+            )
+        with self._control:
+            self.num_workers = num_workers
+            if num_workers > 0 and self.prefetch_factor is None:
+                self.prefetch_factor = 2
+            it = self._live_iterator()
+            if it is None:
+                return
+            if self._is_iterable:
+                if it.live_workers != num_workers:
+                    warnings.warn(
+                        f"resize(num_workers={num_workers}) on an IterableDataset applies from "
+                        "the next epoch: each worker iterates its own shard of the dataset, so "
+                        "the worker count cannot change mid-epoch",
+                        UserWarning,
+                        stacklevel=2,
+                    )
+                return
+            it.request_resize(num_workers)
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Changes the batch size from the next batch not yet dispatched to a worker.
+
+        The sample stream stays continuous: no sample is skipped or repeated. Batches already
+        dispatched (at most ``prefetch_factor * num_workers``) keep the old size. With
+        ``drop_last=True`` only a final batch shorter than the size then current is dropped.
+
+        Raises:
+            ValueError: the loader uses a user-supplied ``batch_sampler`` or ``batch_size=None``,
+                or ``batch_size`` is outside ``batch_size_range``.
+            TypeError: ``batch_size`` is not an int.
+        """
+        if self._user_batch_sampler:
+            raise ValueError(
+                "set_batch_size() cannot change the batches of a user-supplied "
+                f"batch_sampler={self.batch_sampler!r}; pass batch_size= and sampler= instead"
+            )
+        if self.batch_size is None:
+            raise ValueError(
+                "set_batch_size() needs auto-batching, but this loader has batch_size=None"
+            )
+        _check_int("batch_size", batch_size, 1)
+        if self.batch_size_range is not None:
+            low, high = self.batch_size_range
+            if not low <= batch_size <= high:
+                raise ValueError(
+                    f"batch_size={batch_size} is outside batch_size_range={self.batch_size_range}"
+                )
+        with self._control:
+            # torch forbids assigning these after __init__; the batch sampler is rebuilt so that
+            # len(loader) follows the new size.
+            object.__setattr__(self, "batch_size", batch_size)
+            if not self._is_iterable:
+                object.__setattr__(
+                    self, "batch_sampler", BatchSampler(self.sampler, batch_size, self.drop_last)
+                )
+            it = self._live_iterator()
+            if it is not None:
+                it.set_batch_size(batch_size)
+
+    # ------------------------------------------------------------------ telemetry and state
+
+    def stats(self) -> LoaderStats:
+        """A snapshot of this loader's telemetry; cheap enough to call every step."""
+        return self._telemetry.snapshot(
+            num_workers=self.num_workers, batch_size=self.batch_size, epoch=self._epoch
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position in the current epoch, as a few integers and the sampler's seed.
+
+        Restoring it with :meth:`load_state_dict` into a new loader over the same dataset
+        continues with exactly the remaining samples of the epoch, whatever that loader's
+        ``num_workers`` or batch size. For an ``IterableDataset`` the position is replayed
+        (batches re-read and dropped), which needs the same ``num_workers`` and batch size.
+        """
+        it = self._live_iterator()
+        if it is not None:
+            return it.state()
+        return {
+            "version": STATE_VERSION,
+            "dataset_kind": "iterable" if self._is_iterable else "map",
+            "epoch": self._epoch,
+            "samples_yielded": 0,
+            "batches_yielded": 0,
+            "batch_size": self.batch_size,
+            "num_workers": self.num_workers,
+            "sampler": None,
+            "exhausted": True,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Makes the next ``iter(loader)`` resume from ``state_dict`` (see :meth:`state_dict`).
+
+        Raises:
+            dloader.errors.StateError: the state is malformed, of another version, or was saved
+                for a dataset of another kind or length.
+            ValueError: an iterable dataset's state is restored with another worker count or
+                batch size.
+        """
+        dataset_len = None if self._is_iterable else len(self.dataset)  # type: ignore[arg-type]
+        state = check_state(state_dict, iterable=self._is_iterable, dataset_len=dataset_len)
+        if self._is_iterable and not state["exhausted"]:
+            for key, value in (("num_workers", self.num_workers), ("batch_size", self.batch_size)):
+                if state.get(key) != value:
+                    raise ValueError(
+                        f"an IterableDataset is resumed by replay, which needs the same {key}: "
+                        f"saved {key}={state.get(key)!r}, this loader has {key}={value!r}"
+                    )
+        self._pending_state = dict(state)

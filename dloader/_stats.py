@@ -1,0 +1,194 @@
+"""Loader telemetry: how long the trainer waits for data, and what the workers spend.
+
+Recording is O(1) per batch and :meth:`Telemetry.snapshot` is O(number of workers): windowed
+sums are kept incrementally, so calling ``loader.stats()`` every step is cheap.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["LoaderStats", "Telemetry", "WorkerStats"]
+
+_EMA = 0.2  # weight of the newest batch in per-worker moving averages
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """One loader worker, as seen from the main process."""
+
+    slot: int
+    """Worker id (``get_worker_info().id`` inside the worker)."""
+    pid: int | None
+    """Process id, ``None`` until the worker has reported that it is up."""
+    state: str
+    """``"starting"``, ``"ready"`` (receives tasks) or ``"retiring"`` (finishing its last tasks)."""
+    batches: int
+    """Batches this worker has fetched."""
+    in_flight: int
+    """Tasks sent to this worker and not yet returned."""
+    fetch_s: float
+    """Moving average of the wall time to fetch and collate one batch, seconds."""
+    cpu_s: float
+    """Moving average of the worker's CPU time per batch, seconds."""
+    cpu_total_s: float
+    """CPU seconds this worker has spent fetching."""
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """A snapshot of a loader's telemetry (``loader.stats()``). Times in seconds."""
+
+    timestamp: float
+    """``time.monotonic()`` when the snapshot was taken."""
+    num_workers: int
+    """Worker count the loader is set to (the target of the last resize)."""
+    batch_size: int | None
+    """Batch size of the next batch to be dispatched."""
+    samples: int
+    """Samples delivered to the trainer since the loader was created."""
+    batches: int
+    """Batches delivered since the loader was created."""
+    epoch: int
+    """Iterators started over this loader (0 before the first ``iter()``)."""
+    wait_total_s: float
+    """Total time the trainer spent inside ``next()`` waiting for data."""
+    window_s: float
+    """Length of the recent window the following fields cover (at most the configured window)."""
+    samples_per_s: float
+    """Delivered samples per second over the recent window."""
+    wait_s: float
+    """Time waited for data within the recent window."""
+    step_s: float
+    """Mean time between batch requests (the training step, data wait included), recent window."""
+    idle_share: float
+    """Share of wall time the trainer waited for data in the recent window (accelerator idle)."""
+    queue_depth: int
+    """Batches fetched and waiting in the main process to be delivered."""
+    in_flight: int
+    """Tasks dispatched to workers and not yet returned."""
+    workers: tuple[WorkerStats, ...] = field(default_factory=tuple)
+    """Per-worker figures (empty when loading in-process)."""
+
+
+@dataclass
+class _WorkerRecord:
+    pid: int | None = None
+    state: str = "starting"
+    batches: int = 0
+    in_flight: int = 0
+    fetch_s: float = 0.0
+    cpu_s: float = 0.0
+    cpu_total_s: float = 0.0
+
+
+class Telemetry:
+    """Accumulates per-step timings; shared by a loader and the iterators it creates."""
+
+    def __init__(self, window_s: float) -> None:
+        if not window_s > 0:
+            raise ValueError(f"stats_window_s={window_s!r} must be > 0")
+        self.window_s = window_s
+        self.samples = 0
+        self.batches = 0
+        self.wait_total_s = 0.0
+        # (exit time, wait, samples) per delivered batch within the window, with running sums
+        self._recent: deque[tuple[float, float, int]] = deque()
+        self._recent_wait = 0.0
+        self._recent_samples = 0
+        self._last_exit: float | None = None
+        self._first_in_window: float | None = None
+        self.workers: dict[int, _WorkerRecord] = {}
+        self.queue_depth = 0
+        self.in_flight = 0
+        self.lock = threading.Lock()
+
+    def begin_epoch(self) -> None:
+        """Forgets the time between epochs, so that evaluation pauses do not count as steps."""
+        with self.lock:
+            self._last_exit = None
+
+    def record_batch(self, enter: float, exit_: float, samples: int) -> None:
+        """Records one delivered batch: ``next()`` was entered at ``enter``, returned at ``exit_``."""
+        wait = exit_ - enter
+        with self.lock:
+            self.samples += samples
+            self.batches += 1
+            self.wait_total_s += wait
+            if self._last_exit is None:
+                # The first batch of a run of steps: its window starts when it was requested.
+                self._first_in_window = enter
+            self._last_exit = exit_
+            recent = self._recent
+            recent.append((exit_, wait, samples))
+            self._recent_wait += wait
+            self._recent_samples += samples
+            self._evict(exit_)
+
+    def _evict(self, now: float) -> None:
+        recent, horizon = self._recent, now - self.window_s
+        while recent and recent[0][0] < horizon:
+            t, wait, samples = recent.popleft()
+            self._recent_wait -= wait
+            self._recent_samples -= samples
+            self._first_in_window = t
+
+    def worker(self, slot: int) -> _WorkerRecord:
+        """The record for worker ``slot``, created on first use."""
+        rec = self.workers.get(slot)
+        if rec is None:
+            with self.lock:  # snapshot() iterates the dict under this lock
+                rec = self.workers.setdefault(slot, _WorkerRecord())
+        return rec
+
+    def record_fetch(self, slot: int, fetch_s: float, cpu_s: float) -> None:
+        """Records one batch fetched by worker ``slot``."""
+        rec = self.worker(slot)
+        if rec.batches == 0:
+            rec.fetch_s, rec.cpu_s = fetch_s, cpu_s
+        else:
+            rec.fetch_s += _EMA * (fetch_s - rec.fetch_s)
+            rec.cpu_s += _EMA * (cpu_s - rec.cpu_s)
+        rec.batches += 1
+        rec.cpu_total_s += cpu_s
+
+    def snapshot(self, *, num_workers: int, batch_size: int | None, epoch: int) -> LoaderStats:
+        """A consistent :class:`LoaderStats` at this moment."""
+        now = time.monotonic()
+        with self.lock:
+            recent = self._recent
+            if recent:
+                start = self._first_in_window if self._first_in_window is not None else recent[0][0]
+                window = max(recent[-1][0] - start, 1e-9)
+                n = len(recent)
+                samples_per_s = self._recent_samples / window
+                step_s = window / n
+                wait = max(self._recent_wait, 0.0)
+                idle = min(wait / window, 1.0)
+            else:
+                window = samples_per_s = step_s = wait = idle = 0.0
+            workers = tuple(
+                WorkerStats(slot, r.pid, r.state, r.batches, r.in_flight, r.fetch_s, r.cpu_s,
+                            r.cpu_total_s)
+                for slot, r in sorted(self.workers.items())
+            )
+            return LoaderStats(
+                timestamp=now,
+                num_workers=num_workers,
+                batch_size=batch_size,
+                samples=self.samples,
+                batches=self.batches,
+                epoch=epoch,
+                wait_total_s=self.wait_total_s,
+                window_s=window,
+                samples_per_s=samples_per_s,
+                wait_s=wait,
+                step_s=step_s,
+                idle_share=idle,
+                queue_depth=self.queue_depth,
+                in_flight=self.in_flight,
+                workers=workers,
+            )
