@@ -24,6 +24,7 @@ pool state is owned by that one thread and needs no locks.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import logging
 import queue
@@ -38,10 +39,10 @@ import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-from dloader._config import JOIN_TIMEOUT_S, POLL_INTERVAL_S
+from dloader._config import DEATH_GRACE_S, JOIN_TIMEOUT_S, POLL_INTERVAL_S
 from dloader._state import STATE_VERSION, IndexStream
 from dloader._worker import ITER_END, READY, Fetcher, worker_loop
-from dloader.errors import StateError, WorkerDiedError
+from dloader.errors import WorkerDiedError
 
 if TYPE_CHECKING:
     from dloader._loader import DataLoader
@@ -59,7 +60,8 @@ class _Worker:
     process: Any
     index_queue: Any
     state: str = "starting"  # starting -> ready -> retiring; or ready -> ended (iterable, epoch)
-    in_flight: int = 0
+    in_flight: int = 0  # tasks sent and not yet returned
+    owed: int = 0  # tasks sent and not yet delivered to the trainer (bounded by prefetch_factor)
     stopping: bool = False  # told to exit; a clean exit is expected
 
 
@@ -112,11 +114,11 @@ class ElasticIterator:
         self._prefetch = loader.prefetch_factor or 2
         self._workers: dict[int, _Worker] = {}
         self._active: list[int] = []  # slots of ready workers that take new tasks, sorted
-        self._last_slot = -1
         self._target = initial
         self._pending_target: int | None = None
         self._control = threading.Lock()
         self._shutdown = False
+        self._n_stopping = 0  # workers told to exit and not yet joined
         self._gen = 0
         self._result_queue: Any = None
         self._done_event: Any = None
@@ -141,6 +143,7 @@ class ElasticIterator:
         self._done_order: list[int] = []  # arrival order, for in_order=False
         self._send_idx = 0
         self._rcvd_idx = 0
+        self._last_slot = -1  # as torch, each epoch's round-robin starts at worker 0
         self._samples_yielded = 0
         self._batches_yielded = 0
         self._exhausted = False
@@ -158,7 +161,9 @@ class ElasticIterator:
                 self._batches_yielded = 0  # counted again while replaying
                 self._samples_yielded = 0
             else:
-                skip = self._batches_yielded if loader._user_batch_sampler else self._samples_yielded
+                skip = (
+                    self._batches_yielded if loader._user_batch_sampler else self._samples_yielded
+                )
         self._batch_size = loader.batch_size
         self._stream: IndexStream | None = None
         if not self._loader_kind_iterable:
@@ -172,6 +177,7 @@ class ElasticIterator:
                 skip=skip,
             )
         for w in self._workers.values():
+            w.owed = 0  # tasks of an abandoned epoch are never delivered
             if w.state == "ended":
                 w.state = "ready"
         self._rebuild_active()
@@ -193,6 +199,10 @@ class ElasticIterator:
                 "not a prefix of the sampler's order, so a few integers cannot describe them"
             )
         stream = self._stream
+        if stream is not None and stream.snapshot is None and not self._exhausted:
+            # Nothing drawn yet (in-process loading draws at the first next()): draw now, so
+            # that the state pins this epoch's order.
+            stream.start()
         return {
             "version": STATE_VERSION,
             "dataset_kind": "iterable" if self._loader_kind_iterable else "map",
@@ -202,7 +212,7 @@ class ElasticIterator:
             "batch_size": self._batch_size,
             "num_workers": self._target,
             "sampler": stream.snapshot if stream is not None else None,
-            "dataset_len": None if self._loader_kind_iterable else len(self._dataset),
+            "dataset_len": None if self._loader_kind_iterable else len(self._dataset),  # type: ignore[arg-type]
             "exhausted": self._exhausted,
         }
 
@@ -309,10 +319,9 @@ class ElasticIterator:
     def _stop(self, w: _Worker) -> None:
         if not w.stopping:
             w.stopping = True
-            try:
+            self._n_stopping += 1
+            with contextlib.suppress(OSError, ValueError):  # queue already closed
                 w.index_queue.put(None)
-            except (OSError, ValueError):  # queue already closed
-                pass
 
     def _reap(self) -> None:
         """Joins retired workers that have exited and raises if any other worker died."""
@@ -324,6 +333,7 @@ class ElasticIterator:
                 w.process.join()
                 w.index_queue.close()
                 del self._workers[slot]
+                self._n_stopping -= 1
                 with self._telemetry.lock:
                     self._telemetry.workers.pop(slot, None)
             else:
@@ -331,7 +341,7 @@ class ElasticIterator:
         if died:
             pids = tuple(w.process.pid for w in died)
             details = "; ".join(_describe_exit(w) for w in died)
-            self._shutdown_workers()
+            self._shutdown_workers(graceful=False)
             raise WorkerDiedError(
                 f"DataLoader worker (pid(s) {', '.join(map(str, pids))}) exited unexpectedly: "
                 f"{details}",
@@ -348,20 +358,20 @@ class ElasticIterator:
             # As torch: a worker takes a new task only while it holds fewer than its share.
             cap = self._prefetch
             for slot in active[bisect.bisect_right(active, self._last_slot) :] + active:
-                if self._workers[slot].in_flight < cap:
+                if self._workers[slot].owed < cap:
                     return slot
             return None
         i = bisect.bisect_right(active, self._last_slot)
         return active[i] if i < len(active) else active[0]
 
     def _fill(self) -> None:
-        """Dispatches tasks until every ready worker holds ``prefetch_factor`` of them."""
+        """Dispatches until ``prefetch_factor`` tasks per ready worker are undelivered, as torch."""
         if self._stream_done or not self._active:
             return
         workers = self._workers
-        in_flight = sum(workers[s].in_flight for s in self._active)
+        owed = sum(workers[s].owed for s in self._active)
         cap = self._prefetch * len(self._active)
-        while in_flight < cap:
+        while owed < cap:
             slot = self._next_slot()
             if slot is None:
                 return
@@ -374,7 +384,8 @@ class ElasticIterator:
             self._send_idx += 1
             self._last_slot = slot
             w.in_flight += 1
-            in_flight += 1
+            w.owed += 1
+            owed += 1
 
     def _next_index(self) -> tuple[Any, int]:
         if self._stream is None:  # iterable: the worker's copy of the dataset decides
@@ -425,8 +436,24 @@ class ElasticIterator:
                         f"DataLoader timed out after {self._timeout} seconds"
                     ) from None
                 continue
+            except Exception as exc:
+                # A batch whose sender died cannot be unpickled (torch shares tensors through the
+                # sender's file-descriptor server): report the dead worker, as torch does.
+                self._reap_after_error(exc)
+                raise
             self._receive(msg)
             return
+
+    def _reap_after_error(self, exc: BaseException) -> None:
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while True:
+            try:
+                self._reap()
+            except WorkerDiedError as died:
+                raise died from exc
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
 
     def _drain_nowait(self) -> None:
         """Reads messages already waiting (start-up reports) without blocking."""
@@ -468,6 +495,8 @@ class ElasticIterator:
 
     def _next_data(self) -> tuple[Any, int]:
         tasks = self._tasks
+        if self._n_stopping:
+            self._reap()  # join retired workers that have exited
         while True:
             if self._pending_target is not None:
                 self._apply_pending()
@@ -476,6 +505,7 @@ class ElasticIterator:
                 while task is not None and task.data is not _PENDING:
                     del tasks[self._rcvd_idx]
                     self._rcvd_idx += 1
+                    self._settle(task)
                     if task.data is ITER_END:
                         task = tasks.get(self._rcvd_idx)
                         continue
@@ -484,6 +514,7 @@ class ElasticIterator:
                     return task.data, task.num
             elif self._done_order:
                 task = tasks.pop(self._done_order.pop(0))
+                self._settle(task)
                 self._fill()
                 if task.data is not ITER_END:
                     self._update_depth()
@@ -501,6 +532,11 @@ class ElasticIterator:
                         # load in this process rather than wait.
                         return self._fetch_here()
             self._wait()
+
+    def _settle(self, task: _Task) -> None:
+        w = self._workers.get(task.slot) if task.slot is not None else None
+        if w is not None:
+            w.owed -= 1
 
     def _fetch_here(self) -> tuple[Any, int]:
         if self._result_queue is not None:
@@ -556,7 +592,12 @@ class ElasticIterator:
 
     # ------------------------------------------------------------------ shutdown
 
-    def _shutdown_workers(self) -> None:
+    def _shutdown_workers(self, graceful: bool = True) -> None:
+        """Stops all workers: they skip queued tasks and exit; stragglers are terminated.
+
+        ``graceful=False`` (after a timeout or a dead worker) terminates at once instead of
+        waiting for a worker that may be stuck in user code.
+        """
         if self._shutdown:
             return
         self._shutdown = True
@@ -565,12 +606,17 @@ class ElasticIterator:
             self._done_event.set()
         for w in workers:
             self._stop(w)
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        deadline = time.monotonic() + (JOIN_TIMEOUT_S if graceful else 0.0)
         for w in workers:
             w.process.join(timeout=max(deadline - time.monotonic(), 0.0))
         for w in workers:
             if w.process.is_alive():
-                log.warning("dloader worker pid %s did not exit; terminating it", w.process.pid)
+                if graceful:
+                    log.warning(
+                        "dloader worker pid %s did not exit within %.0f s; terminating it",
+                        w.process.pid,
+                        JOIN_TIMEOUT_S,
+                    )
                 w.process.terminate()
                 w.process.join(timeout=JOIN_TIMEOUT_S)
             w.index_queue.close()
@@ -587,7 +633,7 @@ class ElasticIterator:
         self._shutdown_workers()
 
     def __del__(self) -> None:
-        try:
+        try:  # noqa: SIM105 - contextlib may already be gone at interpreter shutdown
             self._shutdown_workers()
-        except Exception:  # interpreter shutdown: modules may already be gone
+        except Exception:
             pass

@@ -106,8 +106,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             _check_int("max_workers", max_workers, 1)
             if max_workers < min_workers:
                 raise ValueError(f"{max_workers=} must be >= {min_workers=}")
-        if not min_workers <= num_workers <= (max_workers if max_workers is not None else
-                                                num_workers):
+        if (
+            not min_workers
+            <= num_workers
+            <= (max_workers if max_workers is not None else num_workers)
+        ):
             raise ValueError(
                 f"num_workers={num_workers} is outside [min_workers={min_workers}, "
                 f"max_workers={max_workers}]"
@@ -149,32 +152,34 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self._epoch = int(restore.get("epoch", self._epoch))
         else:
             self._epoch += 1
+        if self.num_workers > 0:
+            self.check_worker_number_rationality()  # torch warns here too
         it = ElasticIterator(self, restore)
         self._live = weakref.ref(it)
         return it
 
     def __iter__(self) -> ElasticIterator:  # type: ignore[override]
-        it = self._iterator
-        if self.persistent_workers and isinstance(it, ElasticIterator):
-            if self._is_iterable and it.live_workers != self.num_workers:
+        old = self._iterator
+        if self.persistent_workers and isinstance(old, ElasticIterator):
+            if self._is_iterable and old.live_workers != self.num_workers:
                 # Each worker owns a shard of the stream: a new count needs a fresh pool.
-                it.close()
+                old.close()
             else:
                 restore, self._pending_state = self._pending_state, None
                 self._epoch = int(restore.get("epoch", self._epoch)) if restore else self._epoch + 1
                 self._telemetry.begin_epoch()
-                it.reset(self, restore)
-                self._live = weakref.ref(it)
-                return it
+                old.reset(self, restore)
+                self._live = weakref.ref(old)
+                return old
         self._telemetry.begin_epoch()
         it = self._get_iterator()
         if self.persistent_workers and self.num_workers > 0:
-            self._iterator = it
+            self._iterator = it  # type: ignore[assignment]  # torch types it as its own iterator
         return it
 
     def _live_iterator(self) -> ElasticIterator | None:
         it = self._live() if self._live is not None else None
-        return None if it is None or it.exhausted and not self.persistent_workers else it
+        return None if it is None or (it.exhausted and not self.persistent_workers) else it
 
     # ------------------------------------------------------------------ the knobs
 

@@ -97,8 +97,10 @@ class SamplerSnapshot:
                 return pull()
             finally:
                 torch.set_rng_state(current)
-        raise StateError(f"unknown sampler snapshot kind={kind!r}; expected one of "
-                         "'none', 'stateful', 'seed', 'generator', 'global_rng'")
+        raise StateError(
+            f"unknown sampler snapshot kind={kind!r}; expected one of "
+            "'none', 'stateful', 'seed', 'generator', 'global_rng'"
+        )
 
 
 def _has_state(obj: Any) -> bool:
@@ -145,17 +147,21 @@ class IndexStream:
         self.snapshot: dict[str, Any] | None = None
         self.exhausted = False
 
-    def _start(self) -> None:
+    def start(self) -> None:
         """The first draw: record (or replay) the sampler's randomness, then skip ahead."""
+        if self._started:
+            return
         self._started = True
         it = self._it
-        if self._restore is not None:
-            snapshot = self._restore
-        else:
-            snapshot = self._snap.capture()
-        self.snapshot = snapshot
         sentinel = object()
-        first = self._snap.first_index_with(snapshot, lambda: next(it, sentinel))
+        if self._restore is not None:
+            self.snapshot = self._restore
+            first = self._snap.first_index_with(self._restore, lambda: next(it, sentinel))
+        else:
+            # Record what the sampler is about to draw, then let it draw as it would anyway
+            # (so the RNGs advance exactly as with torch's DataLoader).
+            self.snapshot = self._snap.capture()
+            first = next(it, sentinel)
         if first is sentinel:
             self._it = iter(())
             return
@@ -168,7 +174,7 @@ class IndexStream:
     def next_task(self) -> tuple[Any, int]:
         """Returns ``(index, number of samples)`` for the next task; StopIteration at the end."""
         if not self._started:
-            self._start()
+            self.start()
         try:
             if self.batched:
                 batch = next(self._it)
@@ -191,21 +197,26 @@ def check_state(state: Any, *, iterable: bool, dataset_len: int | None) -> dict[
         raise StateError(f"loader state must be a dict, got {type(state).__name__}")
     version = state.get("version")
     if version != STATE_VERSION:
-        raise StateError(f"loader state version={version!r} is not supported; "
-                         f"expected {STATE_VERSION}")
+        raise StateError(
+            f"loader state version={version!r} is not supported; expected {STATE_VERSION}"
+        )
     required = ("dataset_kind", "samples_yielded", "batches_yielded", "sampler", "exhausted")
     missing = [key for key in required if key not in state]
     if missing:
         raise StateError(f"loader state is missing field(s) {missing}")
     kind = "iterable" if iterable else "map"
     if state["dataset_kind"] != kind:
-        raise StateError(f"loader state was saved for a {state['dataset_kind']} dataset, "
-                         f"this loader has a {kind} dataset")
+        raise StateError(
+            f"loader state was saved for a {state['dataset_kind']} dataset, "
+            f"this loader has a {kind} dataset"
+        )
     for key in ("samples_yielded", "batches_yielded"):
         if not isinstance(state[key], int) or state[key] < 0:
             raise StateError(f"loader state {key}={state[key]!r} must be a non-negative int")
     saved_len = state.get("dataset_len")
     if dataset_len is not None and saved_len is not None and saved_len != dataset_len:
-        raise StateError(f"dataset length changed since the state was saved: "
-                         f"saved dataset_len={saved_len}, now len(dataset)={dataset_len}")
+        raise StateError(
+            f"dataset length changed since the state was saved: "
+            f"saved dataset_len={saved_len}, now len(dataset)={dataset_len}"
+        )
     return state

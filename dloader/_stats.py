@@ -112,7 +112,7 @@ class Telemetry:
             self._last_exit = None
 
     def record_batch(self, enter: float, exit_: float, samples: int) -> None:
-        """Records one delivered batch: ``next()`` was entered at ``enter``, returned at ``exit_``."""
+        """Records one delivered batch: ``next()`` entered at ``enter``, returned at ``exit_``."""
         wait = exit_ - enter
         with self.lock:
             self.samples += samples
@@ -171,8 +171,9 @@ class Telemetry:
             else:
                 window = samples_per_s = step_s = wait = idle = 0.0
             workers = tuple(
-                WorkerStats(slot, r.pid, r.state, r.batches, r.in_flight, r.fetch_s, r.cpu_s,
-                            r.cpu_total_s)
+                WorkerStats(
+                    slot, r.pid, r.state, r.batches, r.in_flight, r.fetch_s, r.cpu_s, r.cpu_total_s
+                )
                 for slot, r in sorted(self.workers.items())
             )
             return LoaderStats(

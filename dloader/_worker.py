@@ -177,7 +177,7 @@ def worker_loop(
             num = 0
             data: Any
             if init_error is not None:
-                data, init_error = init_error, None
+                data = init_error  # every task reports why this worker cannot fetch
             elif ended:
                 data = ITER_END
             else:

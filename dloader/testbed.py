@@ -1,0 +1,277 @@
+"""Emulated-accelerator testbed: training jobs with realistic data-loading costs, no GPU needed.
+
+A job is a per-sample I/O latency ``io_ms`` (a sleep: remote storage), a per-sample CPU cost
+``cpu_ms`` (busy work measured on the thread's CPU clock, so that contention for cores slows it as
+it slows real decoding) and an accelerator step per batch, a sleep of
+``step(b) = base + per_sample * b`` milliseconds during which the CPU is free. The accelerator
+limit of a job is ``b / step(b)`` samples/s. See ``../shared/DESIGN.md``.
+
+Run one job from the command line::
+
+    python -m dloader.testbed --profile io_heavy --workers 8 --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+__all__ = [
+    "PROFILES",
+    "EmulatedDataset",
+    "Profile",
+    "RunResult",
+    "burn_cpu",
+    "main",
+    "run_job",
+]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """An emulated training job. Times in milliseconds."""
+
+    name: str
+    io_ms: float
+    """Per-sample I/O latency (sleep)."""
+    cpu_ms: float
+    """Per-sample CPU work (thread CPU time)."""
+    batch_size: int
+    """Default batch size."""
+    step_base_ms: float
+    """Accelerator step: fixed part."""
+    step_per_sample_ms: float
+    """Accelerator step: part per sample in the batch."""
+
+    def step_s(self, batch_size: int) -> float:
+        """Accelerator time for one batch, seconds: ``base + per_sample * b``."""
+        return (self.step_base_ms + self.step_per_sample_ms * batch_size) / 1000.0
+
+    def limit(self, batch_size: int | None = None) -> float:
+        """Accelerator-bound throughput at ``batch_size`` (default: the profile's), samples/s."""
+        b = self.batch_size if batch_size is None else batch_size
+        return b / self.step_s(b)
+
+
+#: The three profiles of DESIGN.md.
+PROFILES: dict[str, Profile] = {
+    "io_heavy": Profile(
+        "io_heavy", io_ms=8.0, cpu_ms=0.3, batch_size=32, step_base_ms=4.0, step_per_sample_ms=0.5
+    ),
+    "cpu_heavy": Profile(
+        "cpu_heavy", io_ms=0.0, cpu_ms=3.0, batch_size=32, step_base_ms=8.0, step_per_sample_ms=1.0
+    ),
+    "gpu_bound": Profile(
+        "gpu_bound", io_ms=1.0, cpu_ms=0.5, batch_size=32, step_base_ms=40.0, step_per_sample_ms=5.0
+    ),
+}
+
+
+def burn_cpu(seconds: float) -> None:
+    """Spins until this thread has used ``seconds`` of CPU time (not wall time)."""
+    if seconds <= 0:
+        return
+    end = time.thread_time() + seconds
+    x = 0
+    while time.thread_time() < end:
+        for i in range(200):
+            x += i * i
+
+
+class EmulatedDataset(Dataset[Any]):
+    """A map-style dataset whose samples cost ``io_ms`` of waiting and ``cpu_ms`` of CPU.
+
+    Each sample is ``torch.tensor(index)``, plus a ``payload_bytes`` uint8 tensor when asked for
+    (to include inter-process transfer costs).
+    """
+
+    def __init__(
+        self, length: int, io_ms: float = 0.0, cpu_ms: float = 0.0, payload_bytes: int = 0
+    ) -> None:
+        if length < 0:
+            raise ValueError(f"length={length} must be >= 0")
+        if io_ms < 0 or cpu_ms < 0 or payload_bytes < 0:
+            raise ValueError(f"{io_ms=}, {cpu_ms=} and {payload_bytes=} must be >= 0")
+        self.length = length
+        self.io_ms = io_ms
+        self.cpu_ms = cpu_ms
+        self.payload_bytes = payload_bytes
+
+    @classmethod
+    def from_profile(cls, profile: Profile, length: int, payload_bytes: int = 0) -> EmulatedDataset:
+        """The dataset of ``profile`` with ``length`` samples."""
+        return cls(length, profile.io_ms, profile.cpu_ms, payload_bytes)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Any:
+        if not 0 <= index < self.length:
+            raise IndexError(f"index {index} out of range for EmulatedDataset of {self.length}")
+        if self.io_ms:
+            time.sleep(self.io_ms / 1000.0)
+        burn_cpu(self.cpu_ms / 1000.0)
+        if self.payload_bytes:
+            return torch.tensor(index), torch.zeros(self.payload_bytes, dtype=torch.uint8)
+        return torch.tensor(index)
+
+
+@dataclass
+class RunResult:
+    """What a run of :func:`run_job` measured."""
+
+    samples: int
+    steps: int
+    elapsed_s: float
+    wait_s: float
+    #: per step: (seconds since start at the end of the step, samples in the batch, wait seconds)
+    timeline: list[tuple[float, int, float]] = field(default_factory=list)
+
+    @property
+    def samples_per_s(self) -> float:
+        """Mean delivered throughput."""
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def idle_share(self) -> float:
+        """Share of the run the emulated accelerator waited for data."""
+        return self.wait_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def window(self, start_s: float, end_s: float) -> tuple[float, float]:
+        """(samples/s, idle share) over steps ending within ``[start_s, end_s)``."""
+        rows = [r for r in self.timeline if start_s <= r[0] < end_s]
+        span = end_s - start_s
+        if not rows or span <= 0:
+            return 0.0, 0.0
+        return sum(r[1] for r in rows) / span, sum(r[2] for r in rows) / span
+
+
+def _batch_len(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, (list, tuple)) else batch
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
+
+
+def run_job(
+    loader: Iterable[Any],
+    profile: Profile,
+    *,
+    seconds: float | None = None,
+    max_steps: int | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+    batch_size: Callable[[], int] | None = None,
+) -> RunResult:
+    """Trains the emulated job: iterate ``loader``, sleep the accelerator step for each batch.
+
+    Args:
+        loader: any iterable of batches (a dloader or torch DataLoader).
+        profile: the job's accelerator step model.
+        seconds: stop after this much wall time (epochs restart as needed).
+        max_steps: stop after this many steps.
+        on_step: called after each step with (step index, seconds since start).
+        batch_size: current batch size, for the step time (default: the batch's length).
+    """
+    if seconds is None and max_steps is None:
+        raise ValueError("run_job needs seconds= or max_steps=")
+    start = time.perf_counter()
+    result = RunResult(0, 0, 0.0, 0.0)
+    while True:
+        it: Iterator[Any] = iter(loader)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            n = _batch_len(batch)
+            time.sleep(profile.step_s(batch_size() if batch_size else n))
+            now = time.perf_counter() - start
+            result.samples += n
+            result.steps += 1
+            result.wait_s += t1 - t0
+            result.timeline.append((now, n, t1 - t0))
+            if on_step is not None:
+                on_step(result.steps, now)
+            if (seconds is not None and now >= seconds) or (
+                max_steps is not None and result.steps >= max_steps
+            ):
+                result.elapsed_s = now
+                close = getattr(it, "close", None) or getattr(it, "_shutdown_workers", None)
+                if close is not None:
+                    close()
+                return result
+        if result.steps == 0:
+            raise ValueError("the loader yielded no batch")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: run one emulated job and print its throughput and idle share."""
+    parser = argparse.ArgumentParser(
+        prog="python -m dloader.testbed",
+        description="Run one emulated training job (no GPU needed) and report its throughput "
+        "and accelerator-idle share. Profiles: "
+        + "; ".join(
+            f"{p.name} (io {p.io_ms} ms, cpu {p.cpu_ms} ms per sample, limit "
+            f"{p.limit():.0f} samples/s)"
+            for p in PROFILES.values()
+        ),
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="io_heavy",
+        help="job profile (default: %(default)s)",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="loader workers (default: 2)")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="batch size (default: the profile's)"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="how long to train (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--loader",
+        choices=["dloader", "torch"],
+        default="dloader",
+        help="which DataLoader to use (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    if args.workers < 0:
+        parser.error(f"--workers={args.workers} must be >= 0")
+    if args.seconds <= 0:
+        parser.error(f"--seconds={args.seconds} must be > 0")
+    profile = PROFILES[args.profile]
+    bs = args.batch_size or profile.batch_size
+    if bs < 1:
+        parser.error(f"--batch-size={bs} must be >= 1")
+    dataset = EmulatedDataset.from_profile(profile, 1_000_000)
+    if args.loader == "torch":
+        loader: Iterable[Any] = torch.utils.data.DataLoader(
+            dataset, batch_size=bs, shuffle=True, num_workers=args.workers
+        )
+    else:
+        from dloader import DataLoader
+
+        loader = DataLoader(dataset, batch_size=bs, shuffle=True, num_workers=args.workers)
+    print(
+        f"{args.loader}: {profile.name}, {args.workers} workers, batch {bs}, "
+        f"{args.seconds:g} s ...",
+        file=sys.stderr,
+    )
+    r = run_job(loader, profile, seconds=args.seconds)
+    print(
+        f"samples/s {r.samples_per_s:.0f} (limit {profile.limit(bs):.0f}, "
+        f"{r.samples_per_s / profile.limit(bs):.0%}), accelerator idle {r.idle_share:.0%}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Datasets for the loader tests (module-level so that they pickle under spawn/forkserver)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+
+class Range(Dataset[int]):
+    """Sample ``i`` is ``i``; optional sleep per sample to make workers slow."""
+
+    def __init__(self, n: int, sleep_s: float = 0.0) -> None:
+        self.n = n
+        self.sleep_s = sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return i
+
+
+class Augmented(Dataset[Any]):
+    """Each sample draws from torch, numpy and random: equal only if workers are seeded alike."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        info = get_worker_info()
+        wid = -1 if info is None else info.id
+        return (i, torch.rand(()).item(), float(np.random.rand()), random.random(), wid)
+
+
+class WithGetItems(Range):
+    """Has ``__getitems__`` (batched fetch), which torch prefers when present."""
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        return [("batched", i) for i in indices]
+
+
+class Sharded(IterableDataset[int]):
+    """Yields ``range(n)``, split across workers by ``get_worker_info()`` as torch documents."""
+
+    def __init__(self, n: int, sleep_s: float = 0.0) -> None:
+        self.n = n
+        self.sleep_s = sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, self.n, step):
+            if self.sleep_s:
+                time.sleep(self.sleep_s)
+            yield i
+
+
+class Uneven(IterableDataset[int]):
+    """Worker ``k`` yields ``k + 1`` items (tests workers ending at different times)."""
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        wid = 0 if info is None else info.id
+        for j in range(wid + 1):
+            yield wid * 100 + j
+
+
+class Failing(Range):
+    """Raises on sample ``bad``."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.bad:
+            raise KeyError(f"sample {i} is corrupt")
+        return i
+
+
+class SuicidalWorker(Range):
+    """The worker that fetches sample ``bad`` kills itself with SIGKILL."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.bad and get_worker_info() is not None:
+            os.kill(os.getpid(), 9)
+        return i
+
+
+class Stuck(Range):
+    """Sample ``bad`` never returns (well, after an hour)."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.bad:
+            time.sleep(3600)
+        return i
+
+
+def record_init(worker_id: int) -> None:
+    """A worker_init_fn that leaves a trace in the worker's dataset copy."""
+    info = get_worker_info()
+    assert info is not None and info.id == worker_id
+    info.dataset.init_seen = worker_id  # type: ignore[attr-defined]
+
+
+def failing_init(worker_id: int) -> None:
+    """A worker_init_fn that fails."""
+    raise RuntimeError(f"init failed in worker {worker_id}")
+
+
+def flatten(batches: Any) -> list[int]:
+    """Sample indices of a list of collated index batches, in order."""
+    out: list[int] = []
+    for b in batches:
+        out.extend(b.tolist() if isinstance(b, torch.Tensor) else list(b))
+    return out
