@@ -119,6 +119,8 @@ class ElasticIterator:
         self._control = threading.Lock()
         self._shutdown = False
         self._n_stopping = 0  # workers told to exit and not yet joined
+        self._launchers: list[threading.Thread] = []  # threads starting workers for a resize
+        self._launch_error: BaseException | None = None
         self._gen = 0
         self._result_queue: Any = None
         self._done_event: Any = None
@@ -257,9 +259,13 @@ class ElasticIterator:
         return bool(loader.pin_memory and torch.accelerator.is_available())
 
     def _spawn(self, count: int, *, ready: bool) -> None:
+        """Creates ``count`` workers. The initial pool starts here, as torch's does; workers added
+        by a resize start on a launcher thread, because a fork of a large process takes tens of
+        milliseconds each and the trainer must not wait for them."""
         if self._result_queue is None:
             self._result_queue = self._ctx.Queue()
             self._done_event = self._ctx.Event()
+        processes = []
         for _ in range(count):
             slot = next(i for i in itertools.count() if i not in self._workers)
             index_queue = self._ctx.Queue()
@@ -282,12 +288,34 @@ class ElasticIterator:
                 ),
                 daemon=True,
             )
-            process.start()
             worker = _Worker(slot, process, index_queue, state="ready" if ready else "starting")
             self._workers[slot] = worker
-            rec = self._telemetry.worker(slot)
-            rec.state, rec.pid = worker.state, process.pid
-        self._rebuild_active()
+            self._telemetry.worker(slot).state = worker.state
+            processes.append(process)
+        if ready:
+            for process in processes:
+                process.start()
+            for w in self._workers.values():
+                if w.process in processes:
+                    self._telemetry.worker(w.slot).pid = w.process.pid
+            self._rebuild_active()
+        else:
+            launcher = threading.Thread(
+                target=self._start_processes,
+                args=(processes,),
+                name="dloader-launcher",
+                daemon=True,
+            )
+            self._launchers.append(launcher)
+            launcher.start()
+
+    def _start_processes(self, processes: list[Any]) -> None:
+        for process in processes:
+            try:
+                process.start()
+            except BaseException as exc:  # e.g. an unpicklable dataset under spawn
+                self._launch_error = exc
+                return
 
     def _rebuild_active(self) -> None:
         self._active = sorted(s for s, w in self._workers.items() if w.state == "ready")
@@ -325,6 +353,12 @@ class ElasticIterator:
 
     def _reap(self) -> None:
         """Joins retired workers that have exited and raises if any other worker died."""
+        if self._launch_error is not None:
+            exc, self._launch_error = self._launch_error, None
+            self._shutdown_workers(graceful=False)
+            raise RuntimeError(f"could not start a DataLoader worker: {exc!r}") from exc
+        if self._launchers:
+            self._launchers = [t for t in self._launchers if t.is_alive()]
         died = []
         for slot, w in list(self._workers.items()):
             if w.process.exitcode is None:
@@ -400,10 +434,12 @@ class ElasticIterator:
         slot, gen, task_idx, payload, num, fetch_s, cpu_s = msg
         w = self._workers.get(slot)
         if task_idx == READY:
-            if w is not None and w.state == "starting":
-                w.state = "ready"
-                self._rebuild_active()
-                self._telemetry.worker(slot).state = "ready"
+            if w is not None:
+                rec = self._telemetry.worker(slot)
+                rec.pid = payload
+                if w.state == "starting":
+                    w.state = rec.state = "ready"
+                    self._rebuild_active()
             return
         if w is not None:
             w.in_flight -= 1
@@ -601,7 +637,9 @@ class ElasticIterator:
         if self._shutdown:
             return
         self._shutdown = True
-        workers = list(self._workers.values())
+        for launcher in self._launchers:
+            launcher.join()  # every worker is started (or failed to) before we stop them
+        workers = [w for w in self._workers.values() if w.process.pid is not None]
         if self._done_event is not None:
             self._done_event.set()
         for w in workers:
@@ -611,7 +649,7 @@ class ElasticIterator:
             w.process.join(timeout=max(deadline - time.monotonic(), 0.0))
         for w in workers:
             if w.process.is_alive():
-                if graceful:
+                if graceful and w.state != "starting":  # still starting: nothing to wait for
                     log.warning(
                         "dloader worker pid %s did not exit within %.0f s; terminating it",
                         w.process.pid,
