@@ -40,7 +40,7 @@ def child(loader_kind: str, profile: str, workers: int, seconds: float) -> dict[
 
     warnings.filterwarnings("ignore")
     io_ms, cpu_ms = PROFILES[profile]
-    ds = EmulatedDataset(10**7, io_ms=io_ms, cpu_ms=cpu_ms, payload_bytes=4096)
+    ds = EmulatedDataset(100_000, io_ms=io_ms, cpu_ms=cpu_ms, payload_bytes=4096)
     cls = dloader.DataLoader if loader_kind == "dloader" else torch.utils.data.DataLoader
     torch.manual_seed(0)
     loader = cls(ds, batch_size=32, shuffle=True, num_workers=workers)

@@ -1,0 +1,39 @@
+"""Throughput models for dloader's decisions. Pure code: plain values in, plain values out.
+
+* :class:`LoaderModel`: a job's samples/s as a function of loader workers, cores and batch size
+  (physical model + scikit-learn residual regression, with uncertainty); its cold-start
+  :func:`exploration_plan`.
+* :class:`ScalingModel`: step time over (nodes, GPUs, local batch size), compute and
+  synchronisation with overlap, fitted with scipy.
+* :class:`GradientNoise`: statistical efficiency of a batch size from gradient noise;
+  :func:`goodput`.
+* :mod:`predictor.pollux`: readers for the Pollux traces (I/O kept out of the models).
+
+Every model serialises with ``to_dict()`` / ``from_dict()`` (JSON-compatible, versioned).
+"""
+
+from predictor._efficiency import GradientNoise, goodput
+from predictor._loader_model import (
+    Allocation,
+    LoaderModel,
+    LoaderObservation,
+    LoaderPrediction,
+    exploration_plan,
+)
+from predictor._scaling import ScalingModel, ScalingParams, ScalingPoint, placement_shape
+from predictor.errors import PredictorError
+
+__all__ = [
+    "Allocation",
+    "GradientNoise",
+    "LoaderModel",
+    "LoaderObservation",
+    "LoaderPrediction",
+    "PredictorError",
+    "ScalingModel",
+    "ScalingParams",
+    "ScalingPoint",
+    "exploration_plan",
+    "goodput",
+    "placement_shape",
+]

@@ -1,0 +1,387 @@
+"""Loader throughput: what a job reaches with ``k`` loader workers on ``c`` cores at batch ``b``.
+
+Physical part (per sample: ``t_io`` waiting for storage, ``t_cpu`` of CPU work)::
+
+    A(b)      = b / (a0 + a1 * b)                        accelerator limit, samples/s
+    L(k, c)   = min(k / (t_io + t_cpu), eta * c / t_cpu)  loader rate: workers, then CPU, saturate
+    T(k>=1)   = (A^-p + L^-p)^(-1/p)                      loading overlaps the step: a soft min
+    T(0)      = 1 / (1/A + (t_io + t_cpu))                in-process loading: no overlap
+
+``a0, a1`` come from the measured step time less the data wait; ``t_cpu`` from the workers' CPU
+time per batch; ``t_io`` from their wall time per batch less CPU, taken at the least contended
+observation. ``eta`` (the share of the cores the workers really get) and ``p`` (how sharp the
+knee is) are fitted by least squares on log throughput once there are two observations.
+
+Learned part: a scikit-learn ``BayesianRidge`` fitted online to the log-residual
+``log(measured / physical)`` over the features ``[x, x^2, k == 0]`` with ``x = log(L / A)`` (how
+loader-bound the allocation is). It corrects the shape near the knee and gives a predictive
+standard deviation, reported as a relative uncertainty so that a policy can choose to explore.
+
+Predictions are monotone non-decreasing in workers and cores by construction: the prediction
+for ``(k, c)`` is the maximum over all ``k' <= k``, ``c' <= c`` on the integer grid.
+
+Cold start: :func:`exploration_plan` (1 worker, then the core count, then doubling) reaches a
+usable fit in a few reports; see its docstring.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+from sklearn.linear_model import BayesianRidge
+
+from predictor._serial import check_payload
+from predictor.errors import PredictorError
+
+__all__ = [
+    "Allocation",
+    "LoaderModel",
+    "LoaderObservation",
+    "LoaderPrediction",
+    "exploration_plan",
+]
+
+_KIND = "loader"
+_VERSION = 1
+_MAX_SAMPLES = 1000  # observations kept (the most recent)
+_COLD_STD = 0.5  # relative uncertainty reported before there is anything to fit
+
+
+@dataclass(frozen=True)
+class LoaderObservation:
+    """One report of a job's loader, as the loader's ``stats()`` and the sidecar see it."""
+
+    num_workers: int
+    cores: float
+    """CPU cores available to the job's loader (its CPU set or cgroup quota)."""
+    batch_size: int
+    samples_per_s: float
+    """Achieved throughput."""
+    idle_share: float
+    """Share of wall time the trainer waited for data."""
+    step_s: float
+    """Mean time between batch requests (the step, data wait included)."""
+    fetch_s: float | None = None
+    """Mean wall time a worker spends on one batch (``None`` with in-process loading)."""
+    cpu_s: float | None = None
+    """Mean CPU time a worker spends on one batch."""
+    io_bytes_per_sample: float | None = None
+    """Bytes read from storage per sample, when the sidecar measures it (informational)."""
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 0:
+            raise PredictorError(f"num_workers={self.num_workers} must be >= 0")
+        if not self.cores > 0:
+            raise PredictorError(f"cores={self.cores} must be > 0")
+        if self.batch_size < 1:
+            raise PredictorError(f"batch_size={self.batch_size} must be >= 1")
+        if not self.samples_per_s > 0 or not self.step_s > 0:
+            raise PredictorError(
+                f"samples_per_s={self.samples_per_s} and step_s={self.step_s} must be > 0"
+            )
+        if not 0.0 <= self.idle_share <= 1.0:
+            raise PredictorError(f"idle_share={self.idle_share} must be within [0, 1]")
+        for name in ("fetch_s", "cpu_s"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise PredictorError(f"{name}={v} must be >= 0")
+
+
+@dataclass(frozen=True)
+class LoaderPrediction:
+    """A predicted throughput with its parts."""
+
+    samples_per_s: float
+    relative_std: float
+    """Predictive standard deviation of ``log(samples_per_s)``: ~ relative uncertainty."""
+    accelerator_limit: float
+    """``A(b)``: samples/s if data were free."""
+    loader_limit: float
+    """``L(k, c)``: samples/s the loader could produce if the accelerator were free."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A loader allocation and what it is predicted to reach."""
+
+    cores: int
+    num_workers: int
+    predicted: float
+    reaches_target: bool
+
+
+@dataclass
+class _Physics:
+    a0: float = 0.0  # accelerator step: fixed seconds
+    a1: float = 1e-3  # accelerator step: seconds per sample
+    t_io: float = 0.0
+    t_cpu: float = 1e-3
+    eta: float = 0.9
+    p: float = 6.0
+
+
+def _soft_min(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    return lo * (1.0 + (lo / hi) ** p) ** (-1.0 / p)
+
+
+class LoaderModel:
+    """The loader-throughput model of one job. Feed it observations; ask it about allocations.
+
+    Example::
+
+        model = LoaderModel()
+        model.update(LoaderObservation(num_workers=2, cores=2, batch_size=32,
+                                       samples_per_s=230, idle_share=0.85, step_s=0.14,
+                                       fetch_s=0.27, cpu_s=0.01))
+        model.predict(num_workers=12, cores=2, batch_size=32).samples_per_s
+    """
+
+    def __init__(self) -> None:
+        self._obs: deque[LoaderObservation] = deque(maxlen=_MAX_SAMPLES)
+        self._phys = _Physics()
+        self._ridge: BayesianRidge | None = None
+
+    # ------------------------------------------------------------------ fitting
+
+    @property
+    def observations(self) -> tuple[LoaderObservation, ...]:
+        """The observations the model is fitted on (the most recent 1,000)."""
+        return tuple(self._obs)
+
+    def update(self, *observations: LoaderObservation) -> None:
+        """Adds observations and refits (cost: a few ms for 1,000 observations)."""
+        for o in observations:
+            if not isinstance(o, LoaderObservation):
+                raise PredictorError(f"expected LoaderObservation, got {type(o).__name__}")
+            self._obs.append(o)
+        self._fit()
+
+    def _fit(self) -> None:
+        obs = list(self._obs)
+        if not obs:
+            return
+        ph = _Physics()
+        b = np.array([o.batch_size for o in obs], dtype=float)
+        compute = np.array([o.step_s * (1.0 - o.idle_share) for o in obs])
+        if len(set(b.tolist())) >= 2:
+            a1, a0 = np.polyfit(b, compute, 1)
+            ph.a1, ph.a0 = max(float(a1), 1e-9), max(float(a0), 0.0)
+        else:
+            ph.a1, ph.a0 = max(float(np.median(compute / b)), 1e-9), 0.0
+        cpu = [o.cpu_s / o.batch_size for o in obs if o.cpu_s is not None and o.num_workers > 0]
+        walls = [
+            (o.fetch_s / o.batch_size, (o.cpu_s or 0.0) / o.batch_size)
+            for o in obs
+            if o.fetch_s is not None and o.num_workers > 0
+        ]
+        serial = [o.step_s * o.idle_share / o.batch_size for o in obs if o.num_workers == 0]
+        if cpu:
+            ph.t_cpu = max(float(np.median(cpu)), 1e-7)
+        if walls:
+            # Contention inflates wall time; the least contended observation is closest to t_io.
+            ph.t_io = max(min(w - c for w, c in walls), 0.0)
+        elif serial:
+            per_sample = float(np.median(serial))
+            if cpu:
+                ph.t_io = max(per_sample - ph.t_cpu, 0.0)
+            else:  # nothing tells I/O from CPU: assume CPU (the cautious choice)
+                ph.t_cpu, ph.t_io = max(per_sample, 1e-7), 0.0
+        if len(obs) >= 2:
+            self._fit_shape(ph, obs)
+        self._phys = ph
+        resid = np.log(np.array([o.samples_per_s for o in obs])) - np.log(self._physical(obs))
+        if len(obs) >= 3:
+            ridge = BayesianRidge(fit_intercept=True)
+            ridge.fit(self._features(obs), resid)
+            self._ridge = ridge
+        else:
+            self._ridge = None
+
+    def _fit_shape(self, ph: _Physics, obs: Sequence[LoaderObservation]) -> None:
+        k = np.array([o.num_workers for o in obs], dtype=float)
+        c = np.array([o.cores for o in obs], dtype=float)
+        b = np.array([o.batch_size for o in obs], dtype=float)
+        y = np.log(np.array([o.samples_per_s for o in obs]))
+        a = b / (ph.a0 + ph.a1 * b)
+
+        def resid(x: np.ndarray) -> np.ndarray:
+            eta, p = x
+            return np.log(self._throughput(ph, k, c, a, eta, p)) - y
+
+        fit = least_squares(resid, np.array([ph.eta, ph.p]), bounds=([0.1, 1.0], [1.5, 30.0]))
+        ph.eta, ph.p = float(fit.x[0]), float(fit.x[1])
+
+    @staticmethod
+    def _throughput(
+        ph: _Physics, k: np.ndarray, c: np.ndarray, a: np.ndarray, eta: float, p: float
+    ) -> np.ndarray:
+        per = ph.t_io + ph.t_cpu
+        loader = np.minimum(np.maximum(k, 1e-9) / per, eta * c / ph.t_cpu)
+        piped = _soft_min(a, loader, p)
+        serial = 1.0 / (1.0 / a + per)
+        return np.where(k >= 1, piped, serial)
+
+    def _limits(self, k: np.ndarray, c: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
+        ph = self._phys
+        a = b / (ph.a0 + ph.a1 * b)
+        per = ph.t_io + ph.t_cpu
+        loader = np.where(
+            k >= 1, np.minimum(np.maximum(k, 1e-9) / per, ph.eta * c / ph.t_cpu), 1.0 / per
+        )
+        return a, loader, self._throughput(ph, k, c, a, ph.eta, ph.p)
+
+    def _physical(self, obs: Sequence[LoaderObservation]) -> np.ndarray:
+        k = np.array([o.num_workers for o in obs], dtype=float)
+        c = np.array([o.cores for o in obs], dtype=float)
+        b = np.array([o.batch_size for o in obs], dtype=float)
+        return self._limits(k, c, b)[2]
+
+    def _features(self, obs: Sequence[LoaderObservation]) -> np.ndarray:
+        k = np.array([o.num_workers for o in obs], dtype=float)
+        c = np.array([o.cores for o in obs], dtype=float)
+        b = np.array([o.batch_size for o in obs], dtype=float)
+        return self._features_of(k, c, b)
+
+    def _features_of(self, k: np.ndarray, c: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a, loader, _ = self._limits(k, c, b)
+        x = np.clip(np.log(loader / a), -4.0, 4.0)
+        return np.column_stack([x, x * x, (k == 0).astype(float)])
+
+    # ------------------------------------------------------------------ predicting
+
+    def _raw(self, k: np.ndarray, c: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
+        a, loader, phys = self._limits(k, c, b)
+        if self._ridge is not None:
+            mean, std = self._ridge.predict(self._features_of(k, c, b), return_std=True)
+            # A correction is a calibration, not a new physics: keep it within a factor ~2.
+            mean = np.clip(mean, -0.7, 0.7)
+        else:
+            mean = np.zeros_like(phys)
+            std = np.full_like(phys, _COLD_STD / max(len(self._obs), 1))
+        # Never predict more than the accelerator can take.
+        return np.minimum(phys * np.exp(mean), a), std, a, loader
+
+    def predict(self, num_workers: int, cores: float, batch_size: int) -> LoaderPrediction:
+        """Predicted samples/s with ``num_workers`` workers on ``cores`` cores at ``batch_size``.
+
+        Raises:
+            PredictorError: the model has no observation yet, or an argument is out of range.
+        """
+        if not self._obs:
+            raise PredictorError(
+                "LoaderModel.predict needs at least one observation "
+                "(see exploration_plan for what to try first)"
+            )
+        if num_workers < 0 or not cores > 0 or batch_size < 1:
+            raise PredictorError(
+                f"need num_workers >= 0, cores > 0, batch_size >= 1; got "
+                f"{num_workers=}, {cores=}, {batch_size=}"
+            )
+        ks = np.arange(num_workers + 1, dtype=float)
+        cs = np.unique(np.append(np.arange(1, math.floor(cores) + 1, dtype=float), cores))
+        kk, cc = np.meshgrid(ks, cs, indexing="ij")
+        tput, std, a, loader = self._raw(
+            kk.ravel(), cc.ravel(), np.full(kk.size, batch_size, dtype=float)
+        )
+        best = int(np.argmax(tput))  # monotone: the best over all smaller allocations
+        return LoaderPrediction(float(tput[best]), float(std[-1]), float(a[-1]), float(loader[-1]))
+
+    def accelerator_limit(self, batch_size: int) -> float:
+        """``A(b)``: the job's samples/s when data is never late."""
+        ph = self._phys
+        return batch_size / (ph.a0 + ph.a1 * batch_size)
+
+    def smallest_allocation(
+        self, *, batch_size: int, max_cores: int, max_workers: int, fraction: float = 0.95
+    ) -> Allocation:
+        """The fewest cores, then the fewest workers, predicted to reach ``fraction`` of the
+        accelerator limit. If none does, the allocation with the highest prediction, with
+        ``reaches_target=False``.
+        """
+        if not 0 < fraction <= 1:
+            raise PredictorError(f"fraction={fraction} must be within (0, 1]")
+        if max_cores < 1 or max_workers < 0:
+            raise PredictorError(
+                f"need max_cores >= 1 and max_workers >= 0, got {max_cores=}, {max_workers=}"
+            )
+        target = fraction * self.accelerator_limit(batch_size)
+        best = Allocation(1, 0, -1.0, False)
+        for cores in range(1, max_cores + 1):
+            for k in range(max_workers + 1):
+                pred = self.predict(k, cores, batch_size).samples_per_s
+                if pred >= target:
+                    return Allocation(cores, k, pred, True)
+                if pred > best.predicted * 1.001:
+                    best = Allocation(cores, k, pred, False)
+        return best
+
+    # ------------------------------------------------------------------ persistence
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain, JSON-compatible form (observations included, so a reload refits exactly)."""
+        return {"kind": _KIND, "version": _VERSION, "observations": [asdict(o) for o in self._obs]}
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, object]) -> LoaderModel:
+        """Inverse of :meth:`to_dict`; unknown versions raise :class:`PredictorError`."""
+        check_payload(payload, _KIND, _VERSION)
+        raw = payload.get("observations")
+        if not isinstance(raw, list):
+            raise PredictorError(f"loader model payload has observations={raw!r}, expected a list")
+        model = cls()
+        try:
+            obs = [LoaderObservation(**o) for o in raw]
+        except TypeError as exc:
+            raise PredictorError(f"invalid loader observation in payload: {exc}") from None
+        if obs:
+            model.update(*obs)
+        return model
+
+
+def exploration_plan(
+    observed: Iterable[LoaderObservation],
+    *,
+    cores: int,
+    max_workers: int,
+    min_workers: int = 0,
+    idle_floor: float = 0.02,
+) -> int | None:
+    """The next worker count to try for a job the model knows little about, or ``None``.
+
+    The plan: 1 worker (a worker's own rate and CPU per sample), then the core count (where
+    CPU-bound loaders saturate), then doubling (2x, 4x the cores, ...) up to ``max_workers``:
+    I/O-bound loaders keep gaining far beyond the core count. It stops early once an observed
+    allocation left the accelerator idle less than ``idle_floor`` of the time (more workers
+    cannot help), or when the last doubling gained less than 5%. Counts already observed are
+    skipped; every count is clamped to ``[min_workers, max_workers]``.
+    """
+    seen = {o.num_workers: o for o in observed}
+    if any(o.idle_share < idle_floor for o in seen.values()):
+        return None
+    plan = [1, cores]
+    k = cores * 2
+    while k < max_workers:
+        plan.append(k)
+        k *= 2
+    plan.append(max_workers)
+    previous: LoaderObservation | None = None
+    for k in plan:
+        k = min(max(k, min_workers), max_workers)
+        if k in seen:
+            o = seen[k]
+            if (
+                previous is not None
+                and k > 2 * cores
+                and (o.samples_per_s < 1.05 * previous.samples_per_s)
+            ):
+                return None  # doubling no longer pays
+            previous = o
+            continue
+        return k
+    return None

@@ -1,0 +1,220 @@
+"""Step time of data-parallel training as a function of placement and local batch size.
+
+The model (in the spirit of Pollux, OSDI 2021) splits a step into gradient computation and
+gradient synchronisation and lets them overlap::
+
+    T_compute(b)  = alpha_c + beta_c * b                      b: local batch size per GPU
+    T_sync(N, R)  = 0                                         R == 1 replica
+                  = alpha_n + beta_n * (R - 2)                N == 1 node,  R >= 2 (intra-node)
+                  = alpha_r + beta_r * (R - 2)                N >= 2 nodes             (network)
+    T_step        = (T_compute**gamma + T_sync**gamma) ** (1 / gamma),   gamma >= 1
+
+``gamma = 1`` means no overlap (the times add); a large ``gamma`` means full overlap (the step
+is the slower of the two). Parameters are fitted by bounded least squares on the logarithm of
+measured step times (relative error, as the times span orders of magnitude). Measured
+synchronisation times can be added as a second set of residuals (``sync_weight``); on the Pollux
+traces they make step-time predictions worse (their sync timings are noisy: 2-node placements
+synchronise slower than 4-node ones), so the default weight is 0.
+
+No I/O here: inputs are plain values (see :mod:`predictor.pollux` to read the Pollux traces).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from predictor._serial import check_payload
+from predictor.errors import PredictorError
+
+__all__ = ["ScalingModel", "ScalingParams", "ScalingPoint", "placement_shape"]
+
+_KIND = "scaling"
+_VERSION = 1
+_EPS = 1e-9
+
+
+def placement_shape(placement: str | Sequence[int]) -> tuple[int, int]:
+    """``(nodes, replicas)`` of a placement: ``"22"`` or ``[2, 2]`` is 2 nodes x 2 GPUs."""
+    digits = [int(c) for c in placement] if isinstance(placement, str) else list(placement)
+    if not digits or any(d < 0 for d in digits):
+        raise PredictorError(f"placement={placement!r} must be GPUs per node, e.g. '22'")
+    used = [d for d in digits if d > 0]
+    if not used:
+        raise PredictorError(f"placement={placement!r} uses no GPU")
+    return len(used), sum(used)
+
+
+@dataclass(frozen=True)
+class ScalingPoint:
+    """One measured configuration."""
+
+    nodes: int
+    replicas: int
+    local_bsz: int
+    step_time: float
+    """Seconds per step."""
+    sync_time: float | None = None
+    """Seconds of the step spent synchronising gradients, when measured."""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.replicas < self.nodes:
+            raise PredictorError(
+                f"nodes={self.nodes}, replicas={self.replicas}: need 1 <= nodes <= replicas"
+            )
+        if self.local_bsz < 1:
+            raise PredictorError(f"local_bsz={self.local_bsz} must be >= 1")
+        if not self.step_time > 0:
+            raise PredictorError(f"step_time={self.step_time} must be > 0 seconds")
+
+
+@dataclass(frozen=True)
+class ScalingParams:
+    """The fitted parameters (seconds; ``gamma`` is unitless)."""
+
+    alpha_c: float
+    beta_c: float
+    alpha_n: float
+    beta_n: float
+    alpha_r: float
+    beta_r: float
+    gamma: float
+
+    def as_array(self) -> np.ndarray:
+        """The parameters in declaration order."""
+        return np.array(list(asdict(self).values()), dtype=float)
+
+
+def _compute(p: np.ndarray, bsz: np.ndarray) -> np.ndarray:
+    return p[0] + p[1] * bsz
+
+
+def _sync(p: np.ndarray, nodes: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+    extra = np.maximum(replicas - 2, 0)
+    intra = p[2] + p[3] * extra
+    inter = p[4] + p[5] * extra
+    return np.where(replicas <= 1, 0.0, np.where(nodes <= 1, intra, inter))
+
+
+def _step(p: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray) -> np.ndarray:
+    c = np.maximum(_compute(p, bsz), _EPS)
+    s = np.maximum(_sync(p, nodes, replicas), 0.0)
+    g = p[6]
+    # (c^g + s^g)^(1/g), computed stably as max * (1 + (min/max)^g)^(1/g)
+    hi, lo = np.maximum(c, s), np.minimum(c, s)
+    return hi * (1.0 + (lo / hi) ** g) ** (1.0 / g)
+
+
+class ScalingModel:
+    """Predicts step time and throughput over (nodes, replicas, local batch size).
+
+    Example::
+
+        model = ScalingModel.fit(points)
+        model.step_time(nodes=2, replicas=8, local_bsz=64)
+        model.throughput(2, 8, 64)       # samples/s = replicas * local_bsz / step_time
+    """
+
+    def __init__(self, params: ScalingParams, *, num_points: int = 0) -> None:
+        self.params = params
+        self.num_points = num_points
+
+    @classmethod
+    def fit(cls, points: Sequence[ScalingPoint], *, sync_weight: float = 0.0) -> ScalingModel:
+        """Fits the parameters to measured points (at least 2).
+
+        Args:
+            points: measured configurations. Points should span the regimes to predict: one
+                GPU, one full node, several nodes; the sync terms extrapolate poorly.
+            sync_weight: weight of the measured sync times relative to step times (0: unused).
+
+        Parameters that the points cannot identify (e.g. network terms when every point is on
+        one node) stay near zero, so predictions there are optimistic; :meth:`coverage` says
+        which regimes the fit has seen.
+        """
+        if len(points) < 2:
+            raise PredictorError(f"ScalingModel.fit needs >= 2 points, got {len(points)}")
+        nodes = np.array([p.nodes for p in points], dtype=float)
+        replicas = np.array([p.replicas for p in points], dtype=float)
+        bsz = np.array([p.local_bsz for p in points], dtype=float)
+        step = np.array([p.step_time for p in points], dtype=float)
+        has_sync = np.array([p.sync_time is not None and p.replicas > 1 for p in points])
+        sync = np.array([p.sync_time or 0.0 for p in points], dtype=float)
+
+        # Start from a straight line through the single-replica points (or all points).
+        single = replicas <= 1
+        xs, ys = (bsz[single], step[single]) if single.sum() >= 2 else (bsz, step)
+        beta0 = max(float(np.polyfit(xs, ys, 1)[0]) if len(set(xs)) > 1 else 0.0, _EPS)
+        alpha0 = max(float(np.min(ys) - beta0 * np.min(xs)), _EPS)
+        x0 = np.array([alpha0, beta0, 1e-3, 1e-4, 1e-2, 1e-3, 2.0])
+        lower = np.array([0, 0, 0, 0, 0, 0, 1.0])
+        upper = np.array([np.inf] * 6 + [10.0])
+        log_step = np.log(step)
+        log_sync = np.log(np.maximum(sync[has_sync], 1e-6))
+
+        def residuals(p: np.ndarray) -> np.ndarray:
+            r = np.log(_step(p, nodes, replicas, bsz)) - log_step
+            if has_sync.any():
+                s = _sync(p, nodes[has_sync], replicas[has_sync])
+                r = np.concatenate([r, sync_weight * (np.log(np.maximum(s, 1e-6)) - log_sync)])
+            # A whisper of regularisation keeps unidentified terms at zero.
+            return np.concatenate([r, 1e-3 * p[2:6] / (alpha0 + _EPS)])
+
+        result = least_squares(residuals, x0, bounds=(lower, upper), method="trf")
+        return cls(ScalingParams(*map(float, result.x)), num_points=len(points))
+
+    def step_time(self, nodes: int, replicas: int, local_bsz: float) -> float:
+        """Predicted seconds per step."""
+        return float(
+            _step(
+                self.params.as_array(),
+                np.array([nodes]),
+                np.array([replicas]),
+                np.array([local_bsz], dtype=float),
+            )[0]
+        )
+
+    def step_times(
+        self, nodes: np.ndarray, replicas: np.ndarray, local_bsz: np.ndarray
+    ) -> np.ndarray:
+        """Vectorised :meth:`step_time`."""
+        return _step(
+            self.params.as_array(),
+            np.asarray(nodes, dtype=float),
+            np.asarray(replicas, dtype=float),
+            np.asarray(local_bsz, dtype=float),
+        )
+
+    def throughput(self, nodes: int, replicas: int, local_bsz: float) -> float:
+        """Predicted samples/s: ``replicas * local_bsz / step_time``."""
+        return replicas * local_bsz / self.step_time(nodes, replicas, local_bsz)
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain, JSON-compatible form (with a version)."""
+        return {
+            "kind": _KIND,
+            "version": _VERSION,
+            "params": asdict(self.params),
+            "num_points": self.num_points,
+        }
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, object]) -> ScalingModel:
+        """Inverse of :meth:`to_dict`; unknown versions raise :class:`PredictorError`."""
+        check_payload(payload, _KIND, _VERSION)
+        params = payload.get("params")
+        if not isinstance(params, dict):
+            raise PredictorError(f"scaling model payload has params={params!r}, expected a dict")
+        num_points = payload.get("num_points", 0)
+        try:
+            return cls(
+                ScalingParams(**{k: float(v) for k, v in params.items()}),
+                num_points=int(num_points),  # type: ignore[call-overload]
+            )
+        except (TypeError, ValueError) as exc:
+            raise PredictorError(
+                f"scaling model params {sorted(params)} are invalid: {exc}"
+            ) from None

@@ -1,0 +1,130 @@
+"""Readers for the Pollux (OSDI 2021) job profiles in ``shared/data/pollux/traces/<app>/``.
+
+I/O lives here, apart from the models: each function returns plain values.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from predictor._scaling import ScalingPoint, placement_shape
+from predictor.errors import PredictorError
+
+__all__ = [
+    "APPLICATIONS",
+    "EpochStats",
+    "read_placements",
+    "read_scalability",
+    "read_validation",
+    "validated_batch_sizes",
+]
+
+#: The six applications of the Pollux traces.
+APPLICATIONS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """One row of ``validation-<B>.csv``: the state after an epoch of training at batch ``B``."""
+
+    progress: float
+    """Training progress in base steps (base-batch samples / base batch, at full efficiency)."""
+    iteration: int
+    """Steps taken at batch ``B`` so far."""
+    metric: float
+    grad_sqr: float
+    grad_var: float
+
+
+def _rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in columns if c not in (reader.fieldnames or [])]
+            if missing:
+                raise PredictorError(f"{path}: missing column(s) {missing}; expected {columns}")
+            return list(reader)
+    except FileNotFoundError:
+        raise PredictorError(f"{path} does not exist") from None
+
+
+def read_placements(app_dir: str | Path) -> list[tuple[str, ScalingPoint]]:
+    """``placements.csv`` as (placement string, point) pairs."""
+    path = Path(app_dir) / "placements.csv"
+    out = []
+    for i, row in enumerate(_rows(path, ("placement", "local_bsz", "step_time", "sync_time"))):
+        try:
+            nodes, replicas = placement_shape(row["placement"])
+            out.append(
+                (
+                    row["placement"],
+                    ScalingPoint(
+                        nodes,
+                        replicas,
+                        int(row["local_bsz"]),
+                        float(row["step_time"]),
+                        float(row["sync_time"]),
+                    ),
+                )
+            )
+        except (ValueError, PredictorError) as exc:
+            raise PredictorError(f"{path}, data row {i + 1}: {exc}") from None
+    return out
+
+
+def read_scalability(app_dir: str | Path) -> list[ScalingPoint]:
+    """``scalability.csv`` (larger scales) as points."""
+    path = Path(app_dir) / "scalability.csv"
+    cols = ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")
+    out = []
+    for i, row in enumerate(_rows(path, cols)):
+        try:
+            out.append(
+                ScalingPoint(
+                    int(row["num_nodes"]),
+                    int(row["num_replicas"]),
+                    int(row["local_bsz"]),
+                    float(row["step_time"]),
+                    float(row["sync_time"]),
+                )
+            )
+        except (ValueError, PredictorError) as exc:
+            raise PredictorError(f"{path}, data row {i + 1}: {exc}") from None
+    return out
+
+
+def validated_batch_sizes(app_dir: str | Path) -> list[int]:
+    """Global batch sizes with a ``validation-<B>.csv``, ascending."""
+    sizes = []
+    for p in Path(app_dir).glob("validation-*.csv"):
+        m = re.fullmatch(r"validation-(\d+)\.csv", p.name)
+        if m:
+            sizes.append(int(m.group(1)))
+    if not sizes:
+        raise PredictorError(f"{app_dir}: no validation-<B>.csv files")
+    return sorted(sizes)
+
+
+def read_validation(app_dir: str | Path, batch_size: int) -> list[EpochStats]:
+    """``validation-<batch_size>.csv`` as per-epoch stats."""
+    path = Path(app_dir) / f"validation-{batch_size}.csv"
+    out = []
+    for i, row in enumerate(
+        _rows(path, ("progress", "iteration", "metric", "grad_sqr", "grad_var"))
+    ):
+        try:
+            out.append(
+                EpochStats(
+                    float(row["progress"]),
+                    int(float(row["iteration"])),
+                    float(row["metric"]),
+                    float(row["grad_sqr"]),
+                    float(row["grad_var"]),
+                )
+            )
+        except ValueError as exc:
+            raise PredictorError(f"{path}, data row {i + 1}: {exc}") from None
+    return out

@@ -1,0 +1,125 @@
+"""Scaling model: recovers known curves, predicts unseen Pollux placements, serialises."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from predictor import (
+    GradientNoise,
+    PredictorError,
+    ScalingModel,
+    ScalingParams,
+    ScalingPoint,
+    goodput,
+    placement_shape,
+)
+from predictor.pollux import read_placements, read_validation
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "pollux"
+
+
+def synthetic(params: ScalingParams, configs: list[tuple[int, int, int]]) -> list[ScalingPoint]:
+    """Points on the model's curve, with the sync time measured as in the Pollux traces."""
+    model = ScalingModel(params)
+    p = params.as_array()
+    return [
+        ScalingPoint(
+            n,
+            r,
+            b,
+            model.step_time(n, r, b),
+            None if r == 1 else (p[2] + p[3] * (r - 2) if n == 1 else p[4] + p[5] * (r - 2)),
+        )
+        for n, r, b in configs
+    ]
+
+
+TRUE = ScalingParams(
+    alpha_c=0.01, beta_c=0.002, alpha_n=0.005, beta_n=0.001, alpha_r=0.05, beta_r=0.004, gamma=2.5
+)
+
+
+def test_placement_shape() -> None:
+    assert placement_shape("22") == (2, 4)
+    assert placement_shape("1") == (1, 1)
+    assert placement_shape([4, 0, 2]) == (2, 6)
+    with pytest.raises(PredictorError, match="placement=''"):
+        placement_shape("")
+    with pytest.raises(PredictorError, match="uses no GPU"):
+        placement_shape("00")
+
+
+def test_fit_recovers_a_known_curve() -> None:
+    train = [(1, 1, 16), (1, 1, 64), (1, 4, 32), (2, 4, 32), (4, 16, 32), (1, 2, 128)]
+    model = ScalingModel.fit(synthetic(TRUE, train), sync_weight=0.5)
+    for n, r, b in [(1, 1, 128), (1, 3, 64), (2, 8, 64), (4, 16, 16), (3, 12, 100)]:
+        want = ScalingModel(TRUE).step_time(n, r, b)
+        assert model.step_time(n, r, b) == pytest.approx(want, rel=0.05)
+
+
+def test_throughput_and_monotone_compute() -> None:
+    model = ScalingModel(TRUE)
+    assert model.throughput(2, 8, 64) == pytest.approx(8 * 64 / model.step_time(2, 8, 64))
+    times = model.step_times(np.ones(5), np.ones(5), np.array([8, 16, 32, 64, 128]))
+    assert np.all(np.diff(times) > 0)
+    # Going multi-node costs synchronisation.
+    assert model.step_time(2, 4, 32) > model.step_time(1, 4, 32)
+
+
+def test_fit_on_five_pollux_placements_predicts_the_rest() -> None:
+    rows = read_placements(DATA / "cifar10")
+    train_placements = {"1", "4", "22", "1111", "4444"}  # one GPU, a node, 2 and 4 nodes
+    train = [p for name, p in rows if name in train_placements]
+    test = [p for name, p in rows if name not in train_placements]
+    model = ScalingModel.fit(train)
+    errors = [
+        abs(model.step_time(p.nodes, p.replicas, p.local_bsz) / p.step_time - 1) for p in test
+    ]
+    assert len(test) > 40
+    assert float(np.median(errors)) < 0.15
+
+
+def test_bad_points_and_fits_are_refused() -> None:
+    with pytest.raises(PredictorError, match="need 1 <= nodes <= replicas"):
+        ScalingPoint(2, 1, 32, 0.1)
+    with pytest.raises(PredictorError, match="step_time=0"):
+        ScalingPoint(1, 1, 32, 0.0)
+    with pytest.raises(PredictorError, match="needs >= 2 points"):
+        ScalingModel.fit([ScalingPoint(1, 1, 32, 0.1)])
+
+
+def test_serialisation_roundtrip_and_versions() -> None:
+    model = ScalingModel.fit(synthetic(TRUE, [(1, 1, 16), (1, 1, 64), (2, 4, 32)]))
+    payload = json.loads(json.dumps(model.to_dict()))
+    again = ScalingModel.from_dict(payload)
+    assert again.step_time(2, 8, 48) == model.step_time(2, 8, 48)
+    with pytest.raises(PredictorError, match="version=2 is not supported"):
+        ScalingModel.from_dict({**payload, "version": 2})
+    with pytest.raises(PredictorError, match="kind='loader'"):
+        ScalingModel.from_dict({**payload, "kind": "loader"})
+    with pytest.raises(PredictorError, match="must be a dict"):
+        ScalingModel.from_dict([])  # type: ignore[arg-type]
+
+
+def test_efficiency_formula() -> None:
+    noise = GradientNoise(base_batch=128, sqr=1.0, var=3.0)  # phi = 384 samples
+    assert noise.noise_scale == 384
+    assert noise.efficiency(128) == pytest.approx(1.0)
+    assert noise.efficiency(384) == pytest.approx((384 + 128) / (384 + 384))
+    assert noise.progress_per_step(256) == pytest.approx(2 * (512 / 640))
+    assert goodput(1000.0, noise, 384) == pytest.approx(1000 * 512 / 768)
+    effs = noise.efficiency(np.array([128, 256, 512, 1024]))
+    assert np.all(np.diff(effs) < 0)
+    with pytest.raises(PredictorError, match="sqr > 0"):
+        GradientNoise(128, 0.0, 1.0)
+
+
+def test_pollux_validation_reader() -> None:
+    rows = read_validation(DATA / "cifar10", 128)
+    assert len(rows) == 100 and rows[0].iteration == 390
+    with pytest.raises(PredictorError, match="does not exist"):
+        read_validation(DATA / "cifar10", 999)
