@@ -94,9 +94,8 @@ def run_live(ctx: str, seconds: float) -> Run:
     it = iter(loader)
     next(it)  # workers up before the clock starts, as in steady training
     start = time.perf_counter()
-    known = {w.pid for w in loader.stats().workers}  # slots are reused after a shrink; PIDs not
-    pending_first: list[Event] = []
     growing = grows(run.events)
+    known: dict[int, set[int | None]] = {}  # per grow: the PIDs alive when it was called
 
     def agent() -> None:
         for ev in run.events:
@@ -118,20 +117,17 @@ def run_live(ctx: str, seconds: float) -> Run:
         time.sleep(PROFILE.step_s(n))
         now = time.perf_counter() - start
         run.timeline.append((now, n, t1 - t0))
-        # First batch fetched by a worker started by a grow.
+        # First batch fetched by a worker started by a grow (a PID not alive at the call).
         for i in growing:
             ev = run.events[i]
-            if ev.called_s >= 0 and ev.first_new_batch_s < 0 and ev not in pending_first:
-                pending_first.append(ev)
-        if pending_first:
-            new = [w for w in loader.stats().workers if w.pid not in known and w.batches > 0]
-            if new:
-                for ev in pending_first:
-                    if ev.first_new_batch_s < 0:
-                        ev.first_new_batch_s = now
-                pending_first.clear()
-                known |= {w.pid for w in new}
-            known |= {w.pid for w in loader.stats().workers if w.batches > 0}
+            if ev.called_s < 0 or ev.first_new_batch_s >= 0:
+                continue
+            workers = loader.stats().workers
+            if i not in known:
+                # New workers have no PID in the stats until they report ready.
+                known[i] = {w.pid for w in workers if w.pid is not None and w.state != "starting"}
+            elif any(w.pid not in known[i] and w.batches > 0 for w in workers):
+                ev.first_new_batch_s = now
         if now >= seconds:
             break
     thread.join()
