@@ -32,6 +32,7 @@ import signal
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,7 @@ class ElasticIterator:
         self._worker_init_fn = loader.worker_init_fn
         self._persistent = loader.persistent_workers
         self._telemetry = loader._telemetry
+        self._loader_ref = weakref.ref(loader)  # to leave the final position with the loader
         self._len_called = loader._IterableDataset_len_called
         self._pin_memory = self._check_pin_memory(loader)
         self._pin_device = None
@@ -178,6 +180,10 @@ class ElasticIterator:
                 restore=snapshot,
                 skip=skip,
             )
+            if snapshot is not None:
+                self._stream.start()
+                if self._stream.rebased:  # the position now counts from the sampler's segment
+                    self._samples_yielded = self._batches_yielded = 0
         for w in self._workers.values():
             w.owed = 0  # tasks of an abandoned epoch are never delivered
             if w.state == "ended":
@@ -193,15 +199,18 @@ class ElasticIterator:
         self._apply_target()
         self._fill()
 
-    def state(self) -> dict[str, Any]:
-        """The resumable state of this epoch (see ``DataLoader.state_dict``)."""
+    def state(self, *, pin_order: bool = True) -> dict[str, Any]:
+        """The resumable state of this epoch (see ``DataLoader.state_dict``).
+
+        ``pin_order=False`` does not make an unstarted sampler draw its order (used when the
+        iterator goes away: nothing was delivered, so there is nothing to pin)."""
         if not self._in_order:
             raise ValueError(
                 "state_dict() needs in_order=True: with in_order=False the delivered samples are "
                 "not a prefix of the sampler's order, so a few integers cannot describe them"
             )
         stream = self._stream
-        if stream is not None and stream.snapshot is None and not self._exhausted:
+        if pin_order and stream is not None and stream.snapshot is None and not self._exhausted:
             # Nothing drawn yet (in-process loading draws at the first next()): draw now, so
             # that the state pins this epoch's order.
             stream.start()
@@ -512,6 +521,7 @@ class ElasticIterator:
                 data, num = self._next_data()
             except StopIteration:
                 self._exhausted = True
+                self._leave_state()
                 if not self._persistent:
                     self._shutdown_workers()
                 raise
@@ -666,12 +676,22 @@ class ElasticIterator:
         with self._telemetry.lock:
             self._telemetry.workers.clear()
 
+    def _leave_state(self) -> None:
+        """Hands this epoch's position to the loader, so that ``loader.state_dict()`` still
+        knows it after the iterator is closed or dropped (e.g. after ``break``)."""
+        loader = self._loader_ref()
+        if loader is None or loader._live_id != id(self) or not self._in_order:
+            return
+        loader._last_state = self.state(pin_order=False)
+
     def close(self) -> None:
         """Stops the workers now (also done when the iterator is garbage-collected)."""
+        self._leave_state()
         self._shutdown_workers()
 
     def __del__(self) -> None:
-        try:  # noqa: SIM105 - contextlib may already be gone at interpreter shutdown
+        try:
+            self._leave_state()
             self._shutdown_workers()
         except Exception:
             pass

@@ -125,6 +125,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._telemetry = Telemetry(stats_window_s)
         self._epoch = 0
         self._live: weakref.ref[ElasticIterator] | None = None
+        self._live_id: int | None = None  # id() of the newest iterator (see _leave_state)
+        self._last_state: dict[str, Any] | None = None  # position left by a closed iterator
         self._pending_state: dict[str, Any] | None = None
         self._control = threading.Lock()
 
@@ -155,7 +157,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self.num_workers > 0:
             self.check_worker_number_rationality()  # torch warns here too
         it = ElasticIterator(self, restore)
-        self._live = weakref.ref(it)
+        self._live, self._live_id, self._last_state = weakref.ref(it), id(it), None
         return it
 
     def __iter__(self) -> ElasticIterator:  # type: ignore[override]
@@ -169,7 +171,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 self._epoch = int(restore.get("epoch", self._epoch)) if restore else self._epoch + 1
                 self._telemetry.begin_epoch()
                 old.reset(self, restore)
-                self._live = weakref.ref(old)
+                self._live, self._live_id, self._last_state = weakref.ref(old), id(old), None
                 return old
         self._telemetry.begin_epoch()
         it = self._get_iterator()
@@ -274,12 +276,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
         Restoring it with :meth:`load_state_dict` into a new loader over the same dataset
         continues with exactly the remaining samples of the epoch, whatever that loader's
-        ``num_workers`` or batch size. For an ``IterableDataset`` the position is replayed
+        ``num_workers`` or batch size. The position survives the iterator: after ``break`` (or
+        ``close()``), it is the point where iteration stopped. For an ``IterableDataset`` the
+        position is replayed
         (batches re-read and dropped), which needs the same ``num_workers`` and batch size.
         """
         it = self._live_iterator()
         if it is not None:
             return it.state()
+        if self._last_state is not None:
+            return dict(self._last_state)
         return {
             "version": STATE_VERSION,
             "dataset_kind": "iterable" if self._is_iterable else "map",
@@ -311,3 +317,4 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                         f"saved {key}={state.get(key)!r}, this loader has {key}={value!r}"
                     )
         self._pending_state = dict(state)
+        self._last_state = dict(state)  # state_dict() reports it until iteration resumes

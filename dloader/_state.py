@@ -12,7 +12,9 @@ sampler draws its randomness (its first index), what that randomness comes from:
 * a sampler with a ``torch.Generator``: that generator's state (a few KiB, not an index list);
 * a sampler with a ``generator`` attribute left ``None`` (``SubsetRandomSampler``,
   ``WeightedRandomSampler``): the global torch RNG state;
-* a sampler with ``state_dict``/``load_state_dict``: its own state;
+* a sampler with ``state_dict``/``load_state_dict``: its own state; if it also has
+  ``fast_forward(n)`` (``ElasticDistributedSampler``), a restore hands it the ``n`` samples to
+  skip instead of iterating over them;
 * anything else (``SequentialSampler``, ``DistributedSampler`` after ``set_epoch``): assumed to
   give the same order again, as torch's samplers do for the same epoch.
 """
@@ -146,6 +148,7 @@ class IndexStream:
         self._started = False
         self.snapshot: dict[str, Any] | None = None
         self.exhausted = False
+        self.rebased = False  # a restored sampler absorbed the skip (see start())
 
     def start(self) -> None:
         """The first draw: record (or replay) the sampler's randomness, then skip ahead."""
@@ -154,9 +157,24 @@ class IndexStream:
         self._started = True
         it = self._it
         sentinel = object()
-        if self._restore is not None:
-            self.snapshot = self._restore
-            first = self._snap.first_index_with(self._restore, lambda: next(it, sentinel))
+        sampler = self._snap.sampler
+        restore = self._restore
+        if (
+            restore is not None
+            and restore.get("kind") == "stateful"
+            and callable(getattr(sampler, "fast_forward", None))
+        ):
+            # The sampler skips the consumed part itself, in O(1), under the current world
+            # size; the position restarts at 0 within its new segment.
+            self._snap.first_index_with(restore, lambda: None)
+            sampler.fast_forward(self._skip)
+            self._skip = 0
+            self.rebased = True
+            self.snapshot = {"kind": "stateful", "state": sampler.state_dict()}
+            first = next(it, sentinel)
+        elif restore is not None:
+            self.snapshot = restore
+            first = self._snap.first_index_with(restore, lambda: next(it, sentinel))
         else:
             # Record what the sampler is about to draw, then let it draw as it would anyway
             # (so the RNGs advance exactly as with torch's DataLoader).

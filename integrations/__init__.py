@@ -1,0 +1,1 @@
+"""Integrations of dloader with launchers and frameworks (torchrun elastic, ...)."""
