@@ -3,13 +3,16 @@
 Physical part (per sample: ``t_io`` waiting for storage, ``t_cpu`` of CPU work)::
 
     A(b)      = b / (a0 + a1 * b)                        accelerator limit, samples/s
-    L(k, c)   = min(k / (t_io + t_cpu), eta * c / t_cpu)  loader rate: workers, then CPU, saturate
-    T(k>=1)   = (A^-p + L^-p)^(-1/p)                      loading overlaps the step: a soft min
+    L(k, c)   = softmin_q(k / (t_io + t_cpu), eta * c / t_cpu)   workers, then CPU, saturate
+    T(k>=1)   = softmin_p(A, L)                           loading overlaps the step
+    softmin_p(x, y) = (x^-p + y^-p)^(-1/p)                a min with a rounded knee
     T(0)      = 1 / (1/A + (t_io + t_cpu))                in-process loading: no overlap
 
+The knees' sharpness (``p`` for the accelerator, ``q`` for the CPU) is fitted as well.
 ``a0, a1`` come from the measured step time less the data wait; ``t_cpu`` from the workers' CPU
 time per batch; ``t_io`` from their wall time per batch less CPU, taken at the least contended
-observation. ``eta`` (the share of the cores the workers really get) and ``p`` (how sharp the
+observation. Without worker timings, ``t_io + t_cpu`` comes from loader-bound observations
+(``k / T``) and the CPU share is fitted with the shape. ``eta`` (the share of the cores the workers really get) and ``p`` (how sharp the
 knee is) are fitted by least squares on log throughput once there are two observations.
 
 Learned part: a scikit-learn ``BayesianRidge`` fitted online to the log-residual
@@ -49,6 +52,7 @@ __all__ = [
 _KIND = "loader"
 _VERSION = 1
 _MAX_SAMPLES = 1000  # observations kept (the most recent)
+_MULTI_START_BELOW = 50  # observations: below this, the shape fit tries several starts
 _COLD_STD = 0.5  # relative uncertainty reported before there is anything to fit
 
 
@@ -122,7 +126,8 @@ class _Physics:
     t_io: float = 0.0
     t_cpu: float = 1e-3
     eta: float = 0.9
-    p: float = 6.0
+    p: float = 6.0  # sharpness of the accelerator/loader knee
+    q: float = 6.0  # sharpness of the workers/CPU knee
 
 
 def _soft_min(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
@@ -183,9 +188,22 @@ class LoaderModel:
         serial = [o.step_s * o.idle_share / o.batch_size for o in obs if o.num_workers == 0]
         if cpu:
             ph.t_cpu = max(float(np.median(cpu)), 1e-7)
+        # Without worker timings, a loader-bound observation still gives the time per sample
+        # of one worker: T ~ k / (t_io + t_cpu) while the accelerator mostly waits.
+        bound = [
+            o.num_workers / o.samples_per_s
+            for o in obs
+            if o.num_workers > 0 and o.fetch_s is None and o.idle_share > 0.3
+        ]
         if walls:
             # Contention inflates wall time; the least contended observation is closest to t_io.
             ph.t_io = max(min(w - c for w, c in walls), 0.0)
+        elif bound:
+            per_sample = float(min(bound))
+            if cpu:
+                ph.t_io = max(per_sample - ph.t_cpu, 0.0)
+            else:  # the CPU share is fitted from the curve's shape below
+                ph.t_cpu, ph.t_io = per_sample, 0.0
         elif serial:
             per_sample = float(np.median(serial))
             if cpu:
@@ -193,7 +211,7 @@ class LoaderModel:
             else:  # nothing tells I/O from CPU: assume CPU (the cautious choice)
                 ph.t_cpu, ph.t_io = max(per_sample, 1e-7), 0.0
         if len(obs) >= 2:
-            self._fit_shape(ph, obs)
+            self._fit_shape(ph, obs, fit_cpu_share=not cpu)
         self._phys = ph
         resid = np.log(np.array([o.samples_per_s for o in obs])) - np.log(self._physical(obs))
         if len(obs) >= 3:
@@ -203,38 +221,63 @@ class LoaderModel:
         else:
             self._ridge = None
 
-    def _fit_shape(self, ph: _Physics, obs: Sequence[LoaderObservation]) -> None:
+    def _fit_shape(
+        self, ph: _Physics, obs: Sequence[LoaderObservation], *, fit_cpu_share: bool
+    ) -> None:
+        """Fits ``eta``, ``p``, ``q`` (and, without CPU timings, the CPU share of a sample)."""
         k = np.array([o.num_workers for o in obs], dtype=float)
         c = np.array([o.cores for o in obs], dtype=float)
         b = np.array([o.batch_size for o in obs], dtype=float)
         y = np.log(np.array([o.samples_per_s for o in obs]))
         a = b / (ph.a0 + ph.a1 * b)
+        per = ph.t_io + ph.t_cpu
+        trial = _Physics(ph.a0, ph.a1, ph.t_io, ph.t_cpu)
 
         def resid(x: np.ndarray) -> np.ndarray:
-            eta, p = x
-            return np.log(self._throughput(ph, k, c, a, eta, p)) - y
+            if fit_cpu_share:
+                trial.t_cpu = per * x[2]
+                trial.t_io = per - trial.t_cpu
+            return np.log(self._rates(trial, k, c, a, x[0], x[1], x[2])[1]) - y
 
-        fit = least_squares(resid, np.array([ph.eta, ph.p]), bounds=([0.1, 1.0], [1.5, 30.0]))
-        ph.eta, ph.p = float(fit.x[0]), float(fit.x[1])
+        lo, hi = [0.1, 1.0, 1.0], [1.5, 30.0, 30.0]
+        if fit_cpu_share:
+            lo, hi = [*lo, 0.01], [*hi, 1.0]
+        # The problem has local minima: while observations are few (and fits cheap) start from
+        # a small grid; later, warm-start from the previous fit (online updates move little).
+        prev = self._phys
+        starts = [[prev.eta, prev.p, prev.q, prev.t_cpu / max(prev.t_io + prev.t_cpu, 1e-12)]]
+        if len(obs) < _MULTI_START_BELOW:
+            starts += [
+                [0.9, p, q, f] for p in (3.0, 10.0) for q in (2.0, 10.0) for f in (0.1, 0.5, 0.95)
+            ]
+        best = None
+        for x0 in starts:
+            x0 = np.clip(x0[: len(lo)], lo, hi)
+            fit = least_squares(resid, x0, bounds=(lo, hi))
+            if best is None or fit.cost < best.cost:
+                best = fit
+        assert best is not None
+        ph.eta, ph.p, ph.q = (float(v) for v in best.x[:3])
+        if fit_cpu_share:
+            ph.t_cpu = per * float(best.x[3])
+            ph.t_io = per - ph.t_cpu
 
     @staticmethod
-    def _throughput(
-        ph: _Physics, k: np.ndarray, c: np.ndarray, a: np.ndarray, eta: float, p: float
-    ) -> np.ndarray:
+    def _rates(
+        ph: _Physics, k: np.ndarray, c: np.ndarray, a: np.ndarray, eta: float, p: float, q: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(L, T)``: the loader's rate and the job's throughput (see the module docstring)."""
         per = ph.t_io + ph.t_cpu
-        loader = np.minimum(np.maximum(k, 1e-9) / per, eta * c / ph.t_cpu)
-        piped = _soft_min(a, loader, p)
-        serial = 1.0 / (1.0 / a + per)
-        return np.where(k >= 1, piped, serial)
+        piped = _soft_min(np.maximum(k, 1e-9) / per, eta * c / ph.t_cpu, q)
+        loader = np.where(k >= 1, piped, 1.0 / per)
+        tput = np.where(k >= 1, _soft_min(a, piped, p), 1.0 / (1.0 / a + per))
+        return loader, tput
 
     def _limits(self, k: np.ndarray, c: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
         ph = self._phys
         a = b / (ph.a0 + ph.a1 * b)
-        per = ph.t_io + ph.t_cpu
-        loader = np.where(
-            k >= 1, np.minimum(np.maximum(k, 1e-9) / per, ph.eta * c / ph.t_cpu), 1.0 / per
-        )
-        return a, loader, self._throughput(ph, k, c, a, ph.eta, ph.p)
+        loader, tput = self._rates(ph, k, c, a, ph.eta, ph.p, ph.q)
+        return a, loader, tput
 
     def _physical(self, obs: Sequence[LoaderObservation]) -> np.ndarray:
         k = np.array([o.num_workers for o in obs], dtype=float)
@@ -291,6 +334,11 @@ class LoaderModel:
         )
         best = int(np.argmax(tput))  # monotone: the best over all smaller allocations
         return LoaderPrediction(float(tput[best]), float(std[-1]), float(a[-1]), float(loader[-1]))
+
+    @property
+    def cpu_seconds_per_sample(self) -> float:
+        """The loader's CPU time per sample (``t_cpu``), as fitted."""
+        return self._phys.t_cpu
 
     def accelerator_limit(self, batch_size: int) -> float:
         """``A(b)``: the job's samples/s when data is never late."""
