@@ -8,12 +8,12 @@ Physical part (per sample: ``t_io`` waiting for storage, ``t_cpu`` of CPU work):
     softmin_p(x, y) = (x^-p + y^-p)^(-1/p)                a min with a rounded knee
     T(0)      = 1 / (1/A + (t_io + t_cpu))                in-process loading: no overlap
 
-The knees' sharpness (``p`` for the accelerator, ``q`` for the CPU) is fitted as well.
 ``a0, a1`` come from the measured step time less the data wait; ``t_cpu`` from the workers' CPU
 time per batch; ``t_io`` from their wall time per batch less CPU, taken at the least contended
 observation. Without worker timings, ``t_io + t_cpu`` comes from loader-bound observations
-(``k / T``) and the CPU share is fitted with the shape. ``eta`` (the share of the cores the workers really get) and ``p`` (how sharp the
-knee is) are fitted by least squares on log throughput once there are two observations.
+(``k / T``) and the CPU share is fitted with the shape. ``eta`` (the share of the cores the
+workers really get) and the knees' sharpness ``p`` and ``q`` are fitted by least squares on log
+throughput once there are two observations.
 
 Learned part: a scikit-learn ``BayesianRidge`` fitted online to the log-residual
 ``log(measured / physical)`` over the features ``[x, x^2, k == 0]`` with ``x = log(L / A)`` (how
