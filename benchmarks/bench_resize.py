@@ -100,6 +100,9 @@ def run_live(ctx: str, seconds: float) -> Run:
     def agent() -> None:
         for ev in run.events:
             time.sleep(max(ev.at_s - (time.perf_counter() - start), 0))
+            i = run.events.index(ev)
+            if i in growing:  # the PIDs alive just before the call: any other PID is new
+                known[i] = {w.pid for w in loader.stats().workers}
             ev.called_s = time.perf_counter() - start
             if ev.kind == "workers":
                 loader.resize(ev.value)
@@ -120,13 +123,9 @@ def run_live(ctx: str, seconds: float) -> Run:
         # First batch fetched by a worker started by a grow (a PID not alive at the call).
         for i in growing:
             ev = run.events[i]
-            if ev.called_s < 0 or ev.first_new_batch_s >= 0:
+            if ev.called_s < 0 or ev.first_new_batch_s >= 0 or i not in known:
                 continue
-            workers = loader.stats().workers
-            if i not in known:
-                # New workers have no PID in the stats until they report ready.
-                known[i] = {w.pid for w in workers if w.pid is not None and w.state != "starting"}
-            elif any(w.pid not in known[i] and w.batches > 0 for w in workers):
+            if any(w.pid not in known[i] and w.batches > 0 for w in loader.stats().workers):
                 ev.first_new_batch_s = now
         if now >= seconds:
             break

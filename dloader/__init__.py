@@ -3,17 +3,28 @@
 The public surface of the in-process library:
 
 * :class:`DataLoader`: a drop-in ``torch.utils.data.DataLoader`` with live ``resize()`` and
-  ``set_batch_size()``, telemetry (``stats()``) and resumable mid-epoch state.
+  ``set_batch_size()``, telemetry (``stats()``), resumable mid-epoch state, and an optional
+  agent that cooperates with the node sidecar.
 * :class:`ElasticDistributedSampler`: a ``DistributedSampler`` whose epoch continues under a
   new world size; :mod:`dloader.elastic`: checkpoints of model, optimizer and data position.
 * :class:`LoaderStats`, :class:`WorkerStats`: the telemetry snapshot types.
 * :mod:`dloader.errors`: the exceptions.
+
+Names are imported on first use, so that ``import dloader.v1`` (the gRPC messages, used by the
+sidecar agent's helper process) does not import torch.
 """
 
-from dloader._elastic_sampler import ElasticDistributedSampler
-from dloader._loader import DataLoader
-from dloader._stats import LoaderStats, WorkerStats
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from dloader.errors import DLoaderError, StateError, WorkerDiedError
+
+if TYPE_CHECKING:
+    from dloader._elastic_sampler import ElasticDistributedSampler
+    from dloader._loader import DataLoader
+    from dloader._stats import LoaderStats, WorkerStats
 
 __all__ = [
     "DLoaderError",
@@ -26,3 +37,23 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "DataLoader": "dloader._loader",
+    "ElasticDistributedSampler": "dloader._elastic_sampler",
+    "LoaderStats": "dloader._stats",
+    "WorkerStats": "dloader._stats",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dloader' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -3,6 +3,7 @@ resumable state."""
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 import weakref
@@ -12,6 +13,7 @@ from typing import Any, TypeVar
 import torch.utils.data
 from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
 
+from dloader._agent import SidecarAgent
 from dloader._config import STATS_WINDOW_S
 from dloader._iter import ElasticIterator
 from dloader._state import STATE_VERSION, check_state
@@ -45,6 +47,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         batch_size_range: ``(low, high)`` inclusive bounds for :meth:`set_batch_size`
             (default: any positive size).
         stats_window_s: length of the "recent" window of :meth:`stats`, seconds.
+        sidecar: the node sidecar to cooperate with (``unix:///path.sock`` or ``host:port``;
+            default: ``$DLOADER_SIDECAR``, else none). A background agent registers the job at
+            the first ``iter()``, reports every second and applies the sidecar's directives.
+            If the sidecar is absent or dies, training goes on unchanged.
+        job_name: the job's name at the sidecar (default: ``$DLOADER_JOB_NAME`` or the
+            script name and PID).
 
     Live changes:
         * :meth:`resize` applies mid-epoch for map-style datasets; workers added report ready
@@ -81,6 +89,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         max_workers: int | None = None,
         batch_size_range: tuple[int, int] | None = None,
         stats_window_s: float = STATS_WINDOW_S,
+        sidecar: str | None = None,
+        job_name: str | None = None,
     ) -> None:
         super().__init__(
             dataset,
@@ -129,6 +139,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._last_state: dict[str, Any] | None = None  # position left by a closed iterator
         self._pending_state: dict[str, Any] | None = None
         self._control = threading.Lock()
+        target = sidecar if sidecar is not None else os.environ.get("DLOADER_SIDECAR") or None
+        self.sidecar_agent: SidecarAgent | None = None
+        if target is not None:
+            self.sidecar_agent = SidecarAgent(self, target, name=job_name)
 
     @staticmethod
     def _check_range(batch_size_range: Any, batch_size: int | None) -> tuple[int, int]:
@@ -161,6 +175,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return it
 
     def __iter__(self) -> ElasticIterator:  # type: ignore[override]
+        if self.sidecar_agent is not None:
+            self.sidecar_agent.start()  # in the background: training never waits for it
         old = self._iterator
         if self.persistent_workers and isinstance(old, ElasticIterator):
             if self._is_iterable and old.live_workers != self.num_workers:

@@ -251,9 +251,8 @@ class LoaderModel:
                 [0.9, p, q, f] for p in (3.0, 10.0) for q in (2.0, 10.0) for f in (0.1, 0.5, 0.95)
             ]
         best = None
-        for x0 in starts:
-            x0 = np.clip(x0[: len(lo)], lo, hi)
-            fit = least_squares(resid, x0, bounds=(lo, hi))
+        for start in starts:
+            fit = least_squares(resid, np.clip(start[: len(lo)], lo, hi), bounds=(lo, hi))
             if best is None or fit.cost < best.cost:
                 best = fit
         assert best is not None

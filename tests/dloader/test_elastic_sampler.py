@@ -138,7 +138,6 @@ def test_world_size_changes_deliver_each_index_exactly_once(
         if ended:
             break
     counts = Counter(seen)
-    assert max(counts.values(), default=1) <= 2
     dup = sum(c - 1 for c in counts.values())
     if ended:  # the epoch ran out: every index once, bar the documented tail handling
         missing = n - len(counts)

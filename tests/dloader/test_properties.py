@@ -32,15 +32,33 @@ def make(num_workers: int, batch_size: int, shuffle: bool) -> dloader.DataLoader
     )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
+cases = given(
     ops=st.lists(op, max_size=10),
     start_workers=st.integers(0, 2),
     start_batch=st.integers(1, 9),
     shuffle=st.booleans(),
     seed=st.integers(0, 2**16),
 )
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@cases
 def test_exactly_once_in_order(
+    ops: list[tuple[str, Any]], start_workers: int, start_batch: int, shuffle: bool, seed: int
+) -> None:
+    check(ops, start_workers, start_batch, shuffle, seed)
+
+
+@pytest.mark.slow
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@cases
+def test_exactly_once_in_order_many(
+    ops: list[tuple[str, Any]], start_workers: int, start_batch: int, shuffle: bool, seed: int
+) -> None:
+    check(ops, start_workers, start_batch, shuffle, seed)
+
+
+def check(
     ops: list[tuple[str, Any]], start_workers: int, start_batch: int, shuffle: bool, seed: int
 ) -> None:
     torch.manual_seed(seed)

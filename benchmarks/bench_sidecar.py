@@ -1,0 +1,239 @@
+"""The headline: three emulated jobs share this node; how much useful throughput do they get?
+
+The io_heavy, cpu_heavy and gpu_bound jobs of DESIGN.md run concurrently as separate processes,
+each starting with the same worker count (4), under
+
+(a) ``even``: a sidecar with the even policy (the node's workers split equally);
+(b) ``adaptive``: a sidecar with the adaptive policy (it explores, models, re-divides);
+(c) ``static best``: no sidecar, the best fixed split found by a small grid search.
+
+Score: the sum over jobs of samples/s divided by the job's accelerator limit, over the last
+``--window`` seconds of each run (the adaptive sidecar needs the first part to explore).
+Also: each job's accelerator idle share, and when the adaptive run reached 95% of its final
+score. A PNG shows per-job throughput and worker counts over time.
+
+    python -m benchmarks.bench_sidecar              # ~6 min
+    python -m benchmarks.bench_sidecar --quick      # ~2 min, smaller grid, shorter runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import machine, out_path, table
+
+JOBS = ("io_heavy", "cpu_heavy", "gpu_bound")
+START_WORKERS = 4
+
+
+def run_jobs(
+    workers: dict[str, int], seconds: float, sidecar: str | None, tmp: Path
+) -> dict[str, Any]:
+    procs, outs = [], {}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    for name in JOBS:
+        out = tmp / f"{name}-{time.monotonic_ns()}.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.sidecar_job",
+            "--profile",
+            name,
+            "--workers",
+            str(workers[name]),
+            "--seconds",
+            str(seconds),
+            "--out",
+            str(out),
+        ]
+        if sidecar:
+            cmd += ["--sidecar", sidecar]
+        procs.append(subprocess.Popen(cmd, env=env))
+        outs[name] = out
+    for p in procs:
+        if p.wait(timeout=seconds + 120) != 0:
+            raise RuntimeError(f"job {p.args} failed with {p.returncode}")
+    return {name: json.loads(path.read_text()) for name, path in outs.items()}
+
+
+def score(results: dict[str, Any], start: float, end: float) -> tuple[float, dict[str, Any]]:
+    per = {}
+    for name, r in results.items():
+        rows = [x for x in r["timeline"] if start <= x[0] < end]
+        tput = sum(x[1] for x in rows) / (end - start) if rows else 0.0
+        idle = sum(x[2] for x in rows) / (end - start) if rows else 0.0
+        per[name] = {
+            "samples_per_s": tput,
+            "normalized": tput / r["limit"],
+            "idle": idle,
+            "workers": rows[-1][3] if rows else None,
+        }
+    return sum(p["normalized"] for p in per.values()), per
+
+
+def with_sidecar(policy: str, seconds: float, tmp: Path) -> dict[str, Any]:
+    sock = tmp / f"{policy}.sock"
+    state = tmp / f"state-{policy}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "sidecar.cli",
+        "--socket",
+        str(sock),
+        "--state-dir",
+        str(state),
+        "--policy",
+        policy,
+        "--period",
+        "2",
+        "--worker-budget",
+        str(START_WORKERS * len(JOBS)),
+    ]
+    with open(tmp / f"sidecar-{policy}.log", "w") as log:
+        daemon = subprocess.Popen(cmd, stderr=log)
+        try:
+            deadline = time.monotonic() + 20
+            while not sock.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return run_jobs(dict.fromkeys(JOBS, START_WORKERS), seconds, f"unix://{sock}", tmp)
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(20)
+
+
+def converged_at(results: dict[str, Any], final: float, seconds: float) -> float | None:
+    for t in range(0, int(seconds) - 5):
+        if score(results, t, t + 5)[0] >= 0.95 * final:
+            return float(t)
+    return None
+
+
+def plot(runs: dict[str, dict[str, Any]], seconds: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.8 * len(runs)), sharex=True)
+    for ax, (label, results) in zip(axes, runs.items(), strict=True):
+        ax2 = ax.twinx()
+        for name, r in results.items():
+            ts = [i * 1.0 for i in range(int(seconds))]
+            norm = [sum(x[1] for x in r["timeline"] if t <= x[0] < t + 1) / r["limit"] for t in ts]
+            line = ax.plot(ts, norm, label=f"{name} throughput/limit")[0]
+            ax2.step(
+                [x[0] for x in r["timeline"]],
+                [x[3] for x in r["timeline"]],
+                where="post",
+                color=line.get_color(),
+                ls=":",
+                alpha=0.8,
+            )
+        ax.set_ylabel("throughput / limit")
+        ax2.set_ylabel("workers (dotted)")
+        ax.set_ylim(0, 1.1)
+        ax.set_title(label, fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[-1].set_xlabel("seconds")
+    fig.suptitle(f"Three jobs on one node\n{machine()}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_path("bench_sidecar.png"), dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_sidecar",
+        description="Three emulated jobs on one node: even vs adaptive vs the best static split.",
+    )
+    p.add_argument("--seconds", type=float, default=60.0, help="length of a sidecar run")
+    p.add_argument("--window", type=float, default=20.0, help="scored final window, seconds")
+    p.add_argument("--grid-seconds", type=float, default=25.0, help="length of a grid run")
+    p.add_argument("--quick", action="store_true", help="shorter runs, smaller grid")
+    args = p.parse_args(argv)
+    grid = {"io_heavy": (12, 16), "cpu_heavy": (1, 2, 3), "gpu_bound": (1,)}
+    if args.quick:
+        args.seconds, args.window, args.grid_seconds = 40.0, 12.0, 15.0
+        grid = {"io_heavy": (12,), "cpu_heavy": (1, 2), "gpu_bound": (1,)}
+    if args.window >= args.seconds:
+        p.error("--window must be shorter than --seconds")
+    print(f"machine: {machine()}", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-"))
+    runs, rows = {}, []
+    for policy in ("even", "adaptive"):
+        print(f"  {policy}: 3 jobs x {args.seconds:g} s ...", file=sys.stderr, flush=True)
+        res = with_sidecar(policy, args.seconds, tmp)
+        runs[policy] = res
+        total, per = score(res, args.seconds - args.window, args.seconds)
+        rows.append((policy, total, per))
+    best: tuple[float, dict[str, Any], dict[str, int], dict[str, Any]] | None = None
+    combos = list(itertools.product(*grid.values()))
+    for i, combo in enumerate(combos):
+        workers = dict(zip(grid, combo, strict=True))
+        print(f"  grid [{i + 1}/{len(combos)}] {workers} ...", file=sys.stderr, flush=True)
+        res = run_jobs(workers, args.grid_seconds, None, tmp)
+        total, per = score(
+            res,
+            args.grid_seconds - args.window * args.grid_seconds / args.seconds,
+            args.grid_seconds,
+        )
+        if best is None or total > best[0]:
+            best = (total, per, workers, res)
+    assert best is not None
+    runs[f"static best {best[2]}"] = best[3]
+    rows.append(("static best " + "/".join(str(best[2][j]) for j in JOBS), best[0], best[1]))
+
+    even = rows[0][1]
+    print(
+        table(
+            [
+                "run",
+                "sum throughput/limit",
+                "vs even",
+                "io_heavy (workers, idle)",
+                "cpu_heavy (workers, idle)",
+                "gpu_bound (workers, idle)",
+            ],
+            [
+                [name, total, total / even]
+                + [
+                    f"{per[j]['normalized']:.2f} ({per[j]['workers']}, {per[j]['idle']:.0%})"
+                    for j in JOBS
+                ]
+                for name, total, per in rows
+            ],
+        )
+    )
+    adaptive = rows[1][1]
+    conv = converged_at(runs["adaptive"], adaptive, args.seconds)
+    print(
+        f"\nadaptive / even = {adaptive / even:.2f} (target >= 1.15); adaptive / static best"
+        f" = {adaptive / best[0]:.2f} (target >= 0.97); adaptive reached 95% of its final "
+        f"score after {conv if conv is not None else 'n/a'} s"
+    )
+    out_path("bench_sidecar.json").write_text(
+        json.dumps(
+            {
+                "machine": machine(),
+                "rows": [[n, t, per] for n, t, per in rows],
+                "converged_s": conv,
+            },
+            indent=1,
+        )
+    )
+    plot(runs, args.seconds)
+    print(f"wrote {out_path('bench_sidecar.json')} and {out_path('bench_sidecar.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

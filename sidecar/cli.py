@@ -1,0 +1,195 @@
+"""``dloader-sidecar``: the node daemon."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from dloader.v1 import node_pb2 as pb
+from sidecar._config import default_socket, default_state_dir
+from sidecar.core import NodeCore, PolicySettings
+from sidecar.errors import SidecarError
+from sidecar.metrics import Metrics
+from sidecar.monitors import GpuMonitor, NodeMonitor
+from sidecar.server import ListenConfig, build_server
+from sidecar.store import Store
+
+__all__ = ["main", "serve"]
+
+log = logging.getLogger("sidecar")
+
+
+def parser() -> argparse.ArgumentParser:
+    cpus = len(os.sched_getaffinity(0))
+    p = argparse.ArgumentParser(
+        prog="dloader-sidecar",
+        description="Per-node daemon that divides the node's data-loader resources (worker "
+        "processes, CPU) between the training jobs on it, so that their accelerators wait for "
+        "data as little as possible. Jobs connect with dloader.DataLoader(sidecar=...) or "
+        "DLOADER_SIDECAR=unix:///path.",
+    )
+    p.add_argument(
+        "--socket",
+        default=default_socket(),
+        help="Unix socket to listen on, mode 0660 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=default_state_dir(),
+        help="folder for the SQLite state (default: %(default)s)",
+    )
+    p.add_argument(
+        "--policy",
+        choices=["adaptive", "even"],
+        default="adaptive",
+        help="how to divide the node (default: %(default)s)",
+    )
+    p.add_argument(
+        "--worker-budget",
+        type=int,
+        default=8 * cpus,
+        help="loader worker processes on the node, all jobs (default: %(default)s)",
+    )
+    p.add_argument(
+        "--cpu-budget",
+        type=int,
+        default=cpus,
+        help="cores loader work may use, all jobs (default: %(default)s)",
+    )
+    p.add_argument(
+        "--period",
+        type=float,
+        default=2.0,
+        help="seconds between policy decisions (default: %(default)s)",
+    )
+    p.add_argument(
+        "--listen", metavar="HOST:PORT", default=None, help="also listen on TCP (needs --token)"
+    )
+    p.add_argument(
+        "--token",
+        default=os.environ.get("DLOADER_SIDECAR_TOKEN"),
+        help="bearer token required on TCP (default: $DLOADER_SIDECAR_TOKEN)",
+    )
+    p.add_argument("--tls-cert", default=None, help="TLS certificate (PEM) for TCP")
+    p.add_argument("--tls-key", default=None, help="TLS private key (PEM) for TCP")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics on 127.0.0.1:PORT (default: off)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="(default: %(default)s)",
+    )
+    return p
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> None:
+    """Runs the daemon until ``stop`` is set (or SIGTERM/SIGINT)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    store = Store(Path(args.state_dir) / "sidecar.db")
+    settings = PolicySettings(args.policy, args.worker_budget, args.cpu_budget, args.period)
+    core = NodeCore(store, settings)
+    node, gpus = NodeMonitor(), GpuMonitor()
+    metrics = Metrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
+    last = {"cpu": 0.0, "rd": 0.0, "wr": 0.0}
+
+    def sum_normalized() -> float:
+        total = 0.0
+        for job in core.jobs.values():
+            if job.model.observations and job.last_report:
+                limit = job.model.accelerator_limit(job.record.batch_size)
+                total += job.last_report["samples_per_second"] / limit if limit > 0 else 0.0
+        return total
+
+    def node_status() -> pb.NodeStatus:
+        return pb.NodeStatus(
+            hostname=node.hostname,
+            cpu_count=node.cpu_count,
+            cpu_percent=last["cpu"],
+            disk_read_bytes_per_second=int(last["rd"]),
+            disk_write_bytes_per_second=int(last["wr"]),
+            nvml_available=gpus.available,
+            nvml_message=gpus.message,
+            gpus=[
+                pb.GpuStatus(
+                    index=g.index,
+                    name=g.name,
+                    utilization=g.utilization,
+                    memory_used_bytes=g.memory_used,
+                    memory_total_bytes=g.memory_total,
+                )
+                for g in gpus.read()
+            ],
+            jobs=len(core.jobs),
+            policy=core.settings.name,
+            sum_normalized_throughput=sum_normalized(),
+        )
+
+    server, addresses = await build_server(
+        core,
+        node_status,
+        ListenConfig(
+            socket=args.socket,
+            tcp=args.listen,
+            token=args.token,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+        ),
+    )
+    log.info(
+        "dloader-sidecar listening on %s; state in %s; policy %s",
+        ", ".join(addresses),
+        args.state_dir,
+        settings.name,
+    )
+
+    async def monitor() -> None:
+        while not stop.is_set():
+            last["cpu"], last["rd"], last["wr"] = node.read()
+            metrics.update(core, last["cpu"], sum_normalized())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+    tasks = [asyncio.create_task(core.run(stop)), asyncio.create_task(monitor())]
+    await stop.wait()
+    log.info("shutting down")
+    await server.stop(grace=2.0)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for job in core.jobs.values():
+        store.save_model(job.job_id, job.model.to_dict())
+    store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``dloader-sidecar``."""
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        asyncio.run(serve(args))
+    except (ValueError, SidecarError) as exc:
+        print(f"dloader-sidecar: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

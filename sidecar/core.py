@@ -1,0 +1,362 @@
+"""The sidecar's core, free of any transport: jobs, reports, models, decisions, directives.
+
+The gRPC servicer (:mod:`sidecar.server`) only translates messages and calls this object. All
+methods run on one asyncio event loop; the policy (:mod:`sidecar.policy`) and the models
+(:mod:`predictor`) are pure code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from predictor import LoaderModel, LoaderObservation, PredictorError
+from sidecar import policy as pol
+from sidecar.errors import InvalidArgument, NotFound, PermissionDenied
+from sidecar.monitors import ProcessTreeStats, process_tree_stats
+from sidecar.store import JobRecord, Store
+
+__all__ = ["Directive", "Job", "NodeCore", "PolicySettings"]
+
+log = logging.getLogger(__name__)
+
+_NAME_MAX = 200
+_SAVE_MODEL_EVERY = 5  # reports
+
+
+@dataclass(frozen=True)
+class Directive:
+    """What a job should run with."""
+
+    num_workers: int
+    batch_size: int = 0  # 0: unchanged
+    cpus: tuple[int, ...] = ()
+    reason: str = ""
+    revision: int = 0
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """The node policy and its budget."""
+
+    name: str
+    worker_budget: int
+    cpu_budget: int
+    period_s: float
+
+    def __post_init__(self) -> None:
+        if self.name not in ("adaptive", "even"):
+            raise InvalidArgument(
+                "config.name", f"policy {self.name!r} is not one of 'adaptive', 'even'"
+            )
+        if self.worker_budget < 1 or self.worker_budget > 4096:
+            raise InvalidArgument(
+                "config.worker_budget", f"{self.worker_budget} must be within [1, 4096]"
+            )
+        if self.cpu_budget < 1 or self.cpu_budget > 4096:
+            raise InvalidArgument(
+                "config.cpu_budget", f"{self.cpu_budget} must be within [1, 4096]"
+            )
+        if not 0.1 <= self.period_s <= 3600:
+            raise InvalidArgument(
+                "config.period_seconds", f"{self.period_s} must be within [0.1, 3600]"
+            )
+
+
+@dataclass
+class Job:
+    """A registered job, as the core holds it."""
+
+    record: JobRecord
+    model: LoaderModel
+    directive: Directive
+    last_report: dict[str, Any] | None = None
+    last_report_at: float = 0.0
+    tree: ProcessTreeStats | None = None
+    decision: pol.Decision | None = None
+    reports: int = 0
+    watchers: set[asyncio.Queue[Directive | None]] = field(default_factory=set)
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+
+def _finite(name: str, value: float, low: float = 0.0, high: float = math.inf) -> float:
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
+        raise InvalidArgument(name, f"{value!r} must be a finite number within [{low}, {high}]")
+    return float(value)
+
+
+class NodeCore:
+    """Jobs on one node and the policy that divides the node's loader resources between them."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: PolicySettings,
+        *,
+        tree_stats: Callable[[list[int]], ProcessTreeStats] = process_tree_stats,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        saved = store.get_setting("policy")
+        if saved:
+            name, workers, cpus, period = saved.split(",")
+            settings = PolicySettings(name, int(workers), int(cpus), float(period))
+        self.settings = settings
+        self._tree_stats = tree_stats
+        self._clock = clock
+        self.jobs: dict[str, Job] = {}
+        self._revision = 0
+        self._wake = asyncio.Event()
+        for rec in store.active_jobs():  # a restart keeps the jobs and what was learned
+            model = LoaderModel()
+            payload = store.load_model(rec.job_id)
+            if payload is not None:
+                try:
+                    model = LoaderModel.from_dict(payload)
+                except PredictorError as exc:
+                    log.warning(
+                        "job %s: stored model unreadable (%s); starting afresh", rec.job_id, exc
+                    )
+            self.jobs[rec.job_id] = Job(
+                rec,
+                model,
+                Directive(rec.num_workers, rec.batch_size, reason="restored after restart"),
+            )
+        if self.jobs:
+            log.info("restored %d job(s) from %s", len(self.jobs), store.path)
+
+    # ------------------------------------------------------------------ jobs
+
+    def register(
+        self,
+        *,
+        name: str,
+        limits: dict[str, Any],
+        pids: list[int],
+        gpus: list[int],
+        num_workers: int,
+        batch_size: int,
+    ) -> Job:
+        """Registers a job; validates every field, naming the bad one."""
+        if not name or len(name) > _NAME_MAX:
+            raise InvalidArgument("name", f"must be 1..{_NAME_MAX} characters, got {len(name)}")
+        lo, hi = limits.get("min_workers", 0), limits.get("max_workers", 0)
+        if hi and lo > hi:
+            raise InvalidArgument(
+                "limits.min_workers", f"min_workers={lo} is above max_workers={hi}"
+            )
+        blo, bhi = limits.get("min_batch_size", 0), limits.get("max_batch_size", 0)
+        if bhi and blo > bhi:
+            raise InvalidArgument(
+                "limits.min_batch_size", f"min_batch_size={blo} is above max_batch_size={bhi}"
+            )
+        if not pids:
+            raise InvalidArgument("pids", "at least one training process id is needed")
+        if num_workers > self.settings.worker_budget * 16:
+            raise InvalidArgument("num_workers", f"{num_workers} is implausibly large")
+        if batch_size < 1:
+            raise InvalidArgument("batch_size", f"{batch_size} must be >= 1")
+        tree = self._tree_stats(pids)
+        if not tree.alive:
+            raise InvalidArgument("pids", f"no process of {pids} is running on this node")
+        rec = JobRecord(
+            uuid.uuid4().hex[:12],
+            name,
+            secrets.token_hex(16),
+            dict(limits),
+            list(pids),
+            list(gpus),
+            num_workers,
+            batch_size,
+            time.time(),
+        )
+        self.store.add_job(rec)
+        job = Job(
+            rec,
+            LoaderModel(),
+            Directive(num_workers, batch_size, reason="registered"),
+            last_report_at=self._clock(),
+            tree=tree,
+        )
+        self.jobs[rec.job_id] = job
+        log.info("job %s (%s) registered: pids %s, %d workers", rec.job_id, name, pids, num_workers)
+        self.decide()
+        return job
+
+    def authenticate(self, job_id: str, token: str) -> Job:
+        """The job ``job_id`` if ``token`` is its token."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise NotFound("job_id", f"no job {job_id!r} on this node")
+        if not secrets.compare_digest(job.record.token, token):
+            raise PermissionDenied("token", f"the token does not authorise job {job_id!r}")
+        return job
+
+    def get(self, job_id: str) -> Job:
+        """A job by id (for operators)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise NotFound("job_id", f"no job {job_id!r} on this node")
+        return job
+
+    def deregister(self, job_id: str, token: str) -> None:
+        """Removes a job and frees its resources."""
+        self._end(self.authenticate(job_id, token), "deregistered")
+
+    def _end(self, job: Job, why: str) -> None:
+        self.jobs.pop(job.job_id, None)
+        self.store.save_model(job.job_id, job.model.to_dict())
+        self.store.end_job(job.job_id)
+        for q in job.watchers:
+            q.put_nowait(None)
+        log.info("job %s (%s) %s", job.job_id, job.record.name, why)
+        self.decide()
+
+    # ------------------------------------------------------------------ reports
+
+    def report(self, job: Job, body: dict[str, Any]) -> None:
+        """Takes one report of ``job``'s loader (already authenticated)."""
+        k = int(body.get("num_workers", 0))
+        b = int(body.get("batch_size", 0))
+        if b < 1:
+            raise InvalidArgument("batch_size", f"{b} must be >= 1")
+        tput = _finite("samples_per_second", body.get("samples_per_second", 0.0), 0, 1e9)
+        idle = _finite("idle_share", body.get("idle_share", 0.0), 0, 1)
+        step = _finite("step_seconds", body.get("step_seconds", 0.0), 0, 86400)
+        window = _finite("window_seconds", body.get("window_seconds", 0.0), 0, 86400)
+        workers = body.get("workers", [])
+        for i, w in enumerate(workers):
+            _finite(f"workers[{i}].fetch_seconds", w.get("fetch_seconds", 0.0), 0, 86400)
+            _finite(f"workers[{i}].cpu_seconds", w.get("cpu_seconds", 0.0), 0, 86400)
+        job.last_report, job.last_report_at = body, self._clock()
+        job.reports += 1
+        if (k, b) != (job.record.num_workers, job.record.batch_size):
+            job.record.num_workers, job.record.batch_size = k, b
+            self.store.update_job(job.job_id, num_workers=k, batch_size=b)
+        self.store.add_report(job.job_id, body)
+        # Learn only from steady windows at the allocation the job was told to run.
+        busy = [w for w in workers if w.get("batches", 0) > 0]
+        if (
+            tput > 0
+            and step > 0
+            and window >= 1.0
+            and k == job.directive.num_workers
+            and (k == 0 or busy)
+        ):
+            obs = LoaderObservation(
+                num_workers=k,
+                cores=float(self.settings.cpu_budget),
+                batch_size=b,
+                samples_per_s=tput,
+                idle_share=idle,
+                step_s=step,
+                fetch_s=sum(w["fetch_seconds"] for w in busy) / len(busy) if busy else None,
+                cpu_s=sum(w["cpu_seconds"] for w in busy) / len(busy) if busy else None,
+            )
+            # One observation per allocation change and per window, not one per second.
+            same = job.model.observations and job.model.observations[-1].num_workers == k
+            if same and job.reports % max(int(window), 1):
+                return
+            job.model.update(obs)
+            if len(job.model.observations) % _SAVE_MODEL_EVERY == 0:
+                self.store.save_model(job.job_id, job.model.to_dict())
+            self._wake.set()
+
+    # ------------------------------------------------------------------ decisions
+
+    def decide(self) -> None:
+        """Runs the policy and sends every changed directive."""
+        jobs = list(self.jobs.values())
+        if not jobs:
+            return
+        views = [
+            pol.JobView(
+                j.job_id,
+                j.record.batch_size,
+                j.directive.num_workers,
+                j.record.limits.get("min_workers", 0),
+                j.record.limits.get("max_workers", 0),
+                j.model,
+            )
+            for j in jobs
+        ]
+        budget = pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget))
+        decisions = pol.decide(self.settings.name, views, budget)
+        for job in jobs:
+            d = decisions[job.job_id]
+            job.decision = d
+            if d.num_workers != job.directive.num_workers:
+                self._revision += 1
+                job.directive = replace(
+                    job.directive,
+                    num_workers=d.num_workers,
+                    reason=d.reason,
+                    revision=self._revision,
+                )
+                self.store.add_decision(
+                    job.job_id,
+                    d.num_workers,
+                    job.directive.batch_size,
+                    list(job.directive.cpus),
+                    d.reason,
+                )
+                log.info("job %s: %d workers (%s)", job.job_id, d.num_workers, d.reason)
+                for q in job.watchers:
+                    q.put_nowait(job.directive)
+
+    def reap(self) -> list[str]:
+        """Ends jobs whose processes are all gone; returns their ids."""
+        gone = []
+        for job in list(self.jobs.values()):
+            job.tree = self._tree_stats(job.record.pids)
+            if not job.tree.alive:
+                gone.append(job.job_id)
+                self._end(job, "ended: its processes are gone")
+        return gone
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """The periodic loop: reap dead jobs and re-decide every period and on new evidence."""
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.period_s)
+            self._wake.clear()
+            try:
+                self.reap()
+                self.decide()
+            except Exception:  # the daemon must outlive a bad decision
+                log.exception("node policy loop failed; keeping the last allocation")
+
+    async def watch(self, job: Job) -> AsyncIterator[Directive]:
+        """The job's current directive, then each new one, until the job ends."""
+        q: asyncio.Queue[Directive | None] = asyncio.Queue()
+        job.watchers.add(q)
+        try:
+            yield job.directive
+            while True:
+                d = await q.get()
+                if d is None:
+                    return
+                yield d
+        finally:
+            job.watchers.discard(q)
+
+    def set_policy(self, settings: PolicySettings) -> None:
+        """Switches policy or budget; re-decides at once."""
+        self.settings = settings
+        self.store.set_setting(
+            "policy",
+            f"{settings.name},{settings.worker_budget},{settings.cpu_budget},{settings.period_s}",
+        )
+        log.info("policy set to %s", settings)
+        self.decide()

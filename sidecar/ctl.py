@@ -1,0 +1,218 @@
+"""``dloaderctl``: look at and steer a node's sidecar."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from dloader.v1 import node_pb2 as pb
+from dloader.v1 import node_pb2_grpc as pb_grpc
+from sidecar._config import default_socket
+
+__all__ = ["main"]
+
+
+def _stub(args: argparse.Namespace) -> tuple[pb_grpc.NodeServiceStub, list[tuple[str, str]]]:
+    target = args.target or f"unix://{args.socket}"
+    channel = grpc.insecure_channel(target)
+    md = [("authorization", f"Bearer {args.token}")] if args.token else []
+    return pb_grpc.NodeServiceStub(channel), md
+
+
+def jobs_table(jobs: list[pb.JobStatus], title: str = "jobs") -> Table:
+    """The jobs as a rich table."""
+    t = Table(title=title)
+    for col in (
+        "job",
+        "name",
+        "workers",
+        "batch",
+        "samples/s",
+        "limit",
+        "of limit",
+        "idle",
+        "CPU %",
+        "RSS MB",
+        "last report",
+        "why",
+    ):
+        t.add_column(
+            col, justify="left" if col in ("job", "name", "why") else "right", no_wrap=col != "why"
+        )
+    for j in jobs:
+        share = f"{j.samples_per_second / j.accelerator_limit:.0%}" if j.accelerator_limit else "?"
+        t.add_row(
+            j.job_id,
+            j.name,
+            str(j.num_workers),
+            str(j.batch_size),
+            f"{j.samples_per_second:,.0f}",
+            f"{j.accelerator_limit:,.0f}" if j.accelerator_limit else "?",
+            share,
+            f"{j.idle_share:.0%}",
+            f"{j.cpu_percent:.0f}",
+            f"{j.rss_bytes / 2**20:,.0f}",
+            f"{j.last_report_age_seconds:.0f}s ago",
+            j.directive.reason,
+        )
+    return t
+
+
+def cmd_jobs(args: argparse.Namespace, console: Console) -> int:
+    stub, md = _stub(args)
+    resp = stub.ListJobs(pb.ListJobsRequest(), timeout=args.timeout, metadata=md)
+    if args.json:
+        print(
+            json.dumps(
+                [MessageToDict(j, preserving_proto_field_name=True) for j in resp.jobs], indent=2
+            )
+        )
+    elif not resp.jobs:
+        console.print("no jobs registered")
+    else:
+        console.print(jobs_table(list(resp.jobs)))
+    return 0
+
+
+def cmd_top(args: argparse.Namespace, console: Console) -> int:
+    stub, md = _stub(args)
+
+    def render() -> Table:
+        status = stub.GetNodeStatus(pb.GetNodeStatusRequest(), timeout=args.timeout, metadata=md)
+        jobs = stub.ListJobs(pb.ListJobsRequest(), timeout=args.timeout, metadata=md).jobs
+        title = (
+            f"{status.hostname}: {status.jobs} jobs, policy {status.policy}, node CPU "
+            f"{status.cpu_percent:.0f}% of {status.cpu_count * 100}, sum of throughput/limit "
+            f"{status.sum_normalized_throughput:.2f}"
+            + ("" if status.nvml_available else " (no NVML)")
+        )
+        return jobs_table(list(jobs), title)
+
+    end = time.monotonic() + args.duration if args.duration else None
+    with Live(render(), console=console, refresh_per_second=4, screen=False) as live:
+        try:
+            while end is None or time.monotonic() < end:
+                time.sleep(args.interval)
+                live.update(render())
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    stub, md = _stub(args)
+    s = stub.GetNodeStatus(pb.GetNodeStatusRequest(), timeout=args.timeout, metadata=md)
+    print(json.dumps(MessageToDict(s, preserving_proto_field_name=True), indent=2))
+    return 0
+
+
+def cmd_policy(args: argparse.Namespace, console: Console) -> int:
+    stub, md = _stub(args)
+    if args.action == "get":
+        p = stub.GetPolicy(pb.GetPolicyRequest(), timeout=args.timeout, metadata=md)
+    else:
+        if args.name is None:
+            print("dloaderctl policy set: give a policy name (adaptive or even)", file=sys.stderr)
+            return 2
+        p = stub.SetPolicy(
+            pb.SetPolicyRequest(
+                config=pb.PolicyConfig(
+                    name=args.name,
+                    worker_budget=args.worker_budget or 0,
+                    cpu_budget=args.cpu_budget or 0,
+                    period_seconds=args.period or 0.0,
+                )
+            ),
+            timeout=args.timeout,
+            metadata=md,
+        )
+    print(json.dumps(MessageToDict(p, preserving_proto_field_name=True), indent=2))
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace, console: Console) -> int:
+    stub, md = _stub(args)
+    e = stub.Explain(pb.ExplainRequest(job_id=args.job), timeout=args.timeout, metadata=md)
+    console.print(f"[bold]{e.job_id}[/] under policy [bold]{e.policy}[/]: {e.reason}")
+    if e.candidates:
+        t = Table(
+            title=f"predictions per candidate (accelerator limit "
+            f"{e.accelerator_limit:,.0f} samples/s)"
+        )
+        for col in ("workers", "predicted samples/s", "± (rel.)", "of limit", "chosen"):
+            t.add_column(col, justify="right")
+        for c in e.candidates:
+            t.add_row(
+                str(c.num_workers),
+                f"{c.predicted_samples_per_second:,.0f}",
+                f"{c.relative_std:.0%}",
+                f"{c.normalized:.0%}",
+                "<-" if c.chosen else "",
+            )
+        console.print(t)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dloaderctl", description="Look at and steer the node's dloader sidecar."
+    )
+    p.add_argument(
+        "--socket",
+        default=default_socket(),
+        help="the sidecar's Unix socket (default: %(default)s)",
+    )
+    p.add_argument("--target", default=None, help="host:port instead of the socket (TCP)")
+    p.add_argument("--token", default=None, help="bearer token for TCP")
+    p.add_argument("--timeout", type=float, default=5.0, help="RPC timeout, seconds")
+    sub = p.add_subparsers(dest="command", required=True)
+    j = sub.add_parser("jobs", help="the registered jobs")
+    j.add_argument("--json", action="store_true", help="machine-readable output")
+    t = sub.add_parser("top", help="a live view of the jobs")
+    t.add_argument("--interval", type=float, default=1.0, help="refresh every N seconds")
+    t.add_argument("--duration", type=float, default=0.0, help="stop after N seconds (0: never)")
+    sub.add_parser("status", help="the node: CPU, disk, GPUs, policy")
+    pol = sub.add_parser("policy", help="get or set the node policy")
+    pol.add_argument("action", choices=["get", "set"])
+    pol.add_argument("name", nargs="?", choices=["adaptive", "even"])
+    pol.add_argument("--worker-budget", type=int, default=None)
+    pol.add_argument("--cpu-budget", type=int, default=None)
+    pol.add_argument("--period", type=float, default=None)
+    e = sub.add_parser("explain", help="why a job's last allocation was chosen")
+    e.add_argument("job", help="job id (see `dloaderctl jobs`)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``dloaderctl``."""
+    args = parser().parse_args(argv)
+    console = Console()
+    commands: dict[str, Any] = {
+        "jobs": cmd_jobs,
+        "top": cmd_top,
+        "status": cmd_status,
+        "policy": cmd_policy,
+        "explain": cmd_explain,
+    }
+    try:
+        return int(commands[args.command](args, console))
+    except grpc.RpcError as exc:
+        print(
+            f"dloaderctl: {exc.code().name}: {exc.details()} (sidecar at "
+            f"{args.target or args.socket})",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""What the sidecar sees of the node: CPU, memory and I/O per job process tree (psutil), node
+CPU and disk I/O, and GPUs through NVML.
+
+NVML sits behind :class:`GpuBackend`, a thin adapter: :class:`NvmlBackend` calls nvidia-ml-py;
+tests use a fake at that boundary only. Without a driver or a GPU the monitor says why once and
+reports no GPU; the sidecar then relies on the loaders' own data-wait measurements.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import psutil
+
+__all__ = [
+    "GpuBackend",
+    "GpuInfo",
+    "GpuMonitor",
+    "NodeMonitor",
+    "NvmlBackend",
+    "ProcessTreeStats",
+    "process_tree_stats",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU's state."""
+
+    index: int
+    name: str
+    utilization: float  # share of time busy, [0, 1]
+    memory_used: int
+    memory_total: int
+    pids: tuple[int, ...] = ()  # processes using it
+
+
+class GpuBackend(Protocol):
+    """The NVML boundary."""
+
+    def gpus(self) -> list[GpuInfo]:
+        """The node's GPUs now (raises on failure)."""
+        ...
+
+
+class NvmlBackend:
+    """GPUs through nvidia-ml-py (pynvml). Construction raises if NVML cannot start."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self._nvml = pynvml
+        pynvml.nvmlInit()
+        self._count = pynvml.nvmlDeviceGetCount()
+
+    def gpus(self) -> list[GpuInfo]:
+        nv = self._nvml
+        out = []
+        for i in range(self._count):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            name = nv.nvmlDeviceGetName(h)
+            util = nv.nvmlDeviceGetUtilizationRates(h)
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            try:
+                procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
+                pids = tuple(int(p.pid) for p in procs)
+            except nv.NVMLError:
+                pids = ()
+            out.append(
+                GpuInfo(
+                    i,
+                    name if isinstance(name, str) else name.decode(),
+                    util.gpu / 100.0,
+                    int(mem.used),
+                    int(mem.total),
+                    pids,
+                )
+            )
+        return out
+
+
+class GpuMonitor:
+    """GPU state, or a clear statement that there is none."""
+
+    def __init__(self, backend: GpuBackend | None = None) -> None:
+        self.message = ""
+        self._backend: GpuBackend | None = backend
+        if backend is None:
+            try:
+                self._backend = NvmlBackend()
+            except Exception as exc:  # no library, no driver, no GPU: all mean "no NVML"
+                self.message = (
+                    f"NVML unavailable ({type(exc).__name__}: {exc}); relying on "
+                    "the loaders' data-wait measurements"
+                )
+                log.info("%s", self.message)
+
+    @property
+    def available(self) -> bool:
+        """Whether GPU data can be read."""
+        return self._backend is not None
+
+    def read(self) -> list[GpuInfo]:
+        """The GPUs now; on a read failure, logs once and returns nothing."""
+        if self._backend is None:
+            return []
+        try:
+            return self._backend.gpus()
+        except Exception as exc:
+            if not self.message:
+                self.message = f"NVML read failed: {exc}"
+                log.warning("%s", self.message)
+            return []
+
+
+@dataclass(frozen=True)
+class ProcessTreeStats:
+    """A job's training process and its children (loader workers), summed."""
+
+    pids: tuple[int, ...]
+    alive: bool
+    cpu_percent: float  # 100 per core
+    rss_bytes: int
+    read_bytes: int
+    write_bytes: int
+    worker_pids: tuple[int, ...] = field(default_factory=tuple)
+
+
+_procs: dict[int, psutil.Process] = {}  # cache so that cpu_percent() measures between calls
+
+
+def _proc(pid: int) -> psutil.Process:
+    p = _procs.get(pid)
+    if p is None or not p.is_running():
+        p = _procs[pid] = psutil.Process(pid)
+        p.cpu_percent(None)
+    return p
+
+
+def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
+    """CPU, memory and I/O of ``pids`` and all their descendants."""
+    tree: dict[int, psutil.Process] = {}
+    alive = False
+    for pid in pids:
+        try:
+            root = _proc(pid)
+            if root.status() == psutil.STATUS_ZOMBIE:
+                continue
+            alive = True
+            tree[pid] = root
+            for child in root.children(recursive=True):
+                tree.setdefault(child.pid, child)
+        except psutil.Error:
+            continue
+    cpu = 0.0
+    rss = rd = wr = 0
+    for pid in tree:
+        try:
+            p = _proc(pid)
+            cpu += p.cpu_percent(None)
+            rss += p.memory_info().rss
+            try:
+                io = p.io_counters()
+                rd += io.read_bytes
+                wr += io.write_bytes
+            except (psutil.AccessDenied, AttributeError):
+                pass
+        except psutil.Error:
+            continue
+    workers = tuple(sorted(p for p in tree if p not in pids))
+    return ProcessTreeStats(tuple(pids), alive, cpu, rss, rd, wr, workers)
+
+
+class NodeMonitor:
+    """Node-wide CPU and disk rates between two reads."""
+
+    def __init__(self) -> None:
+        self.hostname = socket.gethostname()
+        self.cpu_count = psutil.cpu_count() or 1
+        psutil.cpu_percent(None)
+        self._last_io = psutil.disk_io_counters()
+        self._last_t = time.monotonic()
+
+    def read(self) -> tuple[float, float, float]:
+        """(node CPU percent, disk read bytes/s, disk write bytes/s) since the last read."""
+        cpu = psutil.cpu_percent(None) * self.cpu_count
+        io = psutil.disk_io_counters()
+        now = time.monotonic()
+        dt = max(now - self._last_t, 1e-3)
+        rd = wr = 0.0
+        if io is not None and self._last_io is not None:
+            rd = max(io.read_bytes - self._last_io.read_bytes, 0) / dt
+            wr = max(io.write_bytes - self._last_io.write_bytes, 0) / dt
+        self._last_io, self._last_t = io, now
+        return cpu, rd, wr

@@ -1,0 +1,223 @@
+"""The sidecar's SQLite state: jobs, recent reports, fitted models, decisions, policy.
+
+One file in the state directory (WAL mode). A restarted sidecar reads it back: registered jobs
+(with their tokens, so running jobs reconnect without re-registering), each job's loader model
+(nothing learned is lost) and the policy.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["JobRecord", "Store"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    token TEXT NOT NULL,
+    limits TEXT NOT NULL,
+    pids TEXT NOT NULL,
+    gpus TEXT NOT NULL,
+    num_workers INTEGER NOT NULL,
+    batch_size INTEGER NOT NULL,
+    registered_at REAL NOT NULL,
+    active INTEGER NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS reports (
+    job_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reports_job ON reports (job_id, at);
+CREATE TABLE IF NOT EXISTS models (
+    job_id TEXT PRIMARY KEY,
+    payload TEXT NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS decisions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    job_id TEXT NOT NULL,
+    num_workers INTEGER NOT NULL,
+    batch_size INTEGER NOT NULL,
+    cpus TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS settings (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+_KEEP_REPORTS = 1000  # per job
+
+
+@dataclass
+class JobRecord:
+    """A registered job as stored."""
+
+    job_id: str
+    name: str
+    token: str
+    limits: dict[str, Any]
+    pids: list[int]
+    gpus: list[int]
+    num_workers: int
+    batch_size: int
+    registered_at: float
+
+
+class Store:
+    """Thread-safe access to the state database at ``path``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise ValueError(f"state database {self.path} is not usable: {exc}") from None
+
+    def close(self) -> None:
+        """Closes the database."""
+        with self._lock:
+            self._db.close()
+
+    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # ------------------------------------------------------------------ jobs
+
+    def add_job(self, job: JobRecord) -> None:
+        """Stores a newly registered job."""
+        self._exec(
+            "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
+            (
+                job.job_id,
+                job.name,
+                job.token,
+                json.dumps(job.limits),
+                json.dumps(job.pids),
+                json.dumps(job.gpus),
+                job.num_workers,
+                job.batch_size,
+                job.registered_at,
+            ),
+        )
+
+    def update_job(self, job_id: str, *, num_workers: int, batch_size: int) -> None:
+        """Records a job's current worker count and batch size."""
+        self._exec(
+            "UPDATE jobs SET num_workers = ?, batch_size = ? WHERE job_id = ?",
+            (num_workers, batch_size, job_id),
+        )
+
+    def end_job(self, job_id: str) -> None:
+        """Marks a job gone (deregistered or dead); its history stays."""
+        self._exec("UPDATE jobs SET active = 0 WHERE job_id = ?", (job_id,))
+
+    def active_jobs(self) -> list[JobRecord]:
+        """Jobs registered and not ended."""
+        rows = self._exec(
+            "SELECT job_id, name, token, limits, pids, gpus, num_workers, "
+            "batch_size, registered_at FROM jobs WHERE active = 1"
+        )
+        return [
+            JobRecord(
+                r[0],
+                r[1],
+                r[2],
+                json.loads(r[3]),
+                json.loads(r[4]),
+                json.loads(r[5]),
+                r[6],
+                r[7],
+                r[8],
+            )
+            for r in rows
+        ]
+
+    # ------------------------------------------------------------------ reports and models
+
+    def add_report(self, job_id: str, body: dict[str, Any]) -> None:
+        """Keeps a report (the most recent 1,000 per job)."""
+        now = time.time()
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO reports VALUES (?, ?, ?)", (job_id, now, json.dumps(body))
+            )
+            self._db.execute(
+                "DELETE FROM reports WHERE job_id = ? AND at < (SELECT at FROM reports WHERE "
+                "job_id = ? ORDER BY at DESC LIMIT 1 OFFSET ?)",
+                (job_id, job_id, _KEEP_REPORTS),
+            )
+
+    def recent_reports(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest reports of a job, oldest first."""
+        rows = self._exec(
+            "SELECT body FROM reports WHERE job_id = ? ORDER BY at DESC LIMIT ?", (job_id, limit)
+        )
+        return [json.loads(r[0]) for r in reversed(rows)]
+
+    def save_model(self, job_id: str, payload: dict[str, Any]) -> None:
+        """Stores a job's fitted model (``LoaderModel.to_dict()``)."""
+        self._exec(
+            "INSERT OR REPLACE INTO models VALUES (?, ?, ?)",
+            (job_id, json.dumps(payload), time.time()),
+        )
+
+    def load_model(self, job_id: str) -> dict[str, Any] | None:
+        """A job's stored model payload, if any."""
+        rows = self._exec("SELECT payload FROM models WHERE job_id = ?", (job_id,))
+        return json.loads(rows[0][0]) if rows else None
+
+    # ------------------------------------------------------------------ decisions, settings
+
+    def add_decision(
+        self, job_id: str, num_workers: int, batch_size: int, cpus: list[int], reason: str
+    ) -> None:
+        """Logs a directive sent to a job."""
+        self._exec(
+            "INSERT INTO decisions (at, job_id, num_workers, batch_size, cpus, reason) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (time.time(), job_id, num_workers, batch_size, json.dumps(cpus), reason),
+        )
+
+    def decisions(self, job_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest decisions for a job, oldest first."""
+        rows = self._exec(
+            "SELECT at, num_workers, batch_size, cpus, reason FROM decisions "
+            "WHERE job_id = ? ORDER BY id DESC LIMIT ?",
+            (job_id, limit),
+        )
+        return [
+            {
+                "at": r[0],
+                "num_workers": r[1],
+                "batch_size": r[2],
+                "cpus": json.loads(r[3]),
+                "reason": r[4],
+            }
+            for r in reversed(rows)
+        ]
+
+    def get_setting(self, key: str) -> str | None:
+        """A stored setting."""
+        rows = self._exec("SELECT value FROM settings WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
+
+    def set_setting(self, key: str, value: str) -> None:
+        """Stores a setting."""
+        self._exec("INSERT OR REPLACE INTO settings VALUES (?, ?)", (key, value))

@@ -1,0 +1,83 @@
+"""The node policy (pure): even split, adaptive allocation within budgets, cold start,
+hysteresis."""
+
+from __future__ import annotations
+
+import pytest
+
+from predictor import LoaderModel
+from sidecar.policy import Budget, JobView, decide
+from tests.predictor.test_loader_model import CPU_HEAVY, IO_HEAVY, truth
+
+GPU_BOUND = dict(t_io=0.001, t_cpu=0.0005, a0=0.04, a1=0.005)
+
+
+def fitted(profile: dict[str, float], ks: tuple[int, ...] = (1, 2, 4, 8, 16)) -> LoaderModel:
+    model = LoaderModel()
+    model.update(*(truth(k, 2, 32, **profile) for k in ks))
+    return model
+
+
+def test_even_split_within_limits() -> None:
+    jobs = [
+        JobView("a", 32, 4),
+        JobView("b", 32, 4, max_workers=2),
+        JobView("c", 32, 4, min_workers=9),
+    ]
+    d = decide("even", jobs, Budget(workers=12, cores=2))
+    assert {k: v.num_workers for k, v in d.items()} == {"a": 4, "b": 2, "c": 9}
+    assert "even split" in d["a"].reason
+
+
+def test_adaptive_gives_workers_where_they_help() -> None:
+    jobs = [
+        JobView("io", 32, 4, model=fitted(IO_HEAVY)),
+        JobView("cpu", 32, 4, model=fitted(CPU_HEAVY)),
+        JobView("gpu", 32, 4, model=fitted(GPU_BOUND, (1, 2, 4))),
+    ]
+    d = decide("adaptive", jobs, Budget(workers=24, cores=2))
+    k = {j: v.num_workers for j, v in d.items()}
+    assert k["gpu"] == 1  # already at its accelerator limit with one worker
+    assert k["io"] >= 10  # I/O-bound: far beyond the core count
+    assert 1 <= k["cpu"] <= 4  # CPU-bound: what the cores left allow
+    assert sum(k.values()) <= 24
+    cpu = sum(d[j].candidates[k[j]].cpu_cores for j in k)
+    assert cpu <= 2.0 + 1e-9
+    assert d["io"].candidates and "node sum" in d["io"].reason
+
+
+def test_adaptive_respects_budgets_and_floors() -> None:
+    jobs = [
+        JobView("io", 32, 1, model=fitted(IO_HEAVY)),
+        JobView("io2", 32, 1, model=fitted(IO_HEAVY), max_workers=3),
+    ]
+    d = decide("adaptive", jobs, Budget(workers=5, cores=2))
+    assert d["io2"].num_workers <= 3
+    assert d["io"].num_workers + d["io2"].num_workers <= 5
+    assert min(v.num_workers for v in d.values()) >= 1  # nobody starved
+
+
+def test_cold_jobs_explore_first() -> None:
+    d = decide("adaptive", [JobView("new", 32, 2, model=LoaderModel())], Budget(16, 2))
+    assert d["new"].num_workers == 1 and "exploring" in d["new"].reason
+    model = LoaderModel()
+    model.update(truth(1, 2, 32, **IO_HEAVY))
+    d = decide("adaptive", [JobView("new", 32, 1, model=model)], Budget(16, 2))
+    assert d["new"].num_workers == 2
+
+
+def test_hysteresis_keeps_a_near_optimal_allocation() -> None:
+    model = fitted(IO_HEAVY)
+    best = decide("adaptive", [JobView("io", 32, 2, model=model)], Budget(24, 2))["io"]
+    near = best.num_workers - 1
+    again = decide(
+        "adaptive", [JobView("io", 32, near, model=model)], Budget(24, 2), hysteresis=0.5
+    )["io"]
+    assert again.num_workers == near and "kept" in again.reason
+
+
+def test_bad_policy_and_budget() -> None:
+    with pytest.raises(ValueError, match="policy='greedy'"):
+        decide("greedy", [], Budget(4, 2))
+    with pytest.raises(ValueError, match="cores > 0"):
+        decide("even", [], Budget(4, 0))
