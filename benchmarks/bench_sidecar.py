@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.bench_sidecar",
         description="Three emulated jobs on one node: even vs adaptive vs the best static split.",
     )
-    p.add_argument("--seconds", type=float, default=60.0, help="length of a sidecar run")
-    p.add_argument("--window", type=float, default=20.0, help="scored final window, seconds")
+    p.add_argument("--seconds", type=float, default=90.0, help="length of a sidecar run")
+    p.add_argument("--window", type=float, default=30.0, help="scored final window, seconds")
     p.add_argument("--grid-seconds", type=float, default=25.0, help="length of a grid run")
     p.add_argument("--quick", action="store_true", help="shorter runs, smaller grid")
     args = p.parse_args(argv)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dloader._config import env_float
+from dloader._iter import PROCESS_START_LOCK
 
 if TYPE_CHECKING:
     from dloader._loader import DataLoader
@@ -128,14 +129,18 @@ class SidecarAgent:
         env = dict(os.environ)
         here = str(Path(__file__).resolve().parents[1])  # so that a source checkout works too
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
-        return subprocess.Popen(
-            [sys.executable, "-m", "dloader._agent_proc"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-            env=env,
-        )
+        # close_fds=False lets CPython use posix_spawn (no exec-status pipe to wait on); the
+        # lock keeps loader workers from being forked in the middle (see PROCESS_START_LOCK).
+        with PROCESS_START_LOCK:
+            return subprocess.Popen(
+                [sys.executable, "-m", "dloader._agent_proc"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+                env=env,
+                close_fds=False,
+            )
 
     def _run(self) -> None:
         backoff = BACKOFF_MIN_S

@@ -48,11 +48,17 @@ from dloader.errors import WorkerDiedError
 if TYPE_CHECKING:
     from dloader._loader import DataLoader
 
-__all__ = ["ElasticIterator"]
+__all__ = ["PROCESS_START_LOCK", "ElasticIterator"]
 
 log = logging.getLogger(__name__)
 
 _PENDING = object()  # a task's result has not arrived yet
+
+#: Held while dloader starts any process (workers, the sidecar agent's helper). A fork() in one
+#: thread copies every file descriptor open in others, O_CLOEXEC or not: a worker forked while
+#: subprocess.Popen waits on its exec-status pipe keeps that pipe open and Popen blocks until
+#: the worker exits (seen: a 60 s stall). Starting processes one at a time rules that out.
+PROCESS_START_LOCK = threading.Lock()
 
 
 @dataclass
@@ -302,8 +308,9 @@ class ElasticIterator:
             self._telemetry.worker(slot).state = worker.state
             processes.append(process)
         if ready:
-            for process in processes:
-                process.start()
+            with PROCESS_START_LOCK:
+                for process in processes:
+                    process.start()
             for w in self._workers.values():
                 if w.process in processes:
                     self._telemetry.worker(w.slot).pid = w.process.pid
@@ -321,7 +328,8 @@ class ElasticIterator:
     def _start_processes(self, processes: list[Any]) -> None:
         for process in processes:
             try:
-                process.start()
+                with PROCESS_START_LOCK:
+                    process.start()
             except BaseException as exc:  # e.g. an unpicklable dataset under spawn
                 self._launch_error = exc
                 return

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 _NAME_MAX = 200
 _SAVE_MODEL_EVERY = 5  # reports
+_SETTLE_S = 1.5  # after a worker-count change: to apply it and start the workers
+_SETTLE_S = 1.5  # after a worker-count change: to apply it and start the workers
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class Job:
     tree: ProcessTreeStats | None = None
     decision: pol.Decision | None = None
     reports: int = 0
+    directive_at: float = 0.0  # when the worker count last changed (clock of the core)
     watchers: set[asyncio.Queue[Directive | None]] = field(default_factory=set)
 
     @property
@@ -188,6 +191,7 @@ class NodeCore:
             Directive(num_workers, batch_size, reason="registered"),
             last_report_at=self._clock(),
             tree=tree,
+            directive_at=self._clock(),
         )
         self.jobs[rec.job_id] = job
         log.info("job %s (%s) registered: pids %s, %d workers", rec.job_id, name, pids, num_workers)
@@ -245,14 +249,17 @@ class NodeCore:
             job.record.num_workers, job.record.batch_size = k, b
             self.store.update_job(job.job_id, num_workers=k, batch_size=b)
         self.store.add_report(job.job_id, body)
-        # Learn only from steady windows at the allocation the job was told to run.
+        # Learn only from steady windows at the allocation the job was told to run: the whole
+        # reported window must lie after the change (plus time to apply it and start workers).
         busy = [w for w in workers if w.get("batches", 0) > 0]
+        settled = self._clock() - job.directive_at >= window + _SETTLE_S
         if (
             tput > 0
             and step > 0
             and window >= 1.0
             and k == job.directive.num_workers
             and (k == 0 or busy)
+            and settled
         ):
             obs = LoaderObservation(
                 num_workers=k,
@@ -304,6 +311,7 @@ class NodeCore:
                     reason=d.reason,
                     revision=self._revision,
                 )
+                job.directive_at = self._clock()
                 self.store.add_decision(
                     job.job_id,
                     d.num_workers,
