@@ -5,6 +5,7 @@ each starting with the same worker count (4), under
 
 (a) ``even``: a sidecar with the even policy (the node's workers split equally);
 (b) ``adaptive``: a sidecar with the adaptive policy (it explores, models, re-divides);
+each at the same node worker budget: 12 (even: 4 each, DESIGN.md's baseline) and 24;
 (c) ``static best``: no sidecar, the best fixed split found by a small grid search.
 
 Score: the sum over jobs of samples/s divided by the job's accelerator limit, over the last
@@ -81,9 +82,9 @@ def score(results: dict[str, Any], start: float, end: float) -> tuple[float, dic
     return sum(p["normalized"] for p in per.values()), per
 
 
-def with_sidecar(policy: str, seconds: float, tmp: Path) -> dict[str, Any]:
-    sock = tmp / f"{policy}.sock"
-    state = tmp / f"state-{policy}"
+def with_sidecar(policy: str, budget: int, seconds: float, tmp: Path) -> dict[str, Any]:
+    sock = tmp / f"{policy}-{budget}.sock"
+    state = tmp / f"state-{policy}-{budget}"
     cmd = [
         sys.executable,
         "-m",
@@ -97,9 +98,9 @@ def with_sidecar(policy: str, seconds: float, tmp: Path) -> dict[str, Any]:
         "--period",
         "2",
         "--worker-budget",
-        str(START_WORKERS * len(JOBS)),
+        str(budget),
     ]
-    with open(tmp / f"sidecar-{policy}.log", "w") as log:
+    with open(tmp / f"sidecar-{policy}-{budget}.log", "w") as log:
         daemon = subprocess.Popen(cmd, stderr=log)
         try:
             deadline = time.monotonic() + 20
@@ -169,12 +170,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-"))
     runs, rows = {}, []
-    for policy in ("even", "adaptive"):
-        print(f"  {policy}: 3 jobs x {args.seconds:g} s ...", file=sys.stderr, flush=True)
-        res = with_sidecar(policy, args.seconds, tmp)
-        runs[policy] = res
-        total, per = score(res, args.seconds - args.window, args.seconds)
-        rows.append((policy, total, per))
+    budgets = (START_WORKERS * len(JOBS),) if args.quick else (START_WORKERS * len(JOBS), 24)
+    for budget in budgets:
+        for policy in ("even", "adaptive"):
+            label = f"{policy}, budget {budget}"
+            print(f"  {label}: 3 jobs x {args.seconds:g} s ...", file=sys.stderr, flush=True)
+            res = with_sidecar(policy, budget, args.seconds, tmp)
+            runs[label] = res
+            total, per = score(res, args.seconds - args.window, args.seconds)
+            rows.append((label, total, per))
     best: tuple[float, dict[str, Any], dict[str, int], dict[str, Any]] | None = None
     combos = list(itertools.product(*grid.values()))
     for i, combo in enumerate(combos):
@@ -192,19 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     runs[f"static best {best[2]}"] = best[3]
     rows.append(("static best " + "/".join(str(best[2][j]) for j in JOBS), best[0], best[1]))
 
-    even = rows[0][1]
+    base = rows[0][1]  # even at DESIGN.md's baseline: 4 workers each
+    headers = [
+        "run",
+        "sum throughput/limit",
+        "vs even (4 each)",
+        "io_heavy (workers, idle)",
+        "cpu_heavy (workers, idle)",
+        "gpu_bound (workers, idle)",
+    ]
     print(
         table(
+            headers,
             [
-                "run",
-                "sum throughput/limit",
-                "vs even",
-                "io_heavy (workers, idle)",
-                "cpu_heavy (workers, idle)",
-                "gpu_bound (workers, idle)",
-            ],
-            [
-                [name, total, total / even]
+                [name, total, total / base]
                 + [
                     f"{per[j]['normalized']:.2f} ({per[j]['workers']}, {per[j]['idle']:.0%})"
                     for j in JOBS
@@ -213,20 +218,25 @@ def main(argv: list[str] | None = None) -> int:
             ],
         )
     )
-    adaptive = rows[1][1]
-    conv = converged_at(runs["adaptive"], adaptive, args.seconds)
-    print(
-        f"\nadaptive / even = {adaptive / even:.2f} (target >= 1.15); adaptive / static best"
-        f" = {adaptive / best[0]:.2f} (target >= 0.97); adaptive reached 95% of its final "
-        f"score after {conv if conv is not None else 'n/a'} s"
-    )
+    summary = {}
+    for budget in budgets:
+        even = next(t for n, t, _ in rows if n == f"even, budget {budget}")
+        label = f"adaptive, budget {budget}"
+        adaptive = next(t for n, t, _ in rows if n == label)
+        conv = converged_at(runs[label], adaptive, args.seconds)
+        summary[budget] = {
+            "adaptive_vs_even": adaptive / even,
+            "adaptive_vs_static_best": adaptive / best[0],
+            "converged_s": conv,
+        }
+        print(
+            f"budget {budget}: adaptive / even = {adaptive / even:.2f} (target >= 1.15); "
+            f"adaptive / static best = {adaptive / best[0]:.2f} (target >= 0.97); reached "
+            f"95% of its final score after {conv if conv is not None else 'n/a'} s"
+        )
     out_path("bench_sidecar.json").write_text(
         json.dumps(
-            {
-                "machine": machine(),
-                "rows": [[n, t, per] for n, t, per in rows],
-                "converged_s": conv,
-            },
+            {"machine": machine(), "rows": [[n, t, per] for n, t, per in rows], "summary": summary},
             indent=1,
         )
     )

@@ -32,16 +32,29 @@ from dloader.v1 import node_pb2_grpc as pb_grpc
 
 def report(job: pb.RegisterJobResponse, t: float) -> pb.JobReport:
     return pb.JobReport(
-        job_id=job.job_id, token=job.token, timestamp=time.time(), num_workers=8,
-        batch_size=32, samples_per_second=900 + 50 * (t % 3), idle_share=0.3, step_seconds=0.035,
-        wait_seconds=1.5, window_seconds=5.0, samples=int(t * 900),
-        workers=[pb.WorkerReport(pid=os.getpid(), fetch_seconds=0.27, cpu_seconds=0.01,
-                                 batches=100) for _ in range(8)])
+        job_id=job.job_id,
+        token=job.token,
+        timestamp=time.time(),
+        num_workers=8,
+        batch_size=32,
+        samples_per_second=900 + 50 * (t % 3),
+        idle_share=0.3,
+        step_seconds=0.035,
+        wait_seconds=1.5,
+        window_seconds=5.0,
+        samples=int(t * 900),
+        workers=[
+            pb.WorkerReport(pid=os.getpid(), fetch_seconds=0.27, cpu_seconds=0.01, batches=100)
+            for _ in range(8)
+        ],
+    )
 
 
 def client(stub: pb_grpc.NodeServiceStub, seconds: float, stop: threading.Event) -> None:
-    job = stub.RegisterJob(pb.RegisterJobRequest(name="load", pids=[os.getpid()],
-                                                 num_workers=8, batch_size=32), timeout=5)
+    job = stub.RegisterJob(
+        pb.RegisterJobRequest(name="load", pids=[os.getpid()], num_workers=8, batch_size=32),
+        timeout=5,
+    )
     start = time.monotonic()
 
     def stream():  # one report per second, like a loader's agent
@@ -53,8 +66,9 @@ def client(stub: pb_grpc.NodeServiceStub, seconds: float, stop: threading.Event)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_sidecar_overhead",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_sidecar_overhead", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--jobs", type=int, default=10)
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--latency-calls", type=int, default=500)
@@ -64,8 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     sock = tmp / "s.sock"
-    daemon = subprocess.Popen([sys.executable, "-m", "sidecar.cli", "--socket", str(sock),
-                               "--state-dir", str(tmp / "state"), "--log-level", "WARNING"])
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sidecar.cli",
+            "--socket",
+            str(sock),
+            "--state-dir",
+            str(tmp / "state"),
+            "--log-level",
+            "WARNING",
+        ]
+    )
     try:
         channel = grpc.insecure_channel(f"unix://{sock}")
         grpc.channel_ready_future(channel).result(timeout=20)
@@ -74,16 +99,20 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)
         cpu0, t0 = proc.cpu_times(), time.monotonic()
         stop = threading.Event()
-        threads = [threading.Thread(target=client, args=(stub, args.seconds, stop))
-                   for _ in range(args.jobs)]
+        threads = [
+            threading.Thread(target=client, args=(stub, args.seconds, stop))
+            for _ in range(args.jobs)
+        ]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         cpu1, t1 = proc.cpu_times(), time.monotonic()
         share = ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / (t1 - t0)
-        job = stub.RegisterJob(pb.RegisterJobRequest(name="probe", pids=[os.getpid()],
-                                                     num_workers=8, batch_size=32), timeout=5)
+        job = stub.RegisterJob(
+            pb.RegisterJobRequest(name="probe", pids=[os.getpid()], num_workers=8, batch_size=32),
+            timeout=5,
+        )
         lat = []
         for i in range(args.latency_calls):
             s = time.perf_counter()
@@ -95,14 +124,34 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(20)
-    print(table(["jobs", "reports/s", "sidecar CPU (% of one core)", "Report RPC p50 ms",
-                 "Report RPC p99 ms"],
-                [[args.jobs, args.jobs, 100 * share, p50, p99]]))
-    print(f"target: < 2% of one core at 10 jobs x 1 report/s -> "
-          f"{'met' if share < 0.02 else 'NOT met'}")
-    out_path("bench_sidecar_overhead.json").write_text(json.dumps(
-        {"machine": machine(), "jobs": args.jobs, "cpu_share": share, "p50_ms": p50,
-         "p99_ms": p99}, indent=1))
+    print(
+        table(
+            [
+                "jobs",
+                "reports/s",
+                "sidecar CPU (% of one core)",
+                "Report RPC p50 ms",
+                "Report RPC p99 ms",
+            ],
+            [[args.jobs, args.jobs, 100 * share, p50, p99]],
+        )
+    )
+    print(
+        f"target: < 2% of one core at 10 jobs x 1 report/s -> "
+        f"{'met' if share < 0.02 else 'NOT met'}"
+    )
+    out_path("bench_sidecar_overhead.json").write_text(
+        json.dumps(
+            {
+                "machine": machine(),
+                "jobs": args.jobs,
+                "cpu_share": share,
+                "p50_ms": p50,
+                "p99_ms": p99,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

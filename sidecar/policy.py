@@ -7,7 +7,9 @@ by the job's accelerator limit (equivalently: minimise accelerator idle), subjec
 
 * the node's loader-worker budget ``sum k_j <= W``;
 * the node's CPU budget ``sum T_j(k_j) * cpu_j <= C`` (``cpu_j``: CPU seconds per sample of job
-  ``j``'s loader, from its model), so that jobs do not starve each other of cores;
+  ``j``'s loader, from its model), so that jobs do not starve each other of cores. The budget is
+  shared, as the OS shares cores: a worker whose CPU demand does not fit is credited with the
+  share of its gain that the remaining CPU can pay for;
 * each job's own limits, and a floor of one worker (no job is starved).
 
 It allocates greedily: every job starts at its floor and the next worker goes to the job with
@@ -175,7 +177,13 @@ def decide(
                 continue
             gain = curve[k + 1].normalized - curve[k].normalized
             extra_cpu = max(curve[k + 1].cpu_cores - curve[k].cpu_cores, 0.0)
-            if gain < min_gain or cpu_used + extra_cpu > budget.cores:
+            left = budget.cores - cpu_used
+            if left <= 0:
+                continue
+            if extra_cpu > left:  # the OS shares the cores: the worker gets what is left
+                gain *= left / extra_cpu
+                extra_cpu = left
+            if gain < min_gain:
                 continue
             score = gain / (extra_cpu + 0.02)  # per CPU, with a little cost per worker
             if best is None or score > best[0]:
