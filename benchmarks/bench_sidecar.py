@@ -22,94 +22,27 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import machine, out_path, table
+from sidecar.experiment import JobSpec, run_jobs, score, sidecar_process
 
 JOBS = ("io_heavy", "cpu_heavy", "gpu_bound")
 START_WORKERS = 4
 
 
-def run_jobs(
-    workers: dict[str, int], seconds: float, sidecar: str | None, tmp: Path
-) -> dict[str, Any]:
-    procs, outs = [], {}
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    for name in JOBS:
-        out = tmp / f"{name}-{time.monotonic_ns()}.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "benchmarks.sidecar_job",
-            "--profile",
-            name,
-            "--workers",
-            str(workers[name]),
-            "--seconds",
-            str(seconds),
-            "--out",
-            str(out),
-        ]
-        if sidecar:
-            cmd += ["--sidecar", sidecar]
-        procs.append(subprocess.Popen(cmd, env=env))
-        outs[name] = out
-    for p in procs:
-        if p.wait(timeout=seconds + 120) != 0:
-            raise RuntimeError(f"job {p.args} failed with {p.returncode}")
-    return {name: json.loads(path.read_text()) for name, path in outs.items()}
-
-
-def score(results: dict[str, Any], start: float, end: float) -> tuple[float, dict[str, Any]]:
-    per = {}
-    for name, r in results.items():
-        rows = [x for x in r["timeline"] if start <= x[0] < end]
-        tput = sum(x[1] for x in rows) / (end - start) if rows else 0.0
-        idle = sum(x[2] for x in rows) / (end - start) if rows else 0.0
-        per[name] = {
-            "samples_per_s": tput,
-            "normalized": tput / r["limit"],
-            "idle": idle,
-            "workers": rows[-1][3] if rows else None,
-        }
-    return sum(p["normalized"] for p in per.values()), per
-
-
 def with_sidecar(policy: str, budget: int, seconds: float, tmp: Path) -> dict[str, Any]:
-    sock = tmp / f"{policy}-{budget}.sock"
-    state = tmp / f"state-{policy}-{budget}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "sidecar.cli",
-        "--socket",
-        str(sock),
-        "--state-dir",
-        str(state),
-        "--policy",
-        policy,
-        "--period",
-        "2",
-        "--worker-budget",
-        str(budget),
-    ]
-    with open(tmp / f"sidecar-{policy}-{budget}.log", "w") as log:
-        daemon = subprocess.Popen(cmd, stderr=log)
-        try:
-            deadline = time.monotonic() + 20
-            while not sock.exists() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            return run_jobs(dict.fromkeys(JOBS, START_WORKERS), seconds, f"unix://{sock}", tmp)
-        finally:
-            daemon.send_signal(signal.SIGTERM)
-            daemon.wait(20)
+    folder = tmp / f"{policy}-{budget}"
+    with sidecar_process(folder, policy=policy, worker_budget=budget) as target:
+        return run_jobs(specs(START_WORKERS), folder, seconds=seconds, sidecar=target)
+
+
+def specs(workers: int | dict[str, int]) -> list[JobSpec]:
+    counts = workers if isinstance(workers, dict) else dict.fromkeys(JOBS, workers)
+    return [(name, counts[name], 0.0, None) for name in JOBS]
 
 
 def converged_at(results: dict[str, Any], final: float, seconds: float) -> float | None:
@@ -184,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, combo in enumerate(combos):
         workers = dict(zip(grid, combo, strict=True))
         print(f"  grid [{i + 1}/{len(combos)}] {workers} ...", file=sys.stderr, flush=True)
-        res = run_jobs(workers, args.grid_seconds, None, tmp)
+        res = run_jobs(specs(workers), tmp / f"grid-{i}", seconds=args.grid_seconds)
         total, per = score(
             res,
             args.grid_seconds - args.window * args.grid_seconds / args.seconds,

@@ -1,18 +1,25 @@
-"""``dloader-demo``: an emulated training job whose loader is resized live.
+"""``dloader-demo``: what dloader does on a shared node, on emulated jobs (no GPU needed).
 
-It trains the io_heavy job of the testbed (8 ms of I/O per sample, an accelerator that could do
-1,600 samples/s) with a fixed, CPU-count-sized pool of workers, then grows the pool mid-epoch and
-raises the batch size, all without restarting, and prints throughput and accelerator-idle share
-before and after, measured by the loader's own telemetry. No GPU needed.
+Default: three emulated training jobs (I/O-bound, CPU-bound, accelerator-bound; DESIGN.md) share
+this node, first as people usually configure them (4 loader workers each, no sidecar), then
+joined to an adaptive ``dloader-sidecar`` on embedded defaults (a Unix socket in a temporary
+folder, its SQLite state under ``.dloader-demo/``). The sidecar explores, models each job and
+re-divides the workers; the demo prints per-job throughput and accelerator idle, before and
+after.
+
+``--single``: one job whose loader is resized and re-batched live, without a restart.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 import time
 import warnings
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -20,7 +27,7 @@ from rich.table import Table
 from dloader import DataLoader
 from dloader.testbed import PROFILES, EmulatedDataset
 
-__all__ = ["main"]
+__all__ = ["main", "node", "single"]
 
 
 def _phase(loader: DataLoader[object], it: object, seconds: float, step_s: object) -> tuple:
@@ -36,11 +43,12 @@ def _phase(loader: DataLoader[object], it: object, seconds: float, step_s: objec
     return samples / elapsed, wait / elapsed, int(samples)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``dloader-demo``."""
+def single(argv: list[str]) -> int:
+    """One job whose loader is resized live (``dloader-demo --single``)."""
     parser = argparse.ArgumentParser(
-        prog="dloader-demo",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        prog="dloader-demo --single",
+        description="One emulated io_heavy job: a fixed worker pool, then resize() and "
+        "set_batch_size() mid-epoch, with throughput and idle before and after.",
     )
     parser.add_argument(
         "--seconds", type=float, default=8.0, help="length of each phase (default: %(default)s)"
@@ -135,6 +143,104 @@ def main(argv: list[str] | None = None) -> int:
         f"{first[5]:.0%} -> {last[5]:.0%}."
     )
     return 0
+
+
+def node(argv: list[str]) -> int:
+    """Three jobs on this node: 4 workers each vs the adaptive sidecar (the default demo)."""
+    parser = argparse.ArgumentParser(
+        prog="dloader-demo",
+        description="Three emulated jobs share this node: 4 loader workers each (no sidecar), "
+        "then with the adaptive dloader-sidecar. Use --single for the one-loader resize demo.",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=45.0, help="length of each phase (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--state-dir",
+        default=".dloader-demo",
+        help="the sidecar's SQLite state (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--worker-budget",
+        type=int,
+        default=24,
+        help="the sidecar's node worker budget (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    if args.seconds < 20:
+        parser.error(f"--seconds={args.seconds} must be >= 20 (the sidecar explores first)")
+    from sidecar.experiment import run_jobs, score, sidecar_process
+
+    console = Console(width=None if sys.stdout.isatty() else 110)
+    jobs = [("io_heavy", 4, 0.0, None), ("cpu_heavy", 4, 0.0, None), ("gpu_bound", 4, 0.0, None)]
+    console.print(
+        "[bold]dloader demo[/]: three emulated jobs share this node "
+        f"({len(os.sched_getaffinity(0))} cores): io_heavy (8 ms I/O per sample), "
+        "cpu_heavy (3 ms CPU per sample), gpu_bound (a slow accelerator)"
+    )
+    folder = Path(args.state_dir).resolve()
+    tmp = Path(tempfile.mkdtemp(prefix="dloader-demo-"))
+    window = (args.seconds * 0.4, args.seconds)  # scored: the end of each phase
+    with console.status(f"before: 4 workers each, no sidecar ({args.seconds:g} s) ..."):
+        before = run_jobs(jobs, tmp / "before", seconds=args.seconds)
+    with (
+        console.status(
+            f"after: with the adaptive sidecar at unix://{tmp}/sidecar/sidecar.sock,"
+            f" state in {folder} ({args.seconds:g} s) ..."
+        ),
+        sidecar_process(
+            tmp / "sidecar", policy="adaptive", worker_budget=args.worker_budget
+        ) as target,
+    ):
+        after = run_jobs(jobs, tmp / "after", seconds=args.seconds, sidecar=target)
+        (folder / "state").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(tmp / "sidecar" / "state" / "sidecar.db", folder / "state" / "sidecar.db")
+    total_b, per_b = score(before, *window)
+    total_a, per_a = score(after, *window)
+    table = Table(
+        title=f"the last {window[1] - window[0]:g} s of each phase",
+        caption="share of limit: samples/s over the job's accelerator limit; idle: "
+        "share of time the accelerator waited for data",
+    )
+    table.add_column("job", no_wrap=True)
+    for col in (
+        "workers before",
+        "share of limit",
+        "idle",
+        "workers after",
+        "share of limit",
+        "idle",
+    ):
+        table.add_column(col, justify="right", no_wrap=True)
+    for name, *_ in jobs:
+        b, a = per_b[name], per_a[name]
+        table.add_row(
+            name,
+            str(b["workers"]),
+            f"{b['normalized']:.0%}",
+            f"{b['idle']:.0%}",
+            str(a["workers"]),
+            f"{a['normalized']:.0%}",
+            f"{a['idle']:.0%}",
+        )
+    table.add_row("[bold]sum", "", f"[bold]{total_b:.2f}", "", "", f"[bold]{total_a:.2f}", "")
+    console.print(table)
+    console.print(
+        f"[bold green]{total_a / total_b:.2f}x[/] the useful throughput of the node "
+        f"with the sidecar (sum of each job's throughput / its accelerator limit). "
+        f"The sidecar's decisions are in {tmp / 'sidecar' / 'sidecar.log'}; its "
+        f"state (jobs, models, decisions) in {folder / 'state' / 'sidecar.db'}."
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``dloader-demo``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--single" in args:
+        args.remove("--single")
+        return single(args)
+    return node(args)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Run one job from the command line::
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -234,7 +235,13 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-size", type=int, default=None, help="batch size (default: the profile's)"
     )
     parser.add_argument(
-        "--seconds", type=float, default=10.0, help="how long to train (default: %(default)s)"
+        "--seconds",
+        type=float,
+        default=None,
+        help="how long to train (default: 10, unless --samples is given)",
+    )
+    parser.add_argument(
+        "--samples", type=int, default=None, help="train this many samples instead of a fixed time"
     )
     parser.add_argument(
         "--loader",
@@ -242,34 +249,85 @@ def main(argv: list[str] | None = None) -> int:
         default="dloader",
         help="which DataLoader to use (default: %(default)s)",
     )
+    parser.add_argument(
+        "--sidecar", default=None, help="join the node sidecar at unix:///path.sock (dloader only)"
+    )
+    parser.add_argument(
+        "--stats-window",
+        type=float,
+        default=2.0,
+        help="the loader's telemetry window, seconds (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out", default=None, help="write a JSON timeline (time, samples, wait, workers per step)"
+    )
     args = parser.parse_args(argv)
+    if args.seconds is not None and args.samples is not None:
+        parser.error("give --seconds or --samples, not both")
+    if args.seconds is None and args.samples is None:
+        args.seconds = 10.0
     if args.workers < 0:
         parser.error(f"--workers={args.workers} must be >= 0")
-    if args.seconds <= 0:
+    if args.seconds is not None and args.seconds <= 0:
         parser.error(f"--seconds={args.seconds} must be > 0")
+    if args.samples is not None and args.samples < 1:
+        parser.error(f"--samples={args.samples} must be >= 1")
+    if args.sidecar and args.loader == "torch":
+        parser.error("--sidecar needs --loader dloader")
     profile = PROFILES[args.profile]
     bs = args.batch_size or profile.batch_size
     if bs < 1:
         parser.error(f"--batch-size={bs} must be >= 1")
+    started = time.time()
     dataset = EmulatedDataset.from_profile(profile, 1_000_000)
     if args.loader == "torch":
-        loader: Iterable[Any] = torch.utils.data.DataLoader(
+        loader: Any = torch.utils.data.DataLoader(
             dataset, batch_size=bs, shuffle=True, num_workers=args.workers
         )
     else:
         from dloader import DataLoader
 
-        loader = DataLoader(dataset, batch_size=bs, shuffle=True, num_workers=args.workers)
+        loader = DataLoader(
+            dataset,
+            batch_size=bs,
+            shuffle=True,
+            num_workers=args.workers,
+            sidecar=args.sidecar,
+            job_name=profile.name,
+            stats_window_s=args.stats_window,
+        )
+    what = f"{args.seconds:g} s" if args.seconds is not None else f"{args.samples:,} samples"
     print(
-        f"{args.loader}: {profile.name}, {args.workers} workers, batch {bs}, "
-        f"{args.seconds:g} s ...",
+        f"{args.loader}: {profile.name}, {args.workers} workers, batch {bs}, {what} ...",
         file=sys.stderr,
     )
-    r = run_job(loader, profile, seconds=args.seconds)
+    workers: list[int] = []
+
+    def on_step(step: int, now: float) -> None:
+        workers.append(loader.num_workers)
+
+    steps = None if args.samples is None else -(-args.samples // bs)
+    r = run_job(loader, profile, seconds=args.seconds, max_steps=steps, on_step=on_step)
+    agent = getattr(loader, "sidecar_agent", None)
+    if agent is not None:
+        agent.stop()
     print(
-        f"samples/s {r.samples_per_s:.0f} (limit {profile.limit(bs):.0f}, "
+        f"{profile.name}: samples/s {r.samples_per_s:.0f} (limit {profile.limit(bs):.0f}, "
         f"{r.samples_per_s / profile.limit(bs):.0%}), accelerator idle {r.idle_share:.0%}"
     )
+    if args.out:
+        timeline = [(t, n, w, k) for (t, n, w), k in zip(r.timeline, workers, strict=True)]
+        with open(args.out, "w") as f:
+            json.dump(
+                {
+                    "profile": profile.name,
+                    "limit": profile.limit(bs),
+                    "timeline": timeline,
+                    "started": started,
+                    "ended": time.time(),
+                },
+                f,
+            )
     return 0
 
 

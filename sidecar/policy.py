@@ -13,8 +13,9 @@ by the job's accelerator limit (equivalently: minimise accelerator idle), subjec
 * each job's own limits, and a floor of one worker (no job is starved).
 
 It allocates greedily: every job starts at its floor and the next worker goes to the job with
-the highest predicted gain in normalised throughput per CPU it costs, until no worker adds more
-than ``min_gain``. Throughput curves saturate, so the greedy choice is close to optimal and it is
+the highest predicted gain in normalised throughput per share of the remaining budgets it uses
+(``extra_cpu / cpu_left + 1 / workers_left``: the scarcer resource dominates), until no worker
+adds more than ``min_gain``. Throughput curves saturate, so the greedy choice is close to optimal and it is
 fast (jobs x workers predictions). A job whose model has fewer than ``warmup`` observations is
 explored instead (:func:`predictor.exploration_plan`). A new allocation replaces the previous one
 only if its predicted objective is higher by ``hysteresis`` (no thrashing).
@@ -185,7 +186,10 @@ def decide(
                 extra_cpu = left
             if gain < min_gain:
                 continue
-            score = gain / (extra_cpu + 0.02)  # per CPU, with a little cost per worker
+            # Gain per share of what is left of each budget: whichever resource is scarcer
+            # (worker slots or CPU) dominates the cost, as in dominant-resource fairness.
+            workers_left = remaining.workers - workers_used
+            score = gain / (extra_cpu / left + 1.0 / workers_left)
             if best is None or score > best[0]:
                 best = (score, extra_cpu, jid)
         if best is None:

@@ -1,0 +1,118 @@
+"""Running emulated jobs on this node, with or without a sidecar: for the demo and benchmarks.
+
+Each job is its own process (``python -m dloader.testbed``), as on a real shared node; the
+sidecar is a real ``dloader-sidecar`` process on a Unix socket with its SQLite state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["JobSpec", "run_jobs", "score", "sidecar_process"]
+
+JobSpec = tuple[str, int, float, int | None]
+"""(profile, start workers, arrival second, samples or None for a fixed time)."""
+
+
+@contextlib.contextmanager
+def sidecar_process(
+    folder: Path, *, policy: str, worker_budget: int, period_s: float = 2.0
+) -> Iterator[str]:
+    """A running ``dloader-sidecar``; yields its ``unix://`` target. Stopped with SIGTERM."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sock = folder / "sidecar.sock"
+    cmd = [
+        sys.executable,
+        "-m",
+        "sidecar.cli",
+        "--socket",
+        str(sock),
+        "--state-dir",
+        str(folder / "state"),
+        "--policy",
+        policy,
+        "--period",
+        str(period_s),
+        "--worker-budget",
+        str(worker_budget),
+    ]
+    with open(folder / "sidecar.log", "w") as log:
+        daemon = subprocess.Popen(cmd, stderr=log)
+        try:
+            deadline = time.monotonic() + 30
+            while not sock.exists():
+                if daemon.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the sidecar did not start; see {folder / 'sidecar.log'}")
+                time.sleep(0.1)
+            yield f"unix://{sock}"
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(20)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+
+
+def run_jobs(
+    jobs: Sequence[JobSpec],
+    folder: Path,
+    *,
+    seconds: float | None = None,
+    sidecar: str | None = None,
+) -> dict[str, Any]:
+    """Runs the jobs (each arriving at its second) to completion; returns their timelines."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    procs, outs = [], {}
+    t0 = time.monotonic()
+    for name, workers, at, samples in jobs:
+        time.sleep(max(at - (time.monotonic() - t0), 0.0))
+        out = folder / f"{name}-{time.monotonic_ns()}.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "dloader.testbed",
+            "--profile",
+            name,
+            "--workers",
+            str(workers),
+            "--out",
+            str(out),
+        ]
+        cmd += ["--samples", str(samples)] if samples else ["--seconds", str(seconds)]
+        if sidecar:
+            cmd += ["--sidecar", sidecar]
+        procs.append(
+            subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        )
+        outs[name] = out
+    for p in procs:
+        if p.wait(timeout=3600) != 0:
+            raise RuntimeError(f"job {p.args!r} failed with exit code {p.returncode}")
+    return {name: json.loads(path.read_text()) for name, path in outs.items()}
+
+
+def score(results: dict[str, Any], start: float, end: float) -> tuple[float, dict[str, Any]]:
+    """Sum over jobs of throughput / accelerator limit over ``[start, end)`` seconds of each
+    job's run, and per job: samples/s, normalised, idle share, workers at the end."""
+    per = {}
+    for name, r in results.items():
+        rows = [x for x in r["timeline"] if start <= x[0] < end]
+        tput = sum(x[1] for x in rows) / (end - start) if rows else 0.0
+        idle = sum(x[2] for x in rows) / (end - start) if rows else 0.0
+        per[name] = {
+            "samples_per_s": tput,
+            "normalized": tput / r["limit"],
+            "idle": min(idle, 1.0),
+            "workers": rows[-1][3] if rows else None,
+        }
+    return sum(p["normalized"] for p in per.values()), per
