@@ -16,9 +16,10 @@ It allocates greedily: every job starts at its floor and the next worker goes to
 the highest predicted gain in normalised throughput per share of the remaining budgets it uses
 (``extra_cpu / cpu_left + 1 / workers_left``: the scarcer resource dominates), until no worker
 adds more than ``min_gain``. Throughput curves saturate, so the greedy choice is close to
-optimal and it is fast (jobs x workers predictions). A job whose model has fewer than ``warmup`` observations is
-explored instead (:func:`predictor.exploration_plan`). A new allocation replaces the previous one
-only if its predicted objective is higher by ``hysteresis`` (no thrashing).
+optimal and it is fast (jobs x workers predictions). A job whose model has fewer than
+``warmup`` observations is explored instead (:func:`predictor.exploration_plan`). A new
+allocation replaces the previous one only if its predicted objective is higher by
+``hysteresis`` (no thrashing).
 """
 
 from __future__ import annotations
