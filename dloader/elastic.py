@@ -85,6 +85,15 @@ def is_complete(path: str | os.PathLike[str]) -> bool:
     return (p / _META).is_file() and (p / ".metadata").is_file()
 
 
+def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """What torch.distributed.checkpoint saves and loads: model (and optimizer) state dicts."""
+    model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else [])
+    state: dict[str, Any] = {"model": model_sd}
+    if optimizer is not None:
+        state["optim"] = optim_sd
+    return state
+
+
 def _loader_dataset_len(loader: Any) -> int | None:
     try:
         return len(loader.dataset)
@@ -120,10 +129,7 @@ def save(
     final = Path(path)
     token = _broadcast(uuid.uuid4().hex if rank == 0 else None)
     tmp = final.parent / f".{final.name}.tmp-{token}"
-    model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else [])
-    state: dict[str, Any] = {"model": model_sd}
-    if optimizer is not None:
-        state["optim"] = optim_sd
+    state = _dcp_state(model, optimizer)
     with _single_process_ok():
         dcp.save(state, checkpoint_id=str(tmp))
 
@@ -263,10 +269,7 @@ def load(
                 f"dataset_len={saved_len}, now len(dataset)={now_len}"
             )
         _check_seed(meta.get("loader"), loader)
-    model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else [])
-    state: dict[str, Any] = {"model": model_sd}
-    if optimizer is not None:
-        state["optim"] = optim_sd
+    state = _dcp_state(model, optimizer)
     try:
         with _single_process_ok():
             dcp.load(state, checkpoint_id=str(path))

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import csv
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from predictor._scaling import ScalingPoint, placement_shape
 from predictor.errors import PredictorError
+
+T = TypeVar("T")
 
 __all__ = [
     "APPLICATIONS",
@@ -51,49 +55,39 @@ def _rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
         raise PredictorError(f"{path} does not exist") from None
 
 
-def read_placements(app_dir: str | Path) -> list[tuple[str, ScalingPoint]]:
-    """``placements.csv`` as (placement string, point) pairs."""
-    path = Path(app_dir) / "placements.csv"
+def _parse(path: Path, columns: tuple[str, ...], make: Callable[[dict[str, str]], T]) -> list[T]:
+    """Every data row of ``path`` through ``make``; a bad row names its file and number."""
     out = []
-    for i, row in enumerate(_rows(path, ("placement", "local_bsz", "step_time", "sync_time"))):
+    for i, row in enumerate(_rows(path, columns)):
         try:
-            nodes, replicas = placement_shape(row["placement"])
-            out.append(
-                (
-                    row["placement"],
-                    ScalingPoint(
-                        nodes,
-                        replicas,
-                        int(row["local_bsz"]),
-                        float(row["step_time"]),
-                        float(row["sync_time"]),
-                    ),
-                )
-            )
+            out.append(make(row))
         except (ValueError, PredictorError) as exc:
             raise PredictorError(f"{path}, data row {i + 1}: {exc}") from None
     return out
+
+
+def _point(row: dict[str, str], nodes: int, replicas: int) -> ScalingPoint:
+    return ScalingPoint(
+        nodes, replicas, int(row["local_bsz"]), float(row["step_time"]), float(row["sync_time"])
+    )
+
+
+def read_placements(app_dir: str | Path) -> list[tuple[str, ScalingPoint]]:
+    """``placements.csv`` as (placement string, point) pairs."""
+    return _parse(
+        Path(app_dir) / "placements.csv",
+        ("placement", "local_bsz", "step_time", "sync_time"),
+        lambda r: (r["placement"], _point(r, *placement_shape(r["placement"]))),
+    )
 
 
 def read_scalability(app_dir: str | Path) -> list[ScalingPoint]:
     """``scalability.csv`` (larger scales) as points."""
-    path = Path(app_dir) / "scalability.csv"
-    cols = ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")
-    out = []
-    for i, row in enumerate(_rows(path, cols)):
-        try:
-            out.append(
-                ScalingPoint(
-                    int(row["num_nodes"]),
-                    int(row["num_replicas"]),
-                    int(row["local_bsz"]),
-                    float(row["step_time"]),
-                    float(row["sync_time"]),
-                )
-            )
-        except (ValueError, PredictorError) as exc:
-            raise PredictorError(f"{path}, data row {i + 1}: {exc}") from None
-    return out
+    return _parse(
+        Path(app_dir) / "scalability.csv",
+        ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"),
+        lambda r: _point(r, int(r["num_nodes"]), int(r["num_replicas"])),
+    )
 
 
 def validated_batch_sizes(app_dir: str | Path) -> list[int]:
@@ -110,21 +104,14 @@ def validated_batch_sizes(app_dir: str | Path) -> list[int]:
 
 def read_validation(app_dir: str | Path, batch_size: int) -> list[EpochStats]:
     """``validation-<batch_size>.csv`` as per-epoch stats."""
-    path = Path(app_dir) / f"validation-{batch_size}.csv"
-    out = []
-    for i, row in enumerate(
-        _rows(path, ("progress", "iteration", "metric", "grad_sqr", "grad_var"))
-    ):
-        try:
-            out.append(
-                EpochStats(
-                    float(row["progress"]),
-                    int(float(row["iteration"])),
-                    float(row["metric"]),
-                    float(row["grad_sqr"]),
-                    float(row["grad_var"]),
-                )
-            )
-        except ValueError as exc:
-            raise PredictorError(f"{path}, data row {i + 1}: {exc}") from None
-    return out
+    return _parse(
+        Path(app_dir) / f"validation-{batch_size}.csv",
+        ("progress", "iteration", "metric", "grad_sqr", "grad_var"),
+        lambda r: EpochStats(
+            float(r["progress"]),
+            int(float(r["iteration"])),
+            float(r["metric"]),
+            float(r["grad_sqr"]),
+            float(r["grad_var"]),
+        ),
+    )
