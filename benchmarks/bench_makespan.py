@@ -25,9 +25,9 @@ WORKLOAD = [("io_heavy", 0.0, 50_000), ("cpu_heavy", 10.0, 15_000), ("gpu_bound"
 
 def run(policy: str, budget: int, tmp: Path) -> dict[str, Any]:
     folder = tmp / policy
-    with sidecar_process(folder, policy=policy, worker_budget=budget) as target:
+    with sidecar_process(folder, policy=policy, worker_budget=budget) as sc:
         return run_jobs(
-            [(name, 4, at, samples) for name, at, samples in WORKLOAD], folder, sidecar=target
+            [(name, 4, at, samples) for name, at, samples in WORKLOAD], folder, sidecar=sc.target
         )
 
 

@@ -36,8 +36,8 @@ START_WORKERS = 4
 
 def with_sidecar(policy: str, budget: int, seconds: float, tmp: Path) -> dict[str, Any]:
     folder = tmp / f"{policy}-{budget}"
-    with sidecar_process(folder, policy=policy, worker_budget=budget) as target:
-        return run_jobs(specs(START_WORKERS), folder, seconds=seconds, sidecar=target)
+    with sidecar_process(folder, policy=policy, worker_budget=budget) as sc:
+        return run_jobs(specs(START_WORKERS), folder, seconds=seconds, sidecar=sc.target)
 
 
 def specs(workers: int | dict[str, int]) -> list[JobSpec]:

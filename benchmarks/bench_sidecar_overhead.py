@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,6 +26,7 @@ import psutil
 from benchmarks._common import machine, out_path, table
 from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc
+from sidecar.experiment import sidecar_process
 
 
 def report(job: pb.RegisterJobResponse, t: float) -> pb.JobReport:
@@ -77,25 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--jobs must be >= 1 and --seconds >= 5")
     print(f"machine: {machine()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
-    sock = tmp / "s.sock"
-    daemon = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sidecar.cli",
-            "--socket",
-            str(sock),
-            "--state-dir",
-            str(tmp / "state"),
-            "--log-level",
-            "WARNING",
-        ]
-    )
-    try:
-        channel = grpc.insecure_channel(f"unix://{sock}")
+    with sidecar_process(tmp, policy="adaptive", worker_budget=64, log_level="WARNING") as sc:
+        channel = grpc.insecure_channel(sc.target)
         grpc.channel_ready_future(channel).result(timeout=20)
         stub = pb_grpc.NodeServiceStub(channel)
-        proc = psutil.Process(daemon.pid)
+        proc = psutil.Process(sc.pid)
         time.sleep(1.0)
         cpu0, t0 = proc.cpu_times(), time.monotonic()
         stop = threading.Event()
@@ -121,9 +106,6 @@ def main(argv: list[str] | None = None) -> int:
         lat.sort()
         p50 = statistics.median(lat)
         p99 = lat[int(0.99 * (len(lat) - 1))]
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(20)
     print(
         table(
             [

@@ -188,11 +188,9 @@ def node(argv: list[str]) -> int:
             f"after: with the adaptive sidecar at unix://{tmp}/sidecar/sidecar.sock,"
             f" state in {folder} ({args.seconds:g} s) ..."
         ),
-        sidecar_process(
-            tmp / "sidecar", policy="adaptive", worker_budget=args.worker_budget
-        ) as target,
+        sidecar_process(tmp / "sidecar", policy="adaptive", worker_budget=args.worker_budget) as sc,
     ):
-        after = run_jobs(jobs, tmp / "after", seconds=args.seconds, sidecar=target)
+        after = run_jobs(jobs, tmp / "after", seconds=args.seconds, sidecar=sc.target)
         (folder / "state").mkdir(parents=True, exist_ok=True)
         shutil.copy2(tmp / "sidecar" / "state" / "sidecar.db", folder / "state" / "sidecar.db")
     total_b, per_b = score(before, *window)

@@ -14,20 +14,35 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JobSpec", "run_jobs", "score", "sidecar_process"]
+__all__ = ["JobSpec", "Sidecar", "run_jobs", "score", "sidecar_process"]
 
 JobSpec = tuple[str, int, float, int | None]
 """(profile, start workers, arrival second, samples or None for a fixed time)."""
 
 
+@dataclass(frozen=True)
+class Sidecar:
+    """A running sidecar process."""
+
+    target: str
+    """Its ``unix://`` address."""
+    pid: int
+
+
 @contextlib.contextmanager
 def sidecar_process(
-    folder: Path, *, policy: str, worker_budget: int, period_s: float = 2.0
-) -> Iterator[str]:
-    """A running ``dloader-sidecar``; yields its ``unix://`` target. Stopped with SIGTERM."""
+    folder: Path,
+    *,
+    policy: str,
+    worker_budget: int,
+    period_s: float = 2.0,
+    log_level: str = "INFO",
+) -> Iterator[Sidecar]:
+    """A running ``dloader-sidecar`` (its log in ``folder/sidecar.log``); stopped with SIGTERM."""
     folder.mkdir(parents=True, exist_ok=True)
     sock = folder / "sidecar.sock"
     cmd = [
@@ -44,6 +59,8 @@ def sidecar_process(
         str(period_s),
         "--worker-budget",
         str(worker_budget),
+        "--log-level",
+        log_level,
     ]
     with open(folder / "sidecar.log", "w") as log:
         daemon = subprocess.Popen(cmd, stderr=log)
@@ -53,7 +70,7 @@ def sidecar_process(
                 if daemon.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the sidecar did not start; see {folder / 'sidecar.log'}")
                 time.sleep(0.1)
-            yield f"unix://{sock}"
+            yield Sidecar(f"unix://{sock}", daemon.pid)
         finally:
             daemon.send_signal(signal.SIGTERM)
             try:

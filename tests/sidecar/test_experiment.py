@@ -13,10 +13,10 @@ pytestmark = pytest.mark.integration
 
 
 def test_jobs_run_with_a_sidecar_and_are_scored(tmp_path: Path) -> None:
-    with sidecar_process(tmp_path / "s", policy="even", worker_budget=2, period_s=0.5) as target:
-        assert target.startswith("unix://")
+    with sidecar_process(tmp_path / "s", policy="even", worker_budget=2, period_s=0.5) as sc:
+        assert sc.target.startswith("unix://") and sc.pid > 0
         results = run_jobs(
-            [("gpu_bound", 1, 0.0, 96), ("io_heavy", 1, 0.5, 96)], tmp_path, sidecar=target
+            [("gpu_bound", 1, 0.0, 96), ("io_heavy", 1, 0.5, 96)], tmp_path, sidecar=sc.target
         )
     assert set(results) == {"gpu_bound", "io_heavy"}
     assert all(len(r["timeline"]) == 3 for r in results.values())  # 96 samples, batch 32
