@@ -214,6 +214,10 @@ class NodeCore:
             raise NotFound("job_id", f"no job {job_id!r} on this node")
         return job
 
+    def report_age(self, job: Job) -> float:
+        """Seconds since the job's last report (or its registration)."""
+        return max(self._clock() - job.last_report_at, 0.0)
+
     def deregister(self, job_id: str, token: str) -> None:
         """Removes a job and frees its resources."""
         self._end(self.authenticate(job_id, token), "deregistered")

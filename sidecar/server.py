@@ -266,7 +266,7 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
             accelerator_limit=limit,
             cpu_percent=tree.cpu_percent if tree else 0.0,
             rss_bytes=tree.rss_bytes if tree else 0,
-            last_report_age_seconds=max(self.core._clock() - job.last_report_at, 0.0),
+            last_report_age_seconds=self.core.report_age(job),
             directive=directive_pb(job.job_id, job.directive),
         )
 
