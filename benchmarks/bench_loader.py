@@ -3,8 +3,9 @@
 For each profile (io-bound, cpu-bound) and worker count, both loaders iterate the same emulated
 dataset as fast as they can (no accelerator step: this measures the loaders), alternating
 dloader / torch in fresh processes, ``--repeats`` times. Reported: median samples/s of each, the
-median of the per-pair ratios (target >= 0.98), and peak RSS of main process + workers. Also the
-cost of ``loader.stats()`` per call.
+median of the per-pair ratios (target >= 0.98), peak RSS of main process + workers, and the
+main process's CPU time per batch (where a loader's own overhead would show). Also the cost of
+``loader.stats()`` per call.
 
     python -m benchmarks.bench_loader            # full run (~4 min on 2 cores)
     python -m benchmarks.bench_loader --quick    # smoke run
@@ -48,13 +49,19 @@ def child(loader_kind: str, profile: str, workers: int, seconds: float) -> dict[
         it = iter(loader)
         for _ in range(max(2 * workers, 3)):  # warm-up: worker start-up is not throughput
             next(it)
-        start = time.perf_counter()
-        samples = 0
+        start, cpu0 = time.perf_counter(), time.process_time()
+        samples = batches = 0
         while time.perf_counter() - start < seconds:
             samples += len(next(it)[0])
+            batches += 1
         elapsed = time.perf_counter() - start
+        main_cpu = time.process_time() - cpu0  # this process: the main thread and its helpers
         del it
-    return {"samples_per_s": samples / elapsed, "peak_rss_mb": rss.peak / 2**20}
+    return {
+        "samples_per_s": samples / elapsed,
+        "peak_rss_mb": rss.peak / 2**20,
+        "main_cpu_us_per_batch": 1e6 * main_cpu / max(batches, 1),
+    }
 
 
 def stats_cost(workers: int = 16, calls: int = 20000) -> float:
@@ -134,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     for profile in PROFILES:
         for workers in worker_counts:
             ours, theirs, ratios, rss_ours, rss_theirs = [], [], [], [], []
+            cpu_ours, cpu_theirs = [], []
             for r in range(args.repeats):
                 # Alternate which runs first, so drift on a shared machine hits both alike.
                 order = ["dloader", "torch"] if r % 2 == 0 else ["torch", "dloader"]
@@ -143,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                 ratios.append(ours[-1] / theirs[-1])
                 rss_ours.append(got["dloader"]["peak_rss_mb"])
                 rss_theirs.append(got["torch"]["peak_rss_mb"])
+                cpu_ours.append(got["dloader"]["main_cpu_us_per_batch"])
+                cpu_theirs.append(got["torch"]["main_cpu_us_per_batch"])
                 done += 1
                 print(
                     f"  [{done}/{total}] {profile} workers={workers}: dloader {ours[-1]:.0f} "
@@ -158,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                 ratio=statistics.median(ratios),
                 rss_dloader=statistics.median(rss_ours),
                 rss_torch=statistics.median(rss_theirs),
+                cpu_dloader=statistics.median(cpu_ours),
+                cpu_torch=statistics.median(cpu_theirs),
             )
             results.append(row)
             rows.append(
@@ -169,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                     row["ratio"],
                     row["rss_dloader"],
                     row["rss_torch"],
+                    row["cpu_dloader"],
+                    row["cpu_torch"],
                 ]
             )
     print(
@@ -181,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                 "ratio (median of pairs)",
                 "dloader peak RSS MB",
                 "torch peak RSS MB",
+                "dloader main CPU us/batch",
+                "torch main CPU us/batch",
             ],
             rows,
         )
