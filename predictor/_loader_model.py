@@ -398,21 +398,25 @@ def exploration_plan(
     max_workers: int,
     min_workers: int = 0,
     idle_floor: float = 0.02,
+    start: int | None = None,
 ) -> int | None:
     """The next worker count to try for a job the model knows little about, or ``None``.
 
     The plan: 1 worker (a worker's own rate and CPU per sample), then the core count (where
     CPU-bound loaders saturate), then doubling (2x, 4x the cores, ...) up to ``max_workers``:
-    I/O-bound loaders keep gaining far beyond the core count. It stops early once an observed
-    allocation left the accelerator idle less than ``idle_floor`` of the time (more workers
-    cannot help), or when the last doubling gained less than 5%. Counts already observed are
-    skipped; every count is clamped to ``[min_workers, max_workers]``.
+    I/O-bound loaders keep gaining far beyond the core count. With ``start`` (a running job's
+    current count) the plan begins there and only doubles upward, so that exploring never
+    takes workers away from a job that needs them (each worker's timings already give its own
+    rate). It stops early once an observed allocation left the accelerator idle less than
+    ``idle_floor`` of the time (more workers cannot help), or when the last doubling gained
+    less than 5%. Counts already observed are skipped; every count is clamped to
+    ``[min_workers, max_workers]``.
     """
     seen = {o.num_workers: o for o in observed}
     if any(o.idle_share < idle_floor for o in seen.values()):
         return None
-    plan = [1, cores]
-    k = cores * 2
+    plan = [1, cores] if start is None else [max(start, 1)]
+    k = cores * 2 if start is None else max(start, 1) * 2
     while k < max_workers:
         plan.append(k)
         k *= 2
@@ -424,7 +428,7 @@ def exploration_plan(
             o = seen[k]
             if (
                 previous is not None
-                and k > 2 * cores
+                and (k > 2 * cores or start is not None)
                 and (o.samples_per_s < 1.05 * previous.samples_per_s)
             ):
                 return None  # doubling no longer pays

@@ -86,6 +86,7 @@ class Job:
     decision: pol.Decision | None = None
     reports: int = 0
     directive_at: float = 0.0  # when the worker count last changed (clock of the core)
+    initial_workers: int = 0  # the count the job registered with (exploration starts there)
     watchers: set[asyncio.Queue[Directive | None]] = field(default_factory=set)
 
     @property
@@ -192,6 +193,7 @@ class NodeCore:
             last_report_at=self._clock(),
             tree=tree,
             directive_at=self._clock(),
+            initial_workers=num_workers,
         )
         self.jobs[rec.job_id] = job
         log.info("job %s (%s) registered: pids %s, %d workers", rec.job_id, name, pids, num_workers)
@@ -299,6 +301,7 @@ class NodeCore:
                 j.record.limits.get("min_workers", 0),
                 j.record.limits.get("max_workers", 0),
                 j.model,
+                j.initial_workers,
             )
             for j in jobs
         ]

@@ -43,6 +43,8 @@ class JobView:
     max_workers: int = 0
     """0: no limit of its own (the node budget)."""
     model: LoaderModel | None = None
+    initial_workers: int = 0
+    """The count the job started with: exploration goes up from there (0: from 1 worker)."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,11 @@ def decide(
         seen = model.observations if model is not None else ()
         if len(seen) < warmup:
             k = exploration_plan(
-                seen, cores=max(int(budget.cores), 1), max_workers=high, min_workers=low
+                seen,
+                cores=max(int(budget.cores), 1),
+                max_workers=high,
+                min_workers=low,
+                start=job.initial_workers or None,
             )
             if k is not None:
                 out[job.job_id] = Decision(

@@ -170,3 +170,14 @@ def test_fit_keeps_the_most_recent_thousand() -> None:
     rng = np.random.default_rng(0)
     model.update(*(truth(int(k), 2, 32, **IO_HEAVY) for k in rng.integers(0, 17, 1200)))
     assert len(model.observations) == 1000
+
+
+def test_exploration_plan_from_a_starting_count_only_goes_up() -> None:
+    seen: list[LoaderObservation] = []
+    tried = []
+    while (k := exploration_plan(seen, cores=2, max_workers=16, start=4)) is not None:
+        tried.append(k)
+        seen.append(truth(k, 2, 32, **IO_HEAVY))
+    assert tried == [4, 8, 16]
+    cpu = [truth(k, 2, 32, **CPU_HEAVY) for k in (4, 8)]
+    assert exploration_plan(cpu, cores=2, max_workers=16, start=4) is None

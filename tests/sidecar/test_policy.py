@@ -96,3 +96,15 @@ def test_bad_policy_and_budget() -> None:
         decide("greedy", [], Budget(4, 2))
     with pytest.raises(ValueError, match="cores > 0"):
         decide("even", [], Budget(4, 0))
+
+
+def test_exploration_starts_from_the_jobs_own_worker_count() -> None:
+    # A running job is not cut to 1 worker to be measured: it is observed where it is first.
+    d = decide(
+        "adaptive", [JobView("new", 32, 4, model=LoaderModel(), initial_workers=4)], Budget(16, 2)
+    )
+    assert d["new"].num_workers == 4 and "exploring" in d["new"].reason
+    model = LoaderModel()
+    model.update(truth(4, 2, 32, **IO_HEAVY))
+    d = decide("adaptive", [JobView("new", 32, 4, model=model, initial_workers=4)], Budget(16, 2))
+    assert d["new"].num_workers == 8
