@@ -49,6 +49,20 @@ async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, meth
     )
 
 
+def _guarded(inner: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
+    """A unary-response behaviour (request or request stream in) with errors mapped."""
+
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await inner(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort_for(exc, context, method)
+
+    return call
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Maps exceptions from the servicer to status codes; optionally checks a bearer token."""
 
@@ -69,33 +83,14 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             if not secrets.compare_digest(given, f"Bearer {token}"):
                 return _reject(handler)
 
+        serde = (handler.request_deserializer, handler.response_serializer)
         if handler.unary_unary:
-            inner_uu = handler.unary_unary
-
-            async def uu(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                try:
-                    return await inner_uu(request, context)
-                except grpc.aio.AbortError:
-                    raise
-                except Exception as exc:
-                    await _abort_for(exc, context, method)
-
             return grpc.unary_unary_rpc_method_handler(
-                uu, handler.request_deserializer, handler.response_serializer
+                _guarded(handler.unary_unary, method), *serde
             )
         if handler.stream_unary:
-            inner_su = handler.stream_unary
-
-            async def su(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-                try:
-                    return await inner_su(requests, context)
-                except grpc.aio.AbortError:
-                    raise
-                except Exception as exc:
-                    await _abort_for(exc, context, method)
-
             return grpc.stream_unary_rpc_method_handler(
-                su, handler.request_deserializer, handler.response_serializer
+                _guarded(handler.stream_unary, method), *serde
             )
         if handler.unary_stream:
             inner_us = handler.unary_stream
@@ -109,9 +104,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 except Exception as exc:
                     await _abort_for(exc, context, method)
 
-            return grpc.unary_stream_rpc_method_handler(
-                us, handler.request_deserializer, handler.response_serializer
-            )
+            return grpc.unary_stream_rpc_method_handler(us, *serde)
         return handler
 
 
