@@ -6,7 +6,6 @@ import contextlib
 import os
 import platform
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +90,3 @@ class RssSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def now() -> float:
-    """Monotonic seconds."""
-    return time.perf_counter()

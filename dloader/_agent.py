@@ -91,7 +91,6 @@ class SidecarAgent:
         self.job_id: str | None = None
         self._cpus: list[int] = []
         self.connected = threading.Event()
-        self.directives_applied = 0
         self.last_error: str | None = None
 
     def start(self) -> None:
@@ -265,7 +264,6 @@ class SidecarAgent:
             ):
                 loader.set_batch_size(d["batch_size"])
             self._cpus = list(d["cpus"])
-            self.directives_applied += 1
             log.info(
                 "dloader: sidecar directive %d applied: %d workers (%s)",
                 d["revision"],

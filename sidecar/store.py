@@ -164,13 +164,6 @@ class Store:
                 (job_id, job_id, _KEEP_REPORTS),
             )
 
-    def recent_reports(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
-        """The newest reports of a job, oldest first."""
-        rows = self._exec(
-            "SELECT body FROM reports WHERE job_id = ? ORDER BY at DESC LIMIT ?", (job_id, limit)
-        )
-        return [json.loads(r[0]) for r in reversed(rows)]
-
     def save_model(self, job_id: str, payload: dict[str, Any]) -> None:
         """Stores a job's fitted model (``LoaderModel.to_dict()``)."""
         self._exec(
@@ -194,24 +187,6 @@ class Store:
             "VALUES (?, ?, ?, ?, ?, ?)",
             (time.time(), job_id, num_workers, batch_size, json.dumps(cpus), reason),
         )
-
-    def decisions(self, job_id: str, limit: int = 50) -> list[dict[str, Any]]:
-        """The newest decisions for a job, oldest first."""
-        rows = self._exec(
-            "SELECT at, num_workers, batch_size, cpus, reason FROM decisions "
-            "WHERE job_id = ? ORDER BY id DESC LIMIT ?",
-            (job_id, limit),
-        )
-        return [
-            {
-                "at": r[0],
-                "num_workers": r[1],
-                "batch_size": r[2],
-                "cpus": json.loads(r[3]),
-                "reason": r[4],
-            }
-            for r in reversed(rows)
-        ]
 
     def get_setting(self, key: str) -> str | None:
         """A stored setting."""
