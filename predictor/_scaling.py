@@ -188,6 +188,10 @@ class ScalingModel:
             np.asarray(local_bsz, dtype=float),
         )
 
+    def compute_times(self, local_bsz: np.ndarray) -> np.ndarray:
+        """Seconds of gradient computation for one micro-batch: ``alpha_c + beta_c * b``."""
+        return _compute(self.params.as_array(), np.asarray(local_bsz, dtype=float))
+
     def throughput(self, nodes: int, replicas: int, local_bsz: float) -> float:
         """Predicted samples/s: ``replicas * local_bsz / step_time``."""
         return replicas * local_bsz / self.step_time(nodes, replicas, local_bsz)

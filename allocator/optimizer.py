@@ -1,0 +1,368 @@
+"""The elastic GPU optimizer: each job's GPU count and batch size, by dynamic programming.
+
+After Saxena et al., "Effective Elastic Scaling of Deep Learning Workloads" (MASCOTS 2020), with
+two additions: statistical efficiency (goodput, as in Pollux) and restart costs. Pure code: plain
+values in, plain values out (no I/O, no clock).
+
+**Value of a job.** Job ``j`` on ``k`` GPUs with global batch ``b`` runs at ``X_j(k, b)``
+samples/s (the predictor's scaling model); ``E_j(b)`` is its statistical efficiency (1 when the
+objective is throughput). Its speedup over its own best one-GPU configuration is::
+
+    s_j(k, b) = X_j(k, b) * E_j(b) / max_b' X_j(1, b') * E_j(b')
+
+and its value on ``k`` GPUs is ``v_j(k) = w_j * U(r_j(k) * max_b s_j(k, b))`` with ``w_j`` its
+priority and ``r_j(k) = 1 - R_j / H`` when ``k`` differs from the count it runs on now (a restart
+costs ``R_j`` seconds of a horizon of ``H`` seconds), else 1. Speedups make jobs of different
+sizes comparable: summing raw samples/s would hand every GPU to the job with the cheapest samples.
+The utility ``U`` is a power with exponent ``p`` (``fairness``): ``U(s) = s`` for ``p = 1``, the
+total speedup (the paper's objective); ``U(s) = log s`` for ``p = 0``, proportional fairness, which
+stops a job that scales well from starving the others; ``U(s) = s**p / p`` otherwise.
+
+**Recurrence.** With ``F_j(c)`` the best total value of jobs ``1..j`` on at most ``c`` GPUs::
+
+    F_0(c) = 0                                              for c = 0..C
+    F_j(c) = max over k in K_j, k <= c of  F_{j-1}(c - k) + v_j(k)
+
+``K_j`` holds job ``j``'s candidate counts in ``[min_j, max_j]``: every count up to two nodes'
+worth, then a geometric ladder of whole nodes, plus its current count. ``F_J(C)`` is the answer;
+walking the stored arg-maxes back from ``c = C`` recovers each ``k``, and each job's batch is the
+arg-max over ``b`` at that ``k``. Jobs enter in arrival order and only while the sum of their
+minimums fits (:func:`admit`), so every admitted job gets at least its minimum and the rest wait
+in order. Cost ``O(J * C * |K|)``, the inner maximum vectorised with numpy.
+
+A move is made only where the DP finds it worth its restart: keeping ``k`` is worth ``v`` for the
+whole horizon, changing it is worth the new speedup for ``H - R`` seconds of it.
+
+:func:`place` then packs the counts onto nodes: jobs whose count is unchanged keep their GPUs,
+the others go largest first onto whole free nodes, then the best-fitting single node, and are
+split across nodes only when no node has room.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from allocator.errors import AllocatorError
+
+__all__ = [
+    "Assignment",
+    "Cluster",
+    "JobSpec",
+    "Objective",
+    "Plan",
+    "admit",
+    "candidate_counts",
+    "optimize",
+    "place",
+]
+
+ThroughputFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""``(gpus, global_batch) -> samples/s``, broadcasting; NaN or <= 0 where infeasible."""
+EfficiencyFn = Callable[[np.ndarray], np.ndarray]
+"""``global_batch -> statistical efficiency`` in (0, 1]."""
+Objective = Literal["throughput", "goodput"]
+
+_TIE = 1e-9  # a nudge so that ties keep the current count
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """GPUs per node, one entry per node."""
+
+    nodes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.nodes or any(n < 1 for n in self.nodes):
+            raise AllocatorError(f"nodes={self.nodes!r}: need >= 1 node, each with >= 1 GPU")
+
+    @classmethod
+    def uniform(cls, num_nodes: int, gpus_per_node: int) -> Cluster:
+        """``num_nodes`` nodes of ``gpus_per_node`` GPUs."""
+        if num_nodes < 1 or gpus_per_node < 1:
+            raise AllocatorError(f"{num_nodes=} and {gpus_per_node=} must both be >= 1")
+        return cls((gpus_per_node,) * num_nodes)
+
+    @property
+    def capacity(self) -> int:
+        """Total GPUs."""
+        return sum(self.nodes)
+
+    @property
+    def gpus_per_node(self) -> int:
+        """The largest node's GPUs (the packing unit the candidate counts follow)."""
+        return max(self.nodes)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job as the optimizer sees it."""
+
+    job_id: str
+    throughput: ThroughputFn = field(repr=False)
+    """Predicted samples/s over (GPUs, global batch size), assuming a compact placement."""
+    batch_sizes: tuple[int, ...]
+    """The global batch sizes the job accepts (one entry: the batch size is fixed)."""
+    min_gpus: int = 1
+    max_gpus: int = 1 << 20
+    efficiency: EfficiencyFn | None = field(default=None, repr=False)
+    """Statistical efficiency over the global batch (used by the ``goodput`` objective)."""
+    priority: float = 1.0
+    current_gpus: int = 0
+    """GPUs it runs on now (0: waiting)."""
+    current_batch: int | None = None
+    restart_s: float = 30.0
+    """Seconds a change of GPU count costs (checkpoint, restart, resume)."""
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise AllocatorError(
+                f"job {self.job_id!r}: batch_sizes={self.batch_sizes!r} must be >= 1 and non-empty"
+            )
+        if not 1 <= self.min_gpus <= self.max_gpus:
+            raise AllocatorError(
+                f"job {self.job_id!r}: need 1 <= min_gpus <= max_gpus, "
+                f"got min_gpus={self.min_gpus}, max_gpus={self.max_gpus}"
+            )
+        if not self.priority > 0:
+            raise AllocatorError(f"job {self.job_id!r}: priority={self.priority} must be > 0")
+        if self.current_gpus < 0 or self.restart_s < 0:
+            raise AllocatorError(
+                f"job {self.job_id!r}: current_gpus={self.current_gpus} and "
+                f"restart_s={self.restart_s} must be >= 0"
+            )
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One job's share: its GPU count, batch size and why."""
+
+    gpus: int
+    batch_size: int
+    speedup: float
+    """Predicted (good)put over its best one-GPU configuration."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The optimizer's answer."""
+
+    assignments: dict[str, Assignment]
+    """Admitted jobs (every one with at least its minimum)."""
+    waiting: tuple[str, ...]
+    """Jobs that did not fit, in arrival order."""
+    value: float
+    """Total weighted utility of the speedups (restart costs included)."""
+
+
+def candidate_counts(lo: int, hi: int, per_node: int, current: int = 0) -> np.ndarray:
+    """GPU counts a job may get: all up to two nodes, then whole nodes growing ~25% a rung."""
+    counts = set(range(lo, min(hi, 2 * per_node) + 1))
+    k = 2 * per_node
+    while k < hi:
+        k = max(k + per_node, math.ceil(k * 1.25 / per_node) * per_node)
+        if k >= lo:
+            counts.add(min(k, hi))
+    counts.update((lo, hi))
+    if lo <= current <= hi:
+        counts.add(current)
+    return np.array(sorted(counts), dtype=np.int64)
+
+
+def admit(jobs: Sequence[JobSpec], capacity: int) -> tuple[list[JobSpec], list[JobSpec]]:
+    """Splits jobs (in arrival order) into admitted and waiting: the longest prefix that fits.
+
+    A job keeps its place in line: once one does not fit, the ones behind it wait too.
+    """
+    used = 0
+    for i, job in enumerate(jobs):
+        if used + job.min_gpus > capacity:
+            return list(jobs[:i]), list(jobs[i:])
+        used += job.min_gpus
+    return list(jobs), []
+
+
+@dataclass
+class _Table:
+    counts: np.ndarray  # candidate k
+    values: np.ndarray  # v_j(k), -inf where infeasible
+    speedups: np.ndarray  # max_b s_j(k, b)
+    batches: np.ndarray  # arg-max b per k
+
+
+def _utility(u: np.ndarray, power: float) -> np.ndarray:
+    u = np.maximum(u, 1e-12)
+    if power == 1:
+        return u
+    return np.log(u) if power == 0 else u**power / power
+
+
+def _table(
+    job: JobSpec,
+    capacity: int,
+    per_node: int,
+    objective: Objective,
+    horizon_s: float,
+    power: float,
+) -> _Table:
+    hi = min(job.max_gpus, capacity)
+    counts = candidate_counts(job.min_gpus, hi, per_node, job.current_gpus)
+    batches = np.asarray(job.batch_sizes, dtype=float)
+    eff = (
+        np.asarray(job.efficiency(batches), dtype=float)
+        if objective == "goodput" and job.efficiency is not None
+        else np.ones_like(batches)
+    )
+    grid = np.asarray(job.throughput(counts[:, None].astype(float), batches[None, :]), dtype=float)
+    good = np.where(np.isfinite(grid) & (grid > 0), grid, 0.0) * eff
+    one = np.asarray(job.throughput(np.ones_like(batches), batches), dtype=float)
+    one = np.where(np.isfinite(one) & (one > 0), one, 0.0) * eff
+    ref = one.max() if one.max() > 0 else good[0].max()
+    if not ref > 0:
+        raise AllocatorError(
+            f"job {job.job_id!r}: predicted throughput is 0 at every candidate "
+            f"(gpus {counts.tolist()}, batch sizes {list(job.batch_sizes)})"
+        )
+    best = good.argmax(axis=1)
+    speedups = good[np.arange(len(counts)), best] / ref
+    keep = 1.0 - min(job.restart_s / horizon_s, 1.0)
+    factor = np.where((job.current_gpus > 0) & (counts != job.current_gpus), keep, 1.0 + _TIE)
+    values = np.where(speedups > 0, job.priority * _utility(speedups * factor, power), -np.inf)
+    return _Table(counts, values, speedups, batches[best].astype(np.int64))
+
+
+def _reason(job: JobSpec, a_gpus: int, a_batch: int, speedup: float, objective: str) -> str:
+    what = f"{a_gpus} GPU(s) x batch {a_batch}: predicted {objective} speedup {speedup:.2f}"
+    if job.current_gpus == 0:
+        return f"start on {what}"
+    if a_gpus == job.current_gpus:
+        change = "" if job.current_batch in (None, a_batch) else f" (batch {job.current_batch}->)"
+        return f"keep {what}{change}"
+    return (
+        f"{'grow' if a_gpus > job.current_gpus else 'shrink'} {job.current_gpus}->{what}; "
+        f"worth the {job.restart_s:.0f} s restart"
+    )
+
+
+def optimize(
+    jobs: Sequence[JobSpec],
+    cluster: Cluster,
+    *,
+    objective: Objective = "goodput",
+    horizon_s: float = 900.0,
+    fairness: float = 1.0,
+) -> Plan:
+    """Chooses GPU counts and batch sizes maximising the total (good)put speedup.
+
+    Args:
+        jobs: active jobs in arrival order (running ones included, with their current counts).
+        cluster: the GPUs available to these jobs.
+        objective: ``"throughput"`` (Saxena et al.) or ``"goodput"`` (throughput times
+            statistical efficiency; jobs without an efficiency function count as 1).
+        horizon_s: how far ahead a restart is amortised (see the module docstring).
+        fairness: the utility exponent ``p`` (<= 1): 1 maximises the total speedup, 0 the sum
+            of log speedups (proportional fairness).
+
+    Returns:
+        A :class:`Plan`; place it on nodes with :func:`place`.
+    """
+    if objective not in ("throughput", "goodput"):
+        raise AllocatorError(f"objective={objective!r}: expected 'throughput' or 'goodput'")
+    if not horizon_s > 0:
+        raise AllocatorError(f"horizon_s={horizon_s} must be > 0")
+    if not fairness <= 1:
+        raise AllocatorError(f"fairness={fairness} must be <= 1 (1: total speedup, 0: log)")
+    ids = [j.job_id for j in jobs]
+    if len(set(ids)) != len(ids):
+        raise AllocatorError(f"duplicate job ids in {ids}")
+    capacity = cluster.capacity
+    admitted, waiting = admit(jobs, capacity)
+    tables = [
+        _table(j, capacity, cluster.gpus_per_node, objective, horizon_s, fairness) for j in admitted
+    ]
+
+    cs = np.arange(capacity + 1)
+    best = np.zeros(capacity + 1)
+    choices = np.empty((len(tables), capacity + 1), dtype=np.int32)
+    for i, t in enumerate(tables):
+        rest = cs[:, None] - t.counts[None, :]
+        cand = np.where(rest >= 0, best[np.maximum(rest, 0)] + t.values[None, :], -np.inf)
+        choice = cand.argmax(axis=1)
+        best = cand[cs, choice]
+        choices[i] = choice
+    if admitted and not np.isfinite(best[capacity]):
+        raise AllocatorError(
+            f"no feasible allocation for {len(admitted)} admitted jobs on {capacity} GPUs "
+            "(a job has no candidate count with positive predicted throughput)"
+        )
+
+    assignments: dict[str, Assignment] = {}
+    c = capacity
+    for i in range(len(tables) - 1, -1, -1):
+        t, job = tables[i], admitted[i]
+        pick = int(choices[i, c])
+        k, b = int(t.counts[pick]), int(t.batches[pick])
+        s = float(t.speedups[pick])
+        assignments[job.job_id] = Assignment(k, b, s, _reason(job, k, b, s, objective))
+        c -= k
+    ordered = {j.job_id: assignments[j.job_id] for j in admitted}
+    return Plan(ordered, tuple(j.job_id for j in waiting), float(best[capacity]) if tables else 0.0)
+
+
+def place(
+    counts: Mapping[str, int],
+    cluster: Cluster,
+    current: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, tuple[int, ...]]:
+    """Packs GPU counts onto nodes; returns each job's GPUs per node (one entry per node).
+
+    Args:
+        counts: GPUs per job (jobs with 0 get no entry in the result).
+        cluster: the nodes.
+        current: jobs' present placements (GPUs per node); a job whose count is unchanged keeps
+            its placement.
+    """
+    current = current or {}
+    total = sum(counts.values())
+    if total > cluster.capacity or any(k < 0 for k in counts.values()):
+        raise AllocatorError(f"cannot place {total} GPUs on a cluster of {cluster.capacity}")
+    free = list(cluster.nodes)
+    out: dict[str, tuple[int, ...]] = {}
+    moving = []
+    for job, k in counts.items():
+        now = current.get(job)
+        keep = now is not None and len(now) == len(free) and sum(now) == k > 0
+        if keep and all(n <= f for n, f in zip(now, free, strict=True)):  # type: ignore[arg-type]
+            out[job] = tuple(now)  # type: ignore[arg-type]
+            free = [f - n for f, n in zip(free, now, strict=True)]  # type: ignore[arg-type]
+            continue
+        if k > 0:
+            moving.append((k, job))
+    for k, job in sorted(moving, key=lambda kj: (-kj[0], kj[1])):
+        share = [0] * len(free)
+        need = k
+        # whole free nodes first, for the multi-node part
+        for n, f in enumerate(free):
+            if need >= cluster.nodes[n] and f == cluster.nodes[n]:
+                share[n], free[n], need = f, 0, need - f
+        if need:
+            fits = [n for n, f in enumerate(free) if f >= need]
+            if fits:
+                n = min(fits, key=lambda n: (free[n], n))  # best fit
+                share[n] += need
+                free[n] -= need
+                need = 0
+        for n in sorted(range(len(free)), key=lambda n: (-free[n], n)):
+            if not need:
+                break
+            take = min(free[n], need)
+            share[n] += take
+            free[n] -= take
+            need -= take
+        out[job] = tuple(share)
+    return out

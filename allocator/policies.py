@@ -1,0 +1,270 @@
+"""Cluster scheduling policies over plain job states, shared by the simulator and the service.
+
+* ``static``: each job gets the GPUs and batch size it asked for, first come first served; a
+  running job is never changed.
+* ``elastic-gpu``: the baseline of Saxena et al.: the DP rescales GPU counts, batch sizes stay
+  as requested.
+* ``elastic-dp``: Saxena et al.: the DP picks GPU counts and batch sizes for total throughput.
+* ``goodput-dp``: ours: as ``elastic-dp``, but for goodput (throughput x statistical efficiency
+  from the job's gradient-noise statistics), so it grows a batch only where that still helps; it
+  maximises the sum of log speedups (proportional fairness) and may accumulate gradients.
+
+The paper's two policies keep every local batch within GPU memory (no gradient accumulation), as
+in its model; so a fixed-batch job needs at least ``batch / largest local batch`` GPUs.
+
+Throughput predictions come from each job's :class:`predictor.ScalingModel`, with gradient
+accumulation where a local batch exceeds what a GPU holds (see :func:`throughput_fn`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from allocator.errors import AllocatorError
+from allocator.optimizer import Cluster, JobSpec, Objective, ThroughputFn, optimize, place
+from predictor import GradientNoise, ScalingModel
+
+__all__ = [
+    "POLICIES",
+    "Decision",
+    "DpPolicy",
+    "JobState",
+    "Policy",
+    "StaticPolicy",
+    "batch_grid",
+    "make_policy",
+    "throughput_fn",
+]
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A job as the policies see it: its limits, its models and what it runs on now."""
+
+    job_id: str
+    arrival: float
+    """Submission time in seconds (orders the queue)."""
+    model: ScalingModel = field(repr=False)
+    requested_gpus: int
+    requested_batch: int
+    batch_range: tuple[int, int]
+    """Smallest and largest global batch size the job accepts."""
+    local_bsz_range: tuple[int, int]
+    """Smallest and largest per-GPU batch; above the largest, gradients are accumulated."""
+    min_gpus: int = 1
+    max_gpus: int = 1 << 20
+    noise: GradientNoise | None = field(default=None, repr=False)
+    """Latest gradient-noise statistics (for ``goodput-dp``)."""
+    priority: float = 1.0
+    placement: tuple[int, ...] = ()
+    """GPUs per node it holds now (empty: waiting)."""
+    batch_size: int | None = None
+    """Global batch it runs with now."""
+    restart_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        lo, hi = self.batch_range
+        if not 1 <= lo <= hi:
+            raise AllocatorError(f"job {self.job_id!r}: batch_range={self.batch_range} invalid")
+        llo, lhi = self.local_bsz_range
+        if not 1 <= llo <= lhi:
+            raise AllocatorError(
+                f"job {self.job_id!r}: local_bsz_range={self.local_bsz_range} invalid"
+            )
+        if self.requested_gpus < 1 or self.requested_batch < 1:
+            raise AllocatorError(
+                f"job {self.job_id!r}: requested_gpus={self.requested_gpus} and "
+                f"requested_batch={self.requested_batch} must be >= 1"
+            )
+
+    @property
+    def gpus(self) -> int:
+        """GPUs it holds now."""
+        return sum(self.placement)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A policy's answer for every active job."""
+
+    placements: dict[str, tuple[int, ...]]
+    """GPUs per node for each job that runs (jobs absent here wait)."""
+    batch_sizes: dict[str, int]
+    reasons: dict[str, str]
+    waiting: tuple[str, ...]
+
+
+class Policy(Protocol):
+    """Decides placements and batch sizes for the active jobs (in arrival order)."""
+
+    name: str
+
+    def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> Decision:
+        """The new placements and batch sizes."""
+        ...
+
+
+def throughput_fn(
+    model: ScalingModel,
+    gpus_per_node: int,
+    local_bsz_range: tuple[int, int],
+    *,
+    accumulate: bool = True,
+) -> ThroughputFn:
+    """Samples/s over (GPUs, global batch) from a scaling model, on ``ceil(k / node)`` nodes.
+
+    A local batch ``b / k`` above the largest per-GPU batch is split into ``a`` micro-batches of
+    equal size, the step then costs ``(a - 1)`` extra computations (infeasible, NaN, unless
+    ``accumulate``); a local batch below the smallest is infeasible.
+    """
+    lo, hi = local_bsz_range
+    most = math.inf if accumulate else 1.0
+
+    def f(gpus: np.ndarray, batch: np.ndarray) -> np.ndarray:
+        k = np.asarray(gpus, dtype=float)
+        b = np.asarray(batch, dtype=float)
+        local = b / k
+        accum = np.maximum(np.ceil(local / hi - 1e-9), 1.0)
+        micro = local / accum
+        nodes = np.ceil(k / gpus_per_node)
+        step = model.step_times(nodes, k, micro) + (accum - 1.0) * model.compute_times(micro)
+        return np.where((micro >= lo * (1 - 1e-9)) & (accum <= most), b / step, np.nan)
+
+    return f
+
+
+def batch_grid(lo: int, hi: int, n: int = 12, extra: Sequence[int] = ()) -> tuple[int, ...]:
+    """``n`` global batch sizes spaced geometrically over ``[lo, hi]``, plus ``extra`` in range."""
+    if not 1 <= lo <= hi:
+        raise AllocatorError(f"batch range [{lo}, {hi}] is invalid")
+    grid = {round(x) for x in np.geomspace(lo, hi, n)} if hi > lo else {lo}
+    grid.update(b for b in extra if lo <= b <= hi)
+    return tuple(sorted(grid))
+
+
+def _held(jobs: Sequence[JobState]) -> dict[str, tuple[int, ...]]:
+    return {j.job_id: j.placement for j in jobs if j.placement}
+
+
+class StaticPolicy:
+    """Requested GPUs and batch size, strict FIFO; running jobs are left alone."""
+
+    name = "static"
+
+    def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> Decision:
+        counts = {j.job_id: j.gpus for j in jobs if j.placement}
+        free = cluster.capacity - sum(counts.values())
+        waiting: list[str] = []
+        reasons: dict[str, str] = {}
+        for j in jobs:
+            if j.placement:
+                continue
+            need = min(j.requested_gpus, cluster.capacity)
+            if not waiting and need <= free:
+                counts[j.job_id] = need
+                free -= need
+                reasons[j.job_id] = f"start on the requested {need} GPU(s)"
+            else:
+                waiting.append(j.job_id)
+        placements = place(counts, cluster, _held(jobs))
+        batches = {k: next(j.requested_batch for j in jobs if j.job_id == k) for k in placements}
+        return Decision(placements, batches, reasons, tuple(waiting))
+
+
+class DpPolicy:
+    """The DP optimizer over GPU counts (and batch sizes unless ``fixed_batch``)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        objective: Objective,
+        fixed_batch: bool,
+        horizon_s: float = 900.0,
+        batch_choices: int = 12,
+        accumulate: bool = False,
+        fairness: float = 1.0,
+    ) -> None:
+        self.name = name
+        self.objective: Objective = objective
+        self.fixed_batch = fixed_batch
+        self.accumulate = accumulate
+        self.fairness = fairness
+        self.horizon_s = horizon_s
+        self.batch_choices = batch_choices
+
+    def spec(self, job: JobState, cluster: Cluster) -> JobSpec:
+        """The optimizer's view of ``job`` under this policy."""
+        lo_local, hi_local = job.local_bsz_range
+        if self.fixed_batch:
+            batches: tuple[int, ...] = (job.requested_batch,)
+        else:
+            extra = [job.batch_size] if job.batch_size else []
+            batches = batch_grid(*job.batch_range, n=self.batch_choices, extra=extra)
+        # more GPUs than the largest batch can feed at the smallest local batch never help
+        top = max(job.min_gpus, min(job.max_gpus, math.floor(max(batches) / lo_local)))
+        least = job.min_gpus
+        if not self.accumulate:  # the smallest batch must fit in the GPUs' memory
+            least = max(least, math.ceil(min(batches) / hi_local))
+            top = max(top, least)
+        noise = job.noise
+        return JobSpec(
+            job.job_id,
+            throughput_fn(
+                job.model, cluster.gpus_per_node, job.local_bsz_range, accumulate=self.accumulate
+            ),
+            batches,
+            min_gpus=least,
+            max_gpus=top,
+            efficiency=noise.efficiency if noise is not None else None,  # type: ignore[arg-type]
+            priority=job.priority,
+            current_gpus=job.gpus,
+            current_batch=job.batch_size,
+            restart_s=job.restart_s,
+        )
+
+    def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> Decision:
+        plan = optimize(
+            [self.spec(j, cluster) for j in jobs],
+            cluster,
+            objective=self.objective,
+            horizon_s=self.horizon_s,
+            fairness=self.fairness,
+        )
+        counts = {k: a.gpus for k, a in plan.assignments.items()}
+        placements = place(counts, cluster, _held(jobs))
+        return Decision(
+            placements,
+            {k: a.batch_size for k, a in plan.assignments.items()},
+            {k: a.reason for k, a in plan.assignments.items()},
+            plan.waiting,
+        )
+
+
+#: Policy names, as the CLI and the service accept them.
+POLICIES = ("static", "elastic-gpu", "elastic-dp", "goodput-dp")
+
+
+def make_policy(name: str, *, horizon_s: float = 900.0) -> Policy:
+    """The policy called ``name`` (one of :data:`POLICIES`)."""
+    if name == "static":
+        return StaticPolicy()
+    if name == "elastic-gpu":
+        return DpPolicy(name, objective="throughput", fixed_batch=True, horizon_s=horizon_s)
+    if name == "elastic-dp":
+        return DpPolicy(name, objective="throughput", fixed_batch=False, horizon_s=horizon_s)
+    if name == "goodput-dp":
+        return DpPolicy(
+            name,
+            objective="goodput",
+            fixed_batch=False,
+            horizon_s=horizon_s,
+            accumulate=True,
+            fairness=0.0,
+        )
+    raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES)}")

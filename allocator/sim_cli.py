@@ -1,0 +1,241 @@
+"""``dloader-sim``: replay a workload under cluster policies and compare them.
+
+Examples::
+
+    dloader-sim --workload ../shared/data/pollux/workloads/workload-1.csv \\
+        --traces ../shared/data/pollux/traces --policy goodput-dp --out results.json
+    dloader-sim --workload W.csv --traces T --policy all --out cmp.json --plot cmp.png
+    dloader-sim --philly ../shared/data/philly/philly.csv --philly-jobs 1000 \\
+        --traces T --nodes 512 --policy goodput-dp --out philly.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from allocator.errors import AllocatorError
+from allocator.optimizer import Cluster
+from allocator.policies import POLICIES, make_policy
+from allocator.simulator import SimResult, Simulator
+from allocator.traces import WorkloadJob, load_apps, read_philly, read_workload
+
+__all__ = ["main"]
+
+log = logging.getLogger("allocator.sim")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dloader-sim",
+        description="Trace-driven simulator of the cluster GPU allocator. Replays job arrivals "
+        "(a Pollux workload CSV or Philly arrivals) with application behaviour measured in the "
+        "Pollux traces, under one or more policies, and reports job completion times (JCT), "
+        "makespan, GPU utilisation and optimizer time.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", type=Path, help="workload CSV: name,time,application,...")
+    src.add_argument("--philly", type=Path, help="Philly CSV (timestamp,duration,num_gpus,...)")
+    p.add_argument(
+        "--traces", type=Path, required=True, help="Pollux traces/ folder (one per application)"
+    )
+    p.add_argument(
+        "--policy",
+        default="goodput-dp",
+        help=f"policy, a comma-separated list, or 'all' ({', '.join(POLICIES)})",
+    )
+    p.add_argument("--out", type=Path, required=True, help="results JSON to write")
+    p.add_argument("--csv", type=Path, help="per-job CSV (default: next to --out)")
+    p.add_argument("--plot", type=Path, help="PNG: JCT CDF and GPUs per job over time")
+    p.add_argument("--nodes", type=int, default=16, help="nodes in the cluster")
+    p.add_argument("--gpus-per-node", type=int, default=4, help="GPUs per node")
+    p.add_argument("--interval", type=float, default=60.0, help="seconds between decisions")
+    p.add_argument(
+        "--restart-delay", type=float, default=30.0, help="seconds a placement change costs"
+    )
+    p.add_argument(
+        "--horizon", type=float, default=900.0, help="seconds a restart is amortised over"
+    )
+    p.add_argument(
+        "--within-hours", type=float, default=4.0, help="count jobs completed in the first N h"
+    )
+    p.add_argument("--max-hours", type=float, help="stop the simulated clock after N hours")
+    p.add_argument("--philly-jobs", type=int, default=1000, help="Philly jobs to replay")
+    p.add_argument(
+        "--time-scale", type=float, default=1.0, help="Philly: divide arrival times by this"
+    )
+    p.add_argument("--seed", type=int, default=0, help="Philly: window and application draw")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _policies(text: str) -> list[str]:
+    names = list(POLICIES) if text == "all" else [n.strip() for n in text.split(",") if n]
+    for n in names:
+        if n not in POLICIES:
+            raise AllocatorError(f"--policy {n!r}: expected one of {', '.join(POLICIES)} or all")
+    return names
+
+
+def _run(sim: Simulator, label: str, total: int, quiet: bool, max_s: float | None) -> SimResult:
+    if quiet:
+        return sim.run(max_time_s=max_s)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("jobs done, simulated {task.fields[hours]:.1f} h"),
+    )
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task(label, total=total, hours=0.0)
+
+        def step(t: float, done: int, _total: int) -> None:
+            bar.update(task, completed=done, hours=t / 3600)
+
+        return sim.run(max_time_s=max_s, on_step=step)
+
+
+def write_csv(path: Path, results: Sequence[SimResult]) -> None:
+    """One row per job and policy."""
+    with path.open("w", newline="") as f:
+        w = None
+        for r in results:
+            for job in r.jobs:
+                row = {"policy": r.policy, **asdict(job)}
+                if w is None:
+                    w = csv.DictWriter(f, fieldnames=list(row))
+                    w.writeheader()
+                w.writerow(row)
+
+
+def plot(path: Path, results: Sequence[SimResult]) -> None:
+    """JCT CDF per policy, and a heat map of GPUs per job over time for each policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    n = len(results)
+    fig, axes = plt.subplots(1, n + 1, figsize=(5 * (n + 1), 4.2), squeeze=False)
+    ax = axes[0][0]
+    for r in results:
+        jct = np.sort([j.jct_s / 3600 for j in r.jobs if j.jct_s is not None])
+        ax.step(jct, np.arange(1, len(jct) + 1) / len(r.jobs), where="post", label=r.policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (h)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT CDF")
+    ax.legend()
+    for ax, r in zip(axes[0][1:], results, strict=True):
+        grid = np.array([r.gpus[j.name] for j in r.jobs], dtype=float)
+        grid[grid == 0] = np.nan
+        hours = (r.times[-1] - r.times[0]) / 3600 if r.times else 1.0
+        im = ax.imshow(
+            grid,
+            aspect="auto",
+            interpolation="nearest",
+            extent=(0, hours, len(r.jobs), 0),
+            cmap="viridis",
+        )
+        ax.set_xlabel("time (h)")
+        ax.set_ylabel("job (by arrival)")
+        ax.set_title(f"{r.policy}: GPUs per job")
+        fig.colorbar(im, ax=ax, label="GPUs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _workload(args: argparse.Namespace) -> tuple[list[WorkloadJob], dict]:
+    if args.workload is not None:
+        jobs = read_workload(args.workload)
+        return jobs, load_apps(args.traces, sorted({j.application for j in jobs}))
+    apps = load_apps(args.traces)
+    jobs = read_philly(
+        args.philly,
+        apps,
+        num_jobs=args.philly_jobs,
+        seed=args.seed,
+        time_scale=args.time_scale,
+        max_gpus=args.nodes * args.gpus_per_node,
+    )
+    return jobs, apps
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        names = _policies(args.policy)
+        cluster = Cluster.uniform(args.nodes, args.gpus_per_node)
+        jobs, apps = _workload(args)
+        results = []
+        for name in names:
+            sim = Simulator(
+                jobs,
+                apps,
+                make_policy(name, horizon_s=args.horizon),
+                cluster,
+                interval_s=args.interval,
+                restart_s=args.restart_delay,
+            )
+            max_s = None if args.max_hours is None else args.max_hours * 3600
+            results.append(_run(sim, name, len(jobs), args.quiet, max_s))
+    except AllocatorError as exc:
+        print(f"dloader-sim: error: {exc}", file=sys.stderr)
+        return 2
+    summaries = {r.policy: r.summary(args.within_hours) for r in results}
+    csv_path = args.csv or args.out.with_suffix(".jobs.csv")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_csv(csv_path, results)
+    if args.plot is not None:
+        try:
+            plot(args.plot, results)
+        except ImportError:
+            log.warning("matplotlib is not installed; no plot (pip install matplotlib)")
+    payload: dict = dict(summaries[names[0]]) if len(names) == 1 else {"policies": summaries}
+    payload.update(
+        jobs_csv=str(csv_path),
+        cluster={"nodes": args.nodes, "gpus_per_node": args.gpus_per_node},
+        interval_s=args.interval,
+        restart_delay_s=args.restart_delay,
+    )
+    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    _table(summaries)
+    return 0
+
+
+def _table(summaries: dict[str, dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="dloader-sim")
+    cols = ("policy", "done", "avg JCT h", "p99 JCT h", "makespan h", "util", "restarts", "opt ms")
+    for col in cols:
+        t.add_column(col, justify="right", no_wrap=True)
+    for name, s in summaries.items():
+        t.add_row(
+            name,
+            f"{s['jobs_completed']}/{s['jobs']}",
+            f"{s['avg_jct_s'] / 3600:.3f}",
+            f"{s['p99_jct_s'] / 3600:.2f}",
+            f"{s['makespan_s'] / 3600:.2f}",
+            f"{s['gpu_utilisation']:.2f}",
+            str(s["restarts"]),
+            f"{s['optimizer_ms_p50']:.2f}",
+        )
+    Console(width=max(Console().width, 110)).print(t)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,359 @@
+"""Application behaviour from the Pollux traces (the simulator's ground truth), and workloads.
+
+An :class:`AppTrace` answers what the simulator needs to know about a running job, as the
+Pollux study's own simulator did:
+
+* **step time** of a placement (GPUs per node) at a local batch size: interpolated in the local
+  batch within a measured placement, otherwise linearly over (nodes, replicas, local batch) from
+  the placement and scalability measurements (nearest measurement outside their hull);
+* **progress per step**: in base steps (steps at the initial batch ``M0``), the gain of a step at
+  global batch ``M`` in epoch ``e`` is ``(var + sqr) / (var / (M / M0) + sqr)`` with the gradient
+  statistics measured in that epoch, interpolated between the validated batch sizes;
+* **when it is done**: after ``max_epochs`` epochs' worth of progress at the initial batch.
+
+Each trace also carries the scaling model the policies use (the predictor's
+:class:`~predictor.ScalingModel`, fitted to the same measurements), so decisions rest on
+predictions while outcomes come from the measurements.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+
+from allocator.errors import AllocatorError
+from predictor import GradientNoise, PredictorError, ScalingModel, ScalingPoint
+from predictor.pollux import (
+    APPLICATIONS,
+    EpochStats,
+    read_placements,
+    read_scalability,
+    read_validation,
+    validated_batch_sizes,
+)
+
+__all__ = [
+    "POLLUX_CONSTANTS",
+    "AppTrace",
+    "WorkloadJob",
+    "load_apps",
+    "read_philly",
+    "read_workload",
+]
+
+#: Per-application constants of the Pollux study: (max epochs, largest local batch or None).
+POLLUX_CONSTANTS: dict[str, tuple[int, int | None]] = {
+    "bert": (2, None),
+    "cifar10": (100, None),
+    "deepspeech2": (80, None),
+    "imagenet": (90, None),
+    "ncf": (10, None),
+    "yolov3": (50, 8),
+}
+
+_MAX_NODES = 16  # the measurements go up to 16 nodes; more are treated as 16 (as Pollux did)
+
+
+def _key(placement: Sequence[int] | str) -> tuple[int, ...]:
+    digits = [int(c) for c in placement] if isinstance(placement, str) else list(placement)
+    return tuple(sorted((d for d in digits if d > 0), reverse=True))
+
+
+@dataclass
+class AppTrace:
+    """One application's measured behaviour (build with :meth:`from_measurements`)."""
+
+    name: str
+    max_epochs: int
+    init_batch: int
+    max_batch: int
+    local_bsz_range: tuple[int, int]
+    model: ScalingModel = field(repr=False)
+    _by_placement: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
+        repr=False
+    )
+    _linear: LinearNDInterpolator = field(repr=False)
+    _nearest: NearestNDInterpolator = field(repr=False)
+    _batches: np.ndarray = field(repr=False)
+    _sqr: np.ndarray = field(repr=False)  # (batches, epochs)
+    _var: np.ndarray = field(repr=False)
+    marks: np.ndarray = field(repr=False)
+    """Progress (base steps) at the end of each epoch at the initial batch."""
+    _cache: dict[tuple[tuple[int, ...], float], tuple[float, float]] = field(
+        default_factory=dict, repr=False
+    )
+
+    @classmethod
+    def from_measurements(
+        cls,
+        name: str,
+        placements: Sequence[tuple[str, ScalingPoint]],
+        scalability: Sequence[ScalingPoint],
+        validation: dict[int, list[EpochStats]],
+        *,
+        max_epochs: int,
+        max_local_bsz: int | None = None,
+    ) -> AppTrace:
+        """Builds the trace from parsed measurements (see :mod:`predictor.pollux`)."""
+        if not placements or not validation:
+            raise AllocatorError(f"application {name!r}: no placement or validation data")
+        groups: dict[tuple[int, ...], dict[int, list[tuple[float, float]]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        for placement, p in placements:
+            groups[_key(placement)][p.local_bsz].append((p.step_time, p.sync_time or 0.0))
+        by_placement = {}
+        for key, rows in groups.items():
+            bsz = np.array(sorted(rows), dtype=float)
+            means = np.array([np.mean(rows[int(b)], axis=0) for b in bsz])
+            by_placement[key] = (bsz, means[:, 0], means[:, 1])
+        xs, ys = [], []
+        for key, (bsz, step, sync) in by_placement.items():
+            for b, s, y in zip(bsz, step, sync, strict=True):
+                xs.append((min(len(key), _MAX_NODES), sum(key), b))
+                ys.append((s, y))
+        for p in scalability:
+            xs.append((min(p.nodes, _MAX_NODES), p.replicas, p.local_bsz))
+            ys.append((p.step_time, p.sync_time or 0.0))
+        x, y = np.array(xs, dtype=float), np.array(ys, dtype=float)
+        local = [p.local_bsz for _, p in placements]
+        lo, hi = min(local), max(local)
+        if max_local_bsz is not None:
+            hi = min(hi, max_local_bsz)
+        batches = np.array(sorted(validation), dtype=float)
+        epochs = min(len(v) for v in validation.values())
+        if epochs < 1:
+            raise AllocatorError(f"application {name!r}: a validation file has no rows")
+        sqr = np.array([[e.grad_sqr for e in validation[int(b)][:epochs]] for b in batches])
+        var = np.array([[e.grad_var for e in validation[int(b)][:epochs]] for b in batches])
+        init = int(batches[0])
+        marks = np.array([e.progress for e in validation[init]], dtype=float)
+        points = [p for _, p in placements] + list(scalability)
+        return cls(
+            name=name,
+            max_epochs=min(max_epochs, len(marks)),
+            init_batch=init,
+            max_batch=int(batches[-1]),
+            local_bsz_range=(lo, hi),
+            model=ScalingModel.fit(points),
+            _by_placement=by_placement,
+            _linear=LinearNDInterpolator(x, y),
+            _nearest=NearestNDInterpolator(x, y),
+            _batches=batches,
+            _sqr=sqr,
+            _var=var,
+            marks=marks,
+        )
+
+    @property
+    def validated_batches(self) -> tuple[int, ...]:
+        """Global batch sizes with measured gradient statistics."""
+        return tuple(int(b) for b in self._batches)
+
+    @property
+    def target_progress(self) -> float:
+        """Progress at which the job is complete."""
+        return float(self.marks[self.max_epochs - 1])
+
+    def epoch_of(self, progress: float) -> int:
+        """Completed epochs at ``progress``."""
+        return int(np.searchsorted(self.marks, progress, side="right"))
+
+    def step_sync(self, placement: Sequence[int], local_bsz: float) -> tuple[float, float]:
+        """Measured (step, sync) seconds of one micro-batch step; see the module docstring."""
+        key, local = _key(placement), round(float(local_bsz), 3)
+        hit = self._cache.get((key, local))
+        if hit is None:
+            hit = self._cache[key, local] = self._lookup(key, local)
+        return hit
+
+    def _lookup(self, key: tuple[int, ...], local: float) -> tuple[float, float]:
+        if not key:
+            raise AllocatorError(f"{self.name}: a step needs at least one GPU")
+        row = self._by_placement.get(key)
+        if row is not None:
+            bsz, step, sync = row
+            return float(np.interp(local, bsz, step)), float(np.interp(local, bsz, sync))
+        q = np.array([[min(len(key), _MAX_NODES), sum(key), local]], dtype=float)
+        out = self._linear(q)[0]
+        if not np.all(np.isfinite(out)):
+            out = self._nearest(q)[0]
+        return float(out[0]), float(out[1])
+
+    def iteration_time(self, placement: Sequence[int], batch: int) -> float:
+        """Seconds per optimizer step at global ``batch``, accumulating gradients if needed."""
+        k = sum(placement)
+        lo, hi = self.local_bsz_range
+        local = batch / k
+        accum = max(math.ceil(local / hi - 1e-9), 1)
+        micro = max(local / accum, lo)
+        step, sync = self.step_sync(placement, micro)
+        return step + (accum - 1) * (step - sync)
+
+    def _stats(self, batch: float, epoch: int) -> tuple[float, float]:
+        e = min(max(epoch, 0), self._sqr.shape[1] - 1)
+        sqr = float(np.interp(batch, self._batches, self._sqr[:, e]))
+        var = float(np.interp(batch, self._batches, self._var[:, e]))
+        return max(sqr, 1e-30), max(var, 0.0)
+
+    def gain(self, batch: float, epoch: int) -> float:
+        """Progress (base steps) of one step at global ``batch`` in ``epoch``."""
+        sqr, var = self._stats(batch, epoch)
+        scale = batch / self.init_batch
+        return (var + sqr) / (var / scale + sqr)
+
+    def noise(self, batch: float, epoch: int) -> GradientNoise:
+        """The gradient statistics a job measures at ``batch`` in ``epoch``."""
+        sqr, var = self._stats(batch, epoch)
+        return GradientNoise(self.init_batch, sqr, var)
+
+
+def load_apps(traces_dir: str | Path, names: Sequence[str] = APPLICATIONS) -> dict[str, AppTrace]:
+    """Reads the named applications from a Pollux ``traces/`` directory."""
+    root = Path(traces_dir)
+    if not root.is_dir():
+        raise AllocatorError(f"--traces {root}: not a directory (expected the Pollux traces/)")
+    apps = {}
+    for name in names:
+        if name not in POLLUX_CONSTANTS:
+            raise AllocatorError(
+                f"application {name!r}: unknown; expected one of {sorted(POLLUX_CONSTANTS)}"
+            )
+        d = root / name
+        epochs, max_local = POLLUX_CONSTANTS[name]
+        try:
+            validation = {b: read_validation(d, b) for b in validated_batch_sizes(d)}
+            apps[name] = AppTrace.from_measurements(
+                name,
+                read_placements(d),
+                read_scalability(d),
+                validation,
+                max_epochs=epochs,
+                max_local_bsz=max_local,
+            )
+        except PredictorError as exc:
+            raise AllocatorError(str(exc)) from None
+    return apps
+
+
+@dataclass(frozen=True)
+class WorkloadJob:
+    """One job of a workload: when it arrives and what its user asked for."""
+
+    name: str
+    time: float
+    """Submission second."""
+    application: str
+    num_replicas: int
+    batch_size: int
+
+
+def read_workload(path: str | Path) -> list[WorkloadJob]:
+    """A Pollux workload CSV (``name,time,application,num_replicas,batch_size``), by time."""
+    p = Path(path)
+    columns = ("name", "time", "application", "num_replicas", "batch_size")
+    try:
+        with p.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in columns if c not in (reader.fieldnames or [])]
+            if missing:
+                raise AllocatorError(f"{p}: missing column(s) {missing}; expected {columns}")
+            jobs = []
+            for i, row in enumerate(reader):
+                try:
+                    job = WorkloadJob(
+                        row["name"],
+                        float(row["time"]),
+                        row["application"],
+                        int(row["num_replicas"]),
+                        int(row["batch_size"]),
+                    )
+                except (TypeError, ValueError) as exc:
+                    raise AllocatorError(f"{p}, data row {i + 1}: {exc}") from None
+                if job.application not in POLLUX_CONSTANTS:
+                    raise AllocatorError(
+                        f"{p}, data row {i + 1}: application={job.application!r}; expected one "
+                        f"of {sorted(POLLUX_CONSTANTS)}"
+                    )
+                if job.num_replicas < 1 or job.batch_size < 1 or job.time < 0:
+                    raise AllocatorError(
+                        f"{p}, data row {i + 1}: need num_replicas >= 1, batch_size >= 1 and "
+                        f"time >= 0, got {row}"
+                    )
+                jobs.append(job)
+    except FileNotFoundError:
+        raise AllocatorError(f"--workload {p} does not exist") from None
+    if not jobs:
+        raise AllocatorError(f"{p}: no jobs")
+    names = [j.name for j in jobs]
+    if len(set(names)) != len(names):
+        raise AllocatorError(f"{p}: job names are not unique")
+    return sorted(jobs, key=lambda j: (j.time, j.name))
+
+
+# Philly jobs are mapped to applications by GPU time, in the Pollux study's size classes.
+_PHILLY_CLASSES = (
+    (3600.0, ("cifar10", "ncf")),  # small: < 1 GPU-hour
+    (36000.0, ("deepspeech2", "bert")),  # medium: 1-10 GPU-hours
+    (360000.0, ("yolov3",)),  # large: 10-100 GPU-hours
+    (math.inf, ("imagenet",)),  # extra large
+)
+
+
+def read_philly(
+    path: str | Path,
+    apps: dict[str, AppTrace],
+    *,
+    num_jobs: int,
+    seed: int = 0,
+    time_scale: float = 1.0,
+    max_gpus: int | None = None,
+) -> list[WorkloadJob]:
+    """``num_jobs`` consecutive Philly arrivals from a random start, mapped to applications.
+
+    Each job keeps its GPU count (capped at ``max_gpus``) and its arrival time relative to the
+    first, divided by ``time_scale`` (> 1 compresses time, raising the load). Its application is
+    drawn among those of its GPU-time class; its batch size is the validated batch closest to
+    GPU count x the geometric middle of the application's local batch range. Rows with missing
+    fields are skipped.
+    """
+    p = Path(path)
+    if num_jobs < 1 or not time_scale > 0:
+        raise AllocatorError(f"{num_jobs=} must be >= 1 and {time_scale=} > 0")
+    rows = []
+    try:
+        with p.open(newline="") as f:
+            for row in csv.DictReader(f):
+                try:
+                    t = datetime.fromisoformat(row["timestamp"]).timestamp()
+                    rows.append((t, int(row["num_gpus"]), float(row["gpu_time"])))
+                except (KeyError, TypeError, ValueError):
+                    continue
+    except FileNotFoundError:
+        raise AllocatorError(f"--philly {p} does not exist") from None
+    if len(rows) < num_jobs:
+        raise AllocatorError(f"{p}: {len(rows)} usable jobs, fewer than {num_jobs=}")
+    rows.sort()
+    rng = random.Random(seed)
+    start = rng.randrange(len(rows) - num_jobs + 1)
+    window = rows[start : start + num_jobs]
+    t0 = window[0][0]
+    jobs = []
+    for i, (t, gpus, gpu_time) in enumerate(window):
+        names = next(a for limit, a in _PHILLY_CLASSES if gpu_time < limit)
+        app = apps[rng.choice(names)]
+        k = max(1, min(gpus, max_gpus or gpus))
+        lo, hi = app.local_bsz_range
+        want = k * math.sqrt(lo * hi)
+        batch = int(min(app.validated_batches, key=lambda b: abs(math.log(b / want))))
+        jobs.append(WorkloadJob(f"{app.name}-{i}", (t - t0) / time_scale, app.name, k, batch))
+    return jobs

@@ -1,0 +1,144 @@
+"""Simulator invariants on a small excerpt of the Pollux traces, the policies and dloader-sim."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from allocator import AllocatorError, Cluster
+from allocator.policies import POLICIES, JobState, make_policy
+from allocator.sim_cli import main
+from allocator.simulator import Simulator
+from allocator.traces import WorkloadJob, load_apps, read_workload
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "pollux-sim"
+CLUSTER = Cluster.uniform(3, 4)
+
+
+@pytest.fixture(scope="module")
+def apps():
+    return load_apps(DATA, ["cifar10", "ncf"])
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return read_workload(DATA / "workload.csv")
+
+
+@pytest.fixture(scope="module")
+def results(apps, workload):
+    return {p: Simulator(workload, apps, make_policy(p), CLUSTER).run() for p in POLICIES}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_job_completes_without_over_allocation(results, workload, policy):
+    r = results[policy]
+    assert all(j.end_s is not None for j in r.jobs)
+    submit = {w.name: w.time for w in workload}
+    for j in r.jobs:
+        assert j.start_s >= submit[j.name] and j.end_s > j.start_s
+        assert j.jct_s == pytest.approx(j.end_s - submit[j.name])
+    per_time = np.array(list(r.gpus.values())).sum(axis=0)
+    assert per_time.max() <= CLUSTER.capacity
+    s = r.summary()
+    assert s["jobs_completed"] == len(workload)
+    assert 0 < s["gpu_utilisation"] <= 1
+
+
+def test_static_never_changes_a_running_job(results):
+    r = results["static"]
+    assert all(j.restarts == 0 and j.batch_changes == 0 for j in r.jobs)
+    for series in r.gpus.values():
+        running = [g for g in series if g]
+        assert len(set(running)) <= 1
+
+
+def test_elastic_policies_move_jobs_and_goodput_dp_is_fastest(results):
+    assert sum(j.batch_changes for j in results["elastic-gpu"].jobs) == 0
+    assert sum(j.batch_changes for j in results["goodput-dp"].jobs) > 0
+    avg = {p: r.summary()["avg_jct_s"] for p, r in results.items()}
+    assert avg["goodput-dp"] < avg["static"]
+    assert avg["goodput-dp"] < avg["elastic-dp"]
+
+
+def test_deterministic(apps, workload, results):
+    again = Simulator(workload, apps, make_policy("goodput-dp"), CLUSTER).run()
+    assert again.jobs == results["goodput-dp"].jobs
+
+
+def test_restart_delay_costs_time(apps, workload):
+    slow = Simulator(workload, apps, make_policy("elastic-dp"), CLUSTER, restart_s=300).run()
+    fast = Simulator(workload, apps, make_policy("elastic-dp"), CLUSTER, restart_s=0).run()
+    assert slow.summary()["avg_jct_s"] > fast.summary()["avg_jct_s"]
+
+
+def test_trace_interpolation_and_progress(apps):
+    app = apps["cifar10"]
+    t1 = app.iteration_time((1,), 128)
+    t4 = app.iteration_time((4,), 512)
+    assert 0 < t1 and 0 < t4
+    # a measured placement at a measured local batch is returned as measured
+    assert app.step_sync((4,), 128)[0] > 0
+    # an unmeasured placement falls back to the (nodes, replicas, local) interpolation
+    assert np.isfinite(app.step_sync((3, 3, 1), 100)[0])
+    # larger batches make more progress per step, but less per sample
+    assert app.gain(2048, 0) > app.gain(128, 0) == pytest.approx(1.0)
+    assert app.gain(2048, 0) < 2048 / 128
+    assert app.epoch_of(0.0) == 0 and app.epoch_of(app.target_progress) == app.max_epochs
+
+
+def test_bad_workload_files(tmp_path, apps):
+    bad = tmp_path / "w.csv"
+    bad.write_text("name,time,application,num_replicas,batch_size\na,0,resnet,1,32\n")
+    with pytest.raises(AllocatorError, match="application='resnet'"):
+        read_workload(bad)
+    bad.write_text("name,time,application\na,0,ncf\n")
+    with pytest.raises(AllocatorError, match="missing column"):
+        read_workload(bad)
+    bad.write_text("name,time,application,num_replicas,batch_size\na,x,ncf,1,32\n")
+    with pytest.raises(AllocatorError, match="data row 1"):
+        read_workload(bad)
+    with pytest.raises(AllocatorError, match="does not exist"):
+        read_workload(tmp_path / "nope.csv")
+    with pytest.raises(AllocatorError, match="without traces"):
+        Simulator([WorkloadJob("x", 0, "bert", 1, 12)], apps, make_policy("static"), CLUSTER)
+    with pytest.raises(AllocatorError, match="policy='fifo'"):
+        make_policy("fifo")
+
+
+def test_job_state_validates(apps):
+    with pytest.raises(AllocatorError, match="batch_range"):
+        JobState("a", 0, apps["ncf"].model, 1, 32, (64, 32), (1, 8))
+
+
+def test_cli_writes_results_csv_and_plot(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    args = ["--workload", str(DATA / "workload.csv"), "--traces", str(DATA), "--nodes", "3"]
+    rc = main(
+        [
+            *args,
+            "--policy",
+            "goodput-dp",
+            "--out",
+            str(out),
+            "--quiet",
+            "--plot",
+            str(tmp_path / "p.png"),
+        ]
+    )
+    assert rc == 0
+    result = json.loads(out.read_text())
+    for key in ("avg_jct_s", "p99_jct_s", "makespan_s", "jobs_completed", "optimizer_ms_p50"):
+        assert key in result
+    assert result["jobs_completed"] == 8
+    rows = (tmp_path / "r.jobs.csv").read_text().splitlines()
+    assert len(rows) == 9 and rows[0].startswith("policy,name")
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    assert "goodput-dp" in capsys.readouterr().out
+
+    rc = main([*args, "--policy", "static,bogus", "--out", str(out), "--quiet"])
+    assert rc == 2
+    assert "--policy 'bogus'" in capsys.readouterr().err
