@@ -40,6 +40,7 @@ split across nodes only when no node has room.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -160,8 +161,12 @@ class Plan:
     """Total weighted utility of the speedups (restart costs included)."""
 
 
+@functools.lru_cache(maxsize=4096)
 def candidate_counts(lo: int, hi: int, per_node: int, current: int = 0) -> np.ndarray:
-    """GPU counts a job may get: all up to two nodes, then whole nodes growing ~25% a rung."""
+    """GPU counts a job may get: all up to two nodes, then whole nodes growing ~25% a rung.
+
+    The returned array is shared (cached): do not modify it.
+    """
     counts = set(range(lo, min(hi, 2 * per_node) + 1))
     k = 2 * per_node
     while k < hi:
@@ -171,7 +176,9 @@ def candidate_counts(lo: int, hi: int, per_node: int, current: int = 0) -> np.nd
     counts.update((lo, hi))
     if lo <= current <= hi:
         counts.add(current)
-    return np.array(sorted(counts), dtype=np.int64)
+    out = np.array(sorted(counts), dtype=np.int64)
+    out.flags.writeable = False
+    return out
 
 
 def admit(jobs: Sequence[JobSpec], capacity: int) -> tuple[list[JobSpec], list[JobSpec]]:
@@ -218,10 +225,11 @@ def _table(
         if objective == "goodput" and job.efficiency is not None
         else np.ones_like(batches)
     )
-    grid = np.asarray(job.throughput(counts[:, None].astype(float), batches[None, :]), dtype=float)
-    good = np.where(np.isfinite(grid) & (grid > 0), grid, 0.0) * eff
-    one = np.asarray(job.throughput(np.ones_like(batches), batches), dtype=float)
-    one = np.where(np.isfinite(one) & (one > 0), one, 0.0) * eff
+    # one evaluation for the candidates and the one-GPU reference (row 0)
+    rows = np.concatenate(([1], counts)).astype(float)
+    grid = np.asarray(job.throughput(rows[:, None], batches[None, :]), dtype=float)
+    grid = np.where(np.isfinite(grid) & (grid > 0), grid, 0.0) * eff
+    one, good = grid[0], grid[1:]
     ref = one.max() if one.max() > 0 else good[0].max()
     if not ref > 0:
         raise AllocatorError(

@@ -18,6 +18,7 @@ accumulation where a local batch exceeds what a GPU holds (see :func:`throughput
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -142,9 +143,15 @@ def batch_grid(lo: int, hi: int, n: int = 12, extra: Sequence[int] = ()) -> tupl
     """``n`` global batch sizes spaced geometrically over ``[lo, hi]``, plus ``extra`` in range."""
     if not 1 <= lo <= hi:
         raise AllocatorError(f"batch range [{lo}, {hi}] is invalid")
-    grid = {round(x) for x in np.geomspace(lo, hi, n)} if hi > lo else {lo}
-    grid.update(b for b in extra if lo <= b <= hi)
-    return tuple(sorted(grid))
+    grid = _geometric(lo, hi, n)
+    if all(b in grid or not lo <= b <= hi for b in extra):
+        return grid
+    return tuple(sorted({*grid, *(b for b in extra if lo <= b <= hi)}))
+
+
+@functools.lru_cache(maxsize=1024)
+def _geometric(lo: int, hi: int, n: int) -> tuple[int, ...]:
+    return tuple(sorted({round(x) for x in np.geomspace(lo, hi, n)})) if hi > lo else (lo,)
 
 
 def _held(jobs: Sequence[JobState]) -> dict[str, tuple[int, ...]]:

@@ -121,6 +121,7 @@ class ScalingModel:
     def __init__(self, params: ScalingParams, *, num_points: int = 0) -> None:
         self.params = params
         self.num_points = num_points
+        self._p = params.as_array()  # hot path: the allocator evaluates it for every job
 
     @classmethod
     def fit(cls, points: Sequence[ScalingPoint], *, sync_weight: float = 0.0) -> ScalingModel:
@@ -170,7 +171,7 @@ class ScalingModel:
         """Predicted seconds per step."""
         return float(
             _step(
-                self.params.as_array(),
+                self._p,
                 np.array([nodes]),
                 np.array([replicas]),
                 np.array([local_bsz], dtype=float),
@@ -182,7 +183,7 @@ class ScalingModel:
     ) -> np.ndarray:
         """Vectorised :meth:`step_time`."""
         return _step(
-            self.params.as_array(),
+            self._p,
             np.asarray(nodes, dtype=float),
             np.asarray(replicas, dtype=float),
             np.asarray(local_bsz, dtype=float),
@@ -190,7 +191,7 @@ class ScalingModel:
 
     def compute_times(self, local_bsz: np.ndarray) -> np.ndarray:
         """Seconds of gradient computation for one micro-batch: ``alpha_c + beta_c * b``."""
-        return _compute(self.params.as_array(), np.asarray(local_bsz, dtype=float))
+        return _compute(self._p, np.asarray(local_bsz, dtype=float))
 
     def throughput(self, nodes: int, replicas: int, local_bsz: float) -> float:
         """Predicted samples/s: ``replicas * local_bsz / step_time``."""

@@ -1,0 +1,190 @@
+"""Decision time of the allocator's DP optimizer (targets: < 10 ms at 64 GPUs and 160 jobs,
+< 1 s at 2,048 GPUs and 1,000 jobs).
+
+Jobs are drawn (seeded) from the six Pollux applications, with their fitted scaling models and
+gradient-noise statistics, requested GPU counts as in the Pollux workloads and, as in a live
+cluster, the allocation of the previous decision as their current one (so restart costs are in
+play). Each cell times a full ``policy.decide`` (building every job's value table, the DP, and
+node packing) and, separately, the DP alone (``optimize``). Admission first: at 64 GPUs only the
+first 64 jobs (one GPU minimum each) enter the DP; the others wait.
+
+    python -m benchmarks.bench_optimizer               # ~1 min
+    python -m benchmarks.bench_optimizer --repeats 5   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from allocator import Cluster, optimize
+from allocator.policies import DpPolicy, JobState, make_policy
+from allocator.traces import AppTrace, load_apps
+from benchmarks._common import machine, out_path, table
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "pollux" / "traces"
+CELLS = [  # (nodes, gpus per node, jobs)
+    (16, 4, 40),
+    (16, 4, 80),
+    (16, 4, 160),
+    (128, 4, 250),
+    (256, 4, 500),
+    (512, 4, 1000),
+    (256, 8, 1000),
+]
+REQUESTS = [1, 1, 1, 1, 2, 4, 4, 8, 8, 12, 16, 32]
+
+
+def jobs_for(apps: dict[str, AppTrace], n: int, seed: int) -> list[JobState]:
+    rng = random.Random(seed)
+    names = sorted(apps)
+    out = []
+    for i in range(n):
+        app = apps[rng.choice(names)]
+        batch = rng.choice(app.validated_batches)
+        epoch = rng.randrange(app.max_epochs)
+        out.append(
+            JobState(
+                f"{app.name}-{i}",
+                float(i),
+                app.model,
+                requested_gpus=rng.choice(REQUESTS),
+                requested_batch=batch,
+                batch_range=(app.init_batch, app.max_batch),
+                local_bsz_range=app.local_bsz_range,
+                noise=app.noise(batch, epoch),
+                batch_size=batch,
+            )
+        )
+    return out
+
+
+def with_placements(jobs: list[JobState], decision) -> list[JobState]:
+    from dataclasses import replace
+
+    return [
+        replace(
+            j,
+            placement=decision.placements.get(j.job_id, ()),
+            batch_size=decision.batch_sizes.get(j.job_id, j.batch_size),
+        )
+        for j in jobs
+    ]
+
+
+def ms(f, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f()
+        times.append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--traces", type=Path, default=TRACES)
+    p.add_argument("--repeats", type=int, default=15)
+    args = p.parse_args()
+    print(f"machine: {machine()}\n")
+    apps = load_apps(args.traces)
+    rows, results = [], []
+    for policy_name in ("goodput-dp", "elastic-gpu"):
+        policy = make_policy(policy_name)
+        assert isinstance(policy, DpPolicy)
+        for nodes, per_node, n in CELLS:
+            cluster = Cluster.uniform(nodes, per_node)
+            jobs = jobs_for(apps, n, seed=n)
+            jobs = with_placements(jobs, policy.decide(jobs, cluster))  # a warm, running state
+            decide = ms(lambda: policy.decide(jobs, cluster), args.repeats)  # noqa: B023
+            specs = [policy.spec(j, cluster) for j in jobs]
+            plan = optimize(specs, cluster, objective=policy.objective, fairness=policy.fairness)
+            dp = ms(
+                lambda: optimize(  # noqa: B023
+                    specs,  # noqa: B023
+                    cluster,  # noqa: B023
+                    objective=policy.objective,
+                    fairness=policy.fairness,
+                ),
+                args.repeats,
+            )
+            r = {
+                "policy": policy_name,
+                "gpus": nodes * per_node,
+                "gpus_per_node": per_node,
+                "jobs": n,
+                "admitted": len(plan.assignments),
+                "decide_ms_p50": statistics.median(decide),
+                "decide_ms_max": max(decide),
+                "optimize_ms_p50": statistics.median(dp),
+            }
+            results.append(r)
+            rows.append(list(r.values()))
+            print(f"  {policy_name} {r['gpus']} GPUs {n} jobs: {r['decide_ms_p50']:.1f} ms")
+    print()
+    print(
+        table(
+            [
+                "policy",
+                "GPUs",
+                "GPUs/node",
+                "jobs",
+                "admitted",
+                "decide ms p50",
+                "decide ms max",
+                "optimize ms p50",
+            ],
+            rows,
+        )
+    )
+    small = next(r for r in results if r["gpus"] == 64 and r["jobs"] == 160)
+    large = next(r for r in results if r["gpus"] == 2048 and r["jobs"] == 1000)
+    print(
+        f"\ngoodput-dp, 64 GPUs / 160 jobs: {small['decide_ms_p50']:.1f} ms (target < 10); "
+        f"2,048 GPUs / 1,000 jobs: {large['decide_ms_p50']:.0f} ms (target < 1,000)"
+    )
+    out_path("bench_optimizer.json").write_text(
+        json.dumps({"machine": machine(), "results": results}, indent=1)
+    )
+    plot(results)
+    return 0
+
+
+def plot(results: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for policy in ("goodput-dp", "elastic-gpu"):
+        for gpus, marker in ((64, "o"), (512, "^"), (1024, "v"), (2048, "s")):
+            pts = [r for r in results if r["policy"] == policy and r["gpus"] == gpus]
+            if pts:
+                ax.plot(
+                    [r["jobs"] for r in pts],
+                    [r["decide_ms_p50"] for r in pts],
+                    marker=marker,
+                    linestyle="-" if policy == "goodput-dp" else ":",
+                    label=f"{policy}, {gpus} GPUs",
+                )
+    ax.axhline(10, color="grey", lw=0.8, ls="--")
+    ax.axhline(1000, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("jobs")
+    ax.set_ylabel("decision time, median (ms)")
+    ax.set_title("allocator decision time (targets dashed)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_path("bench_optimizer.png"), dpi=120)
+    print(f"plot: {out_path('bench_optimizer.png')}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
