@@ -15,6 +15,7 @@ first 64 jobs (one GPU minimum each) enter the DP; the others wait.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
@@ -101,18 +102,13 @@ def main() -> int:
             cluster = Cluster.uniform(nodes, per_node)
             jobs = jobs_for(apps, n, seed=n)
             jobs = with_placements(jobs, policy.decide(jobs, cluster))  # a warm, running state
-            decide = ms(lambda: policy.decide(jobs, cluster), args.repeats)  # noqa: B023
+            decide = ms(functools.partial(policy.decide, jobs, cluster), args.repeats)
             specs = [policy.spec(j, cluster) for j in jobs]
-            plan = optimize(specs, cluster, objective=policy.objective, fairness=policy.fairness)
-            dp = ms(
-                lambda: optimize(  # noqa: B023
-                    specs,  # noqa: B023
-                    cluster,  # noqa: B023
-                    objective=policy.objective,
-                    fairness=policy.fairness,
-                ),
-                args.repeats,
+            solve = functools.partial(
+                optimize, specs, cluster, objective=policy.objective, fairness=policy.fairness
             )
+            plan = solve()
+            dp = ms(solve, args.repeats)
             r = {
                 "policy": policy_name,
                 "gpus": nodes * per_node,
