@@ -8,11 +8,13 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
 from dloader.v1 import node_pb2 as pb
 from sidecar._config import default_socket, default_state_dir
+from sidecar.allocator_link import AllocatorLink
 from sidecar.core import NodeCore, PolicySettings
 from sidecar.errors import SidecarError
 from sidecar.metrics import Metrics
@@ -85,6 +87,27 @@ def parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on 127.0.0.1:PORT (default: off)",
     )
     p.add_argument(
+        "--allocator",
+        metavar="TARGET",
+        default=os.environ.get("DLOADER_ALLOCATOR"),
+        help="cluster allocator to join (unix:///path or host:port; default: "
+        "$DLOADER_ALLOCATOR, else none)",
+    )
+    p.add_argument(
+        "--allocator-token",
+        default=os.environ.get("DLOADER_ALLOCATOR_TOKEN"),
+        help="bearer token for a TCP allocator (default: $DLOADER_ALLOCATOR_TOKEN)",
+    )
+    p.add_argument(
+        "--node-id", default=socket.gethostname(), help="this node's id for the allocator"
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        help="GPUs this node offers the allocator (default: the GPUs NVML sees)",
+    )
+    p.add_argument(
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -104,6 +127,16 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     core = NodeCore(store, settings)
     node, gpus = NodeMonitor(), GpuMonitor()
     metrics = Metrics()
+    link = None
+    if args.allocator:
+        link = AllocatorLink(
+            core,
+            args.allocator,
+            node_id=args.node_id,
+            gpus=args.gpus or len(gpus.read()),
+            address=f"unix://{os.path.abspath(args.socket)}",
+            token=args.allocator_token,
+        )
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     last = {"cpu": 0.0, "rd": 0.0, "wr": 0.0}
@@ -166,6 +199,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
 
     tasks = [asyncio.create_task(core.run(stop)), asyncio.create_task(monitor())]
+    if link is not None:
+        tasks.append(asyncio.create_task(link.run(stop)))
     await stop.wait()
     log.info("shutting down")
     await server.stop(grace=2.0)

@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 _NAME_MAX = 200
 _SAVE_MODEL_EVERY = 5  # reports
 _SETTLE_S = 1.5  # after a worker-count change: to apply it and start the workers
-_SETTLE_S = 1.5  # after a worker-count change: to apply it and start the workers
 
 
 @dataclass(frozen=True)
@@ -329,6 +328,31 @@ class NodeCore:
                 log.info("job %s: %d workers (%s)", job.job_id, d.num_workers, d.reason)
                 for q in job.watchers:
                     q.put_nowait(job.directive)
+
+    def set_batch_size(self, job_id: str, batch_size: int, reason: str) -> bool:
+        """Directs a job to a new batch size (from the cluster allocator); False if not allowed.
+
+        The size is clamped to the job's limits; a job that does not allow batch-size changes
+        (``may_change_batch_size`` false) keeps its own.
+        """
+        job = self.get(job_id)
+        limits = job.record.limits
+        if not limits.get("may_change_batch_size"):
+            return False
+        lo = limits.get("min_batch_size") or 1
+        hi = limits.get("max_batch_size") or batch_size
+        b = min(max(batch_size, lo), hi)
+        if b == (job.directive.batch_size or job.record.batch_size):
+            return True
+        self._revision += 1
+        job.directive = replace(job.directive, batch_size=b, reason=reason, revision=self._revision)
+        self.store.add_decision(
+            job_id, job.directive.num_workers, b, list(job.directive.cpus), reason
+        )
+        log.info("job %s: batch size %d (%s)", job_id, b, reason)
+        for q in job.watchers:
+            q.put_nowait(job.directive)
+        return True
 
     def reap(self) -> list[str]:
         """Ends jobs whose processes are all gone; returns their ids."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["InvalidArgument", "NotFound", "PermissionDenied", "SidecarError"]
+__all__ = ["AlreadyExists", "InvalidArgument", "NotFound", "PermissionDenied", "SidecarError"]
 
 
 class SidecarError(Exception):
@@ -23,3 +23,7 @@ class NotFound(SidecarError):
 
 class PermissionDenied(SidecarError):
     """A token that does not authorise the job (PERMISSION_DENIED)."""
+
+
+class AlreadyExists(SidecarError):
+    """An id that is already taken (ALREADY_EXISTS)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +24,22 @@ from grpc_reflection.v1alpha import reflection
 from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc
 from sidecar.core import Directive, Job, NodeCore, PolicySettings
-from sidecar.errors import InvalidArgument, NotFound, PermissionDenied, SidecarError
+from sidecar.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    SidecarError,
+)
 
-__all__ = ["MAX_MESSAGE_BYTES", "ListenConfig", "NodeServicer", "build_server"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "ErrorInterceptor",
+    "ListenConfig",
+    "NodeServicer",
+    "build_server",
+    "start_server",
+]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +49,7 @@ _CODES = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     NotFound: grpc.StatusCode.NOT_FOUND,
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
 }
 
 
@@ -337,10 +351,17 @@ class ListenConfig:
             raise ValueError("--tls-cert and --tls-key go together")
 
 
-async def build_server(
-    core: NodeCore, node_status: Callable[[], pb.NodeStatus], listen: ListenConfig
+async def start_server(
+    register: Callable[[grpc.aio.Server], None],
+    service_names: Sequence[str],
+    listen: ListenConfig,
 ) -> tuple[grpc.aio.Server, list[str]]:
-    """A started server and the addresses it listens on."""
+    """A started server with dloader's conventions, and the addresses it listens on.
+
+    ``register`` adds the servicers; the server gets the error interceptor (and the token check
+    on TCP), the message size cap, health checking (``SERVING`` for each of ``service_names``)
+    and reflection; it listens on the Unix socket (mode 0660) and/or TCP (TLS if configured).
+    """
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", 4 * MAX_MESSAGE_BYTES),
@@ -348,14 +369,15 @@ async def build_server(
     server = grpc.aio.server(
         interceptors=[ErrorInterceptor(listen.token if listen.tcp else None)], options=options
     )
-    pb_grpc.add_NodeServiceServicer_to_server(NodeServicer(core, node_status), server)
+    register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    await health_servicer.set("dloader.v1.NodeService", health_pb2.HealthCheckResponse.SERVING)
+    for name in service_names:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection(
         (
-            pb.DESCRIPTOR.services_by_name["NodeService"].full_name,
+            *service_names,
             reflection.SERVICE_NAME,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
         ),
@@ -365,7 +387,7 @@ async def build_server(
     if listen.socket:
         path = os.path.abspath(listen.socket)
         if os.path.exists(path):
-            os.unlink(path)  # a stale socket from a killed sidecar
+            os.unlink(path)  # a stale socket from a killed daemon
         os.makedirs(os.path.dirname(path), exist_ok=True)
         server.add_insecure_port(f"unix://{path}")
         addresses.append(f"unix://{path}")
@@ -381,3 +403,16 @@ async def build_server(
     if listen.socket:
         os.chmod(os.path.abspath(listen.socket), 0o660)
     return server, addresses
+
+
+async def build_server(
+    core: NodeCore, node_status: Callable[[], pb.NodeStatus], listen: ListenConfig
+) -> tuple[grpc.aio.Server, list[str]]:
+    """A started node server and the addresses it listens on."""
+    return await start_server(
+        lambda server: pb_grpc.add_NodeServiceServicer_to_server(
+            NodeServicer(core, node_status), server
+        ),
+        [pb.DESCRIPTOR.services_by_name["NodeService"].full_name],
+        listen,
+    )

@@ -1,0 +1,118 @@
+"""``dloader-allocator``: the cluster allocator daemon."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from allocator.core import AllocatorCore, Settings
+from allocator.policies import POLICIES
+from allocator.server import build_server
+from allocator.store import Store
+from sidecar._config import default_state_dir
+from sidecar.errors import SidecarError
+from sidecar.server import ListenConfig
+
+__all__ = ["default_socket", "main", "serve"]
+
+log = logging.getLogger("allocator")
+
+
+def default_socket() -> str:
+    """``$XDG_RUNTIME_DIR/dloader/allocator.sock``, else ``/tmp/dloader-<uid>/allocator.sock``."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return str(Path(runtime) / "dloader" / "allocator.sock")
+    return f"/tmp/dloader-{os.getuid()}/allocator.sock"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dloader-allocator",
+        description="Cluster-level elastic GPU allocator: picks every job's GPU count and batch "
+        "size with a dynamic-programming optimizer, every interval and on each event. Node "
+        "sidecars (dloader-sidecar --allocator) register nodes and apply batch sizes; "
+        "dloader-launch restarts jobs under torchrun when their GPU count changes; external "
+        "schedulers call the ClusterAllocator gRPC API (proto/dloader/v1/allocator.proto).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--socket", default=default_socket(), help="Unix socket (mode 0660)")
+    p.add_argument("--state-dir", default=default_state_dir(), help="folder for allocator.db")
+    p.add_argument("--policy", choices=POLICIES, default="goodput-dp", help="allocation policy")
+    p.add_argument("--interval", type=float, default=60.0, help="seconds between decisions")
+    p.add_argument(
+        "--restart-cost", type=float, default=30.0, help="default seconds a restart costs a job"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="only recommend; never change a job's allocation"
+    )
+    p.add_argument("--listen", metavar="HOST:PORT", help="also listen on TCP (needs --token)")
+    p.add_argument(
+        "--token",
+        default=os.environ.get("DLOADER_ALLOCATOR_TOKEN"),
+        help="bearer token required on TCP (default: $DLOADER_ALLOCATOR_TOKEN)",
+    )
+    p.add_argument("--tls-cert", help="TLS certificate (PEM) for TCP")
+    p.add_argument("--tls-key", help="TLS private key (PEM) for TCP")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> None:
+    """Runs the daemon until ``stop`` is set (or SIGTERM/SIGINT)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    store = Store(Path(args.state_dir) / "allocator.db")
+    settings = Settings(args.policy, args.interval, args.dry_run, args.restart_cost)
+    core = AllocatorCore(store, settings)
+    server, addresses = await build_server(
+        core,
+        ListenConfig(
+            socket=args.socket,
+            tcp=args.listen,
+            token=args.token,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+        ),
+    )
+    log.info(
+        "dloader-allocator listening on %s; state in %s; policy %s%s; %d job(s), %d node(s)",
+        ", ".join(addresses),
+        args.state_dir,
+        core.settings.policy,
+        " (dry run)" if core.settings.dry_run else "",
+        len(core.jobs),
+        len(core.nodes),
+    )
+    task = asyncio.create_task(core.run(stop))
+    await stop.wait()
+    log.info("shutting down")
+    await server.stop(grace=2.0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``dloader-allocator``."""
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        asyncio.run(serve(args))
+    except (ValueError, SidecarError) as exc:
+        print(f"dloader-allocator: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,516 @@
+"""The live allocator, transport-free: jobs, nodes and the autoscaler loop around a policy.
+
+Every ``interval_s`` and soon after each event (a job submitted or completed, a node registered
+or its free GPUs changed) the loop runs the policy (:mod:`allocator.policies`, the same code the
+simulator runs) over the active jobs in submission order and the nodes' usable GPUs. A decision
+bumps the version, is logged with each changed job's reason (SQLite and the log) and goes to
+every watcher. In dry-run mode the decision is published as a recommendation and nothing is
+applied: jobs keep the allocation they had, for schedulers that keep control.
+
+Jobs learn where they run by watching (``WatchAllocations``): node sidecars apply batch-size
+changes to the job's loaders, and ``dloader-launch`` restarts a job under torchrun when its GPU
+count changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field, replace
+
+from allocator.errors import AllocatorError
+from allocator.optimizer import Cluster
+from allocator.policies import POLICIES, JobState, Policy, make_policy
+from allocator.store import Store
+from predictor import GradientNoise, PredictorError, ScalingModel, ScalingParams, ScalingPoint
+from sidecar.errors import AlreadyExists, InvalidArgument, NotFound
+
+__all__ = [
+    "AllocationView",
+    "AllocatorCore",
+    "JobRequest",
+    "Settings",
+    "Snapshot",
+]
+
+log = logging.getLogger(__name__)
+
+_ID_MAX = 200
+_DEBOUNCE_S = 0.05  # events within this window share one decision
+_MAX_MEASUREMENTS = 2000  # per job; the oldest are dropped beyond
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The allocator's policy and loop."""
+
+    policy: str = "goodput-dp"
+    interval_s: float = 60.0
+    dry_run: bool = False
+    restart_s: float = 30.0
+    """Default restart cost of a job that does not state its own."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise InvalidArgument("config.policy", f"{self.policy!r} is not one of {POLICIES}")
+        if not 0.1 <= self.interval_s <= 86400:
+            raise InvalidArgument(
+                "config.interval_seconds", f"{self.interval_s} must be within [0.1, 86400]"
+            )
+        if not 0 <= self.restart_s <= 86400:
+            raise InvalidArgument(
+                "config.restart_seconds", f"{self.restart_s} must be within [0, 86400]"
+            )
+
+
+Measurement = tuple[int, int, int, float, float]  # nodes, replicas, local batch, step s, sync s
+
+
+@dataclass
+class JobRequest:
+    """A submitted job (see ``JobSpec`` in ``allocator.proto`` for the fields and defaults)."""
+
+    job_id: str
+    batch_size: int
+    min_gpus: int = 0
+    max_gpus: int = 0
+    requested_gpus: int = 0
+    min_batch_size: int = 0
+    max_batch_size: int = 0
+    min_local_batch_size: int = 0
+    max_local_batch_size: int = 0
+    priority: float = 0.0
+    restart_s: float = 0.0
+    scaling: dict[str, float] | None = None
+    measurements: list[Measurement] = field(default_factory=list)
+    gradient: tuple[int, float, float] | None = None
+
+    def normalised(self, default_restart_s: float) -> JobRequest:
+        """Defaults filled in and every field checked (errors name the field)."""
+        jid = self.job_id
+        if not jid or len(jid) > _ID_MAX or not jid.isprintable() or jid.strip() != jid:
+            raise InvalidArgument("job.job_id", f"{jid!r} must be 1-{_ID_MAX} printable characters")
+        if self.batch_size < 1:
+            raise InvalidArgument("job.batch_size", f"{self.batch_size} must be >= 1")
+        lo_g = self.min_gpus or 1
+        hi_g = self.max_gpus or 1 << 20
+        if lo_g > hi_g:
+            raise InvalidArgument("job.min_gpus", f"{lo_g} is above max_gpus={hi_g}")
+        lo_b = self.min_batch_size or self.batch_size
+        hi_b = self.max_batch_size or self.batch_size
+        if not lo_b <= self.batch_size <= hi_b:
+            raise InvalidArgument(
+                "job.batch_size",
+                f"{self.batch_size} must lie within [min_batch_size={lo_b}, max_batch_size={hi_b}]",
+            )
+        lo_l = self.min_local_batch_size or 1
+        hi_l = self.max_local_batch_size or hi_b
+        if lo_l > hi_l:
+            raise InvalidArgument(
+                "job.min_local_batch_size", f"{lo_l} is above max_local_batch_size={hi_l}"
+            )
+        prio = self.priority or 1.0
+        if not (math.isfinite(prio) and prio > 0):
+            raise InvalidArgument("job.priority", f"{prio} must be a finite number > 0")
+        restart = self.restart_s or default_restart_s
+        if not (math.isfinite(restart) and 0 <= restart <= 86400):
+            raise InvalidArgument("job.restart_seconds", f"{restart} must be within [0, 86400]")
+        return replace(
+            self,
+            min_gpus=lo_g,
+            max_gpus=hi_g,
+            requested_gpus=min(max(self.requested_gpus or lo_g, lo_g), hi_g),
+            min_batch_size=lo_b,
+            max_batch_size=hi_b,
+            min_local_batch_size=lo_l,
+            max_local_batch_size=hi_l,
+            priority=prio,
+            restart_s=restart,
+        )
+
+
+def _model(req: JobRequest) -> ScalingModel:
+    """The job's scaling model: fitted to its measurements (>= 2), else its stated parameters."""
+    try:
+        points = [ScalingPoint(n, r, b, s, y or None) for n, r, b, s, y in req.measurements]
+    except PredictorError as exc:
+        raise InvalidArgument("job.measurements", str(exc)) from None
+    if len(points) >= 2:
+        try:
+            return ScalingModel.fit(points)
+        except (PredictorError, ValueError) as exc:
+            raise InvalidArgument("job.measurements", f"cannot fit a model: {exc}") from None
+    if req.scaling:
+        try:
+            params = ScalingParams(**req.scaling)
+        except TypeError as exc:
+            raise InvalidArgument("job.scaling", str(exc)) from None
+        values = list(req.scaling.values())
+        if not all(math.isfinite(v) and v >= 0 for v in values) or params.gamma < 1:
+            raise InvalidArgument(
+                "job.scaling", "parameters must be finite and >= 0, with gamma >= 1"
+            )
+        if params.alpha_c + params.beta_c <= 0:
+            raise InvalidArgument("job.scaling", "alpha_c + beta_c must be > 0 (compute time)")
+        return ScalingModel(params)
+    raise InvalidArgument(
+        "job.scaling", "need scaling parameters or at least 2 measurements to predict throughput"
+    )
+
+
+def _noise(gradient: tuple[int, float, float] | None, where: str) -> GradientNoise | None:
+    if gradient is None:
+        return None
+    try:
+        return GradientNoise(*gradient)
+    except PredictorError as exc:
+        raise InvalidArgument(where, str(exc)) from None
+
+
+def measurement(nodes: int, replicas: int, local: int, step: float, sync: float) -> Measurement:
+    """A validated measurement tuple."""
+    if not 1 <= nodes <= replicas or local < 1:
+        raise InvalidArgument(
+            "measurements",
+            f"nodes={nodes}, replicas={replicas}, local_batch_size={local}: need 1 <= nodes <= "
+            "replicas and local_batch_size >= 1",
+        )
+    if not (math.isfinite(step) and step > 0 and math.isfinite(sync) and 0 <= sync <= step):
+        raise InvalidArgument(
+            "measurements", f"step_seconds={step}, sync_seconds={sync}: need 0 <= sync <= step"
+        )
+    return (nodes, replicas, local, step, sync)
+
+
+@dataclass
+class _Job:
+    req: JobRequest
+    seq: int
+    model: ScalingModel
+    noise: GradientNoise | None
+    placement: dict[str, int] = field(default_factory=dict)
+    batch_size: int = 0
+    samples_per_second: float = 0.0
+
+
+@dataclass(frozen=True)
+class AllocationView:
+    """One job's allocation (or recommendation)."""
+
+    job_id: str
+    gpus: int
+    nodes: dict[str, int]
+    batch_size: int
+    reason: str
+    queue_position: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The allocations after a decision."""
+
+    version: int
+    dry_run: bool
+    policy: str
+    allocations: tuple[AllocationView, ...]
+    decided_at: float = 0.0
+    decision_ms: float = 0.0
+
+
+@dataclass
+class _Node:
+    gpus: int
+    free: int
+    address: str
+
+
+class AllocatorCore:
+    """Jobs and nodes of a cluster, and the decisions of the policy over them."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.settings = settings  # the daemon's command line wins over a stored Configure
+        store.set_setting("settings", json.dumps(asdict(settings)))
+        self._policy: Policy = make_policy(self.settings.policy)
+        self._clock = clock
+        self.jobs: dict[str, _Job] = {}
+        self.nodes: dict[str, _Node] = {
+            n.node_id: _Node(n.gpus, n.free, n.address) for n in store.nodes()
+        }
+        self._seq = store.max_seq()
+        for row in store.active_jobs():  # a restart keeps every job and its allocation
+            req = _request_from_json(row.spec)
+            job = _Job(req, row.seq, _model(req), _noise(req.gradient, "job.gradient"))
+            job.placement, job.batch_size = row.placement, row.batch_size
+            self.jobs[req.job_id] = job
+        self._reasons: dict[str, str] = {}
+        self._recommended: dict[str, tuple[dict[str, int], int]] = {}
+        self._watchers: set[asyncio.Queue[Snapshot]] = set()
+        self._wake = asyncio.Event()
+        self._snapshot = self._current(0, 0.0)
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, req: JobRequest) -> tuple[str, int]:
+        """Queues a job; returns its id and its position among jobs not yet running."""
+        req = req.normalised(self.settings.restart_s)
+        if req.job_id in self.jobs or self.store.known_job(req.job_id):
+            raise AlreadyExists("job.job_id", f"{req.job_id!r} was already submitted")
+        req.measurements = [measurement(*m) for m in req.measurements]
+        job = _Job(req, self._seq + 1, _model(req), _noise(req.gradient, "job.gradient"))
+        self._seq += 1
+        self.jobs[req.job_id] = job
+        self.store.add_job(req.job_id, job.seq, _request_to_json(req))
+        log.info(
+            "job %s submitted (%d-%d GPUs, batch %d)",
+            req.job_id,
+            req.min_gpus,
+            min(req.max_gpus, 1 << 16),
+            req.batch_size,
+        )
+        self._wake.set()
+        return req.job_id, sum(1 for j in self.jobs.values() if not j.placement) - 1
+
+    def get(self, job_id: str) -> _Job:
+        """An active job, or NOT_FOUND."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise NotFound("job_id", f"no active job {job_id!r}")
+        return job
+
+    def update(
+        self,
+        job_id: str,
+        measurements: list[Measurement],
+        gradient: tuple[int, float, float] | None = None,
+        priority: float = 0.0,
+    ) -> None:
+        """Adds measurements (refitting the model), replaces gradient statistics or priority."""
+        job = self.get(job_id)
+        req = job.req
+        new = [measurement(*m) for m in measurements]
+        noise = _noise(gradient, "gradient") if gradient is not None else job.noise
+        if priority:
+            if not (math.isfinite(priority) and priority > 0):
+                raise InvalidArgument("priority", f"{priority} must be a finite number > 0")
+            req = replace(req, priority=priority)
+        if new:
+            req = replace(req, measurements=(req.measurements + new)[-_MAX_MEASUREMENTS:])
+            job.model = _model(req)
+        if gradient is not None:
+            req = replace(req, gradient=gradient)
+        job.req, job.noise = req, noise
+        self.store.update_spec(job_id, _request_to_json(req))
+
+    def complete(self, job_id: str, failed: bool = False) -> None:
+        """Ends a job and frees its GPUs."""
+        self.get(job_id)
+        del self.jobs[job_id]
+        self.store.complete_job(job_id, failed)
+        log.info("job %s %s", job_id, "failed" if failed else "completed")
+        self._wake.set()
+
+    def register_node(self, node_id: str, gpus: int, address: str = "") -> None:
+        """Adds a node (or updates its GPU count)."""
+        if not node_id or len(node_id) > _ID_MAX or not node_id.isprintable():
+            raise InvalidArgument("node_id", f"{node_id!r} must be 1-{_ID_MAX} printable chars")
+        if not 1 <= gpus <= 1024:
+            raise InvalidArgument("gpus", f"{gpus} must be within [1, 1024]")
+        self.nodes[node_id] = _Node(gpus, gpus, address)
+        self.store.upsert_node(node_id, gpus, gpus, address)
+        log.info("node %s registered with %d GPU(s)", node_id, gpus)
+        self._wake.set()
+
+    def report_node(
+        self,
+        node_id: str,
+        free: int,
+        jobs: list[tuple[str, float, int, list[Measurement], tuple[int, float, float] | None]],
+    ) -> None:
+        """A node's usable GPUs and, per job on it, samples/s, batch, measurements, gradient."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise NotFound("node_id", f"node {node_id!r} is not registered")
+        if not 0 <= free <= node.gpus:
+            raise InvalidArgument("free_gpus", f"{free} must be within [0, {node.gpus}]")
+        for job_id, rate, _batch, meas, grad in jobs:
+            if not (math.isfinite(rate) and rate >= 0):
+                raise InvalidArgument("jobs.samples_per_second", f"{rate} must be >= 0")
+            job = self.get(job_id)
+            job.samples_per_second = rate
+            if meas or grad is not None:
+                self.update(job_id, meas, grad)
+        if free != node.free:
+            node.free = free
+            self._wake.set()
+        self.store.upsert_node(node_id, node.gpus, free, node.address)
+
+    def configure(
+        self,
+        policy: str = "",
+        interval_s: float = 0.0,
+        restart_s: float = 0.0,
+        dry_run: bool | None = None,
+    ) -> Settings:
+        """Changes the policy, interval, default restart cost or dry-run mode; decides at once."""
+        s = Settings(
+            policy or self.settings.policy,
+            interval_s or self.settings.interval_s,
+            self.settings.dry_run if dry_run is None else dry_run,
+            restart_s or self.settings.restart_s,
+        )
+        self.settings = s
+        self._policy = make_policy(s.policy)
+        self.store.set_setting("settings", json.dumps(asdict(s)))
+        log.info("settings: %s", s)
+        self._wake.set()
+        return s
+
+    # ------------------------------------------------------------------ decisions
+
+    def _cluster(self) -> tuple[list[str], Cluster | None]:
+        ids = [n for n in sorted(self.nodes) if min(self.nodes[n].free, self.nodes[n].gpus) > 0]
+        if not ids:
+            return [], None
+        return ids, Cluster(tuple(min(self.nodes[n].free, self.nodes[n].gpus) for n in ids))
+
+    def _state(self, job: _Job, ids: list[str]) -> JobState:
+        r = job.req
+        return JobState(
+            r.job_id,
+            float(job.seq),
+            job.model,
+            requested_gpus=r.requested_gpus,
+            requested_batch=r.batch_size,
+            batch_range=(r.min_batch_size, r.max_batch_size),
+            local_bsz_range=(r.min_local_batch_size, r.max_local_batch_size),
+            min_gpus=r.min_gpus,
+            max_gpus=r.max_gpus,
+            noise=job.noise,
+            priority=r.priority,
+            placement=tuple(job.placement.get(n, 0) for n in ids) if job.placement else (),
+            batch_size=job.batch_size or None,
+            restart_s=r.restart_s,
+        )
+
+    def decide(self) -> Snapshot:
+        """Runs the policy once; applies (unless dry-run), logs and publishes the result."""
+        ids, cluster = self._cluster()
+        jobs = sorted(self.jobs.values(), key=lambda j: j.seq)
+        began = time.perf_counter()
+        if cluster is None or not jobs:
+            placements: dict[str, dict[str, int]] = {}
+            batches: dict[str, int] = {}
+            reasons = {j.req.job_id: "waiting: no node has free GPUs" for j in jobs}
+        else:
+            try:
+                d = self._policy.decide([self._state(j, ids) for j in jobs], cluster)
+            except AllocatorError:
+                log.exception("policy %s failed; keeping the last allocation", self._policy.name)
+                return self._snapshot
+            placements = {
+                k: {n: g for n, g in zip(ids, p, strict=True) if g} for k, p in d.placements.items()
+            }
+            batches, reasons = d.batch_sizes, dict(d.reasons)
+        ms = (time.perf_counter() - began) * 1e3
+        dry = self.settings.dry_run
+        changed = []
+        for job in jobs:
+            jid = job.req.job_id
+            new = placements.get(jid, {})
+            batch = batches.get(jid, job.batch_size)
+            if new == job.placement and batch == job.batch_size:
+                continue
+            if not new:
+                reasons.setdefault(jid, "waiting: the policy gave it no GPUs")
+            changed.append((jid, sum(new.values()), new, batch, reasons.get(jid, "")))
+            if not dry:
+                job.placement, job.batch_size = new, batch if new else job.batch_size
+                self.store.set_allocation(jid, job.placement, job.batch_size)
+        version = self._snapshot.version + 1
+        if changed:
+            self.store.add_decisions(version, changed, dry)
+            for jid, g, new, b, why in changed:
+                log.info(
+                    "%sjob %s: %d GPU(s) %s, batch %d: %s",
+                    "[dry run] " if dry else "",
+                    jid,
+                    g,
+                    new,
+                    b,
+                    why,
+                )
+        self._reasons = reasons
+        self._recommended = {c[0]: (c[2], c[3]) for c in changed} if dry else {}
+        self._snapshot = self._current(version, ms)
+        for q in self._watchers:
+            q.put_nowait(self._snapshot)
+        return self._snapshot
+
+    def _current(self, version: int, ms: float) -> Snapshot:
+        views = []
+        queue = 0
+        rec = self._recommended
+        for job in sorted(self.jobs.values(), key=lambda j: j.seq):
+            jid = job.req.job_id
+            nodes, batch = rec.get(jid, (job.placement, job.batch_size))
+            why = self._reasons.get(jid, "")
+            pos = 0
+            if not nodes:
+                pos, queue = queue, queue + 1
+            views.append(AllocationView(jid, sum(nodes.values()), dict(nodes), batch, why, pos))
+        return Snapshot(
+            version, self.settings.dry_run, self.settings.policy, tuple(views), self._clock(), ms
+        )
+
+    def snapshot(self) -> Snapshot:
+        """The latest decision."""
+        return self._snapshot
+
+    async def watch(self) -> AsyncIterator[Snapshot]:
+        """The latest decision, then every new one."""
+        q: asyncio.Queue[Snapshot] = asyncio.Queue()
+        self._watchers.add(q)
+        try:
+            yield self._snapshot
+            while True:
+                yield await q.get()
+        finally:
+            self._watchers.discard(q)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """The autoscaler loop: decide every interval and soon after each event."""
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.interval_s)
+            if stop.is_set():
+                return
+            await asyncio.sleep(_DEBOUNCE_S)
+            self._wake.clear()
+            try:
+                self.decide()
+            except Exception:  # the daemon must outlive a bad decision
+                log.exception("allocator loop failed; keeping the last allocation")
+
+
+def _request_to_json(req: JobRequest) -> bytes:
+    return json.dumps(asdict(req)).encode()
+
+
+def _request_from_json(raw: bytes) -> JobRequest:
+    d = json.loads(raw)
+    d["measurements"] = [tuple(m) for m in d.get("measurements", [])]
+    if d.get("gradient") is not None:
+        d["gradient"] = tuple(d["gradient"])
+    return JobRequest(**d)

@@ -1,0 +1,182 @@
+"""The gRPC face of the allocator: a thin servicer over :class:`allocator.core.AllocatorCore`.
+
+Same conventions as the node sidecar (:func:`sidecar.server.start_server`): Unix socket by
+default, bearer token on TCP, domain errors mapped to status codes, health and reflection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from allocator.core import AllocatorCore, JobRequest, Measurement, Snapshot
+from dloader.v1 import allocator_pb2 as pb
+from dloader.v1 import allocator_pb2_grpc as pb_grpc
+from sidecar.server import ListenConfig, start_server
+
+__all__ = ["AllocatorServicer", "build_server", "snapshot_pb"]
+
+SERVICE = pb.DESCRIPTOR.services_by_name["ClusterAllocator"].full_name
+
+
+def _measurements(items: list[pb.Measurement]) -> list[Measurement]:
+    return [
+        (m.nodes, m.replicas, m.local_batch_size, m.step_seconds, m.sync_seconds) for m in items
+    ]
+
+
+def _gradient(msg: pb.GradientStats, present: bool) -> tuple[int, float, float] | None:
+    return (msg.base_batch_size, msg.grad_sqr, msg.grad_var) if present else None
+
+
+def job_request(spec: pb.JobSpec) -> JobRequest:
+    """A ``JobSpec`` message as the core's request."""
+    scaling = None
+    if spec.HasField("scaling"):
+        s = spec.scaling
+        scaling = {
+            "alpha_c": s.alpha_c,
+            "beta_c": s.beta_c,
+            "alpha_n": s.alpha_n,
+            "beta_n": s.beta_n,
+            "alpha_r": s.alpha_r,
+            "beta_r": s.beta_r,
+            "gamma": s.gamma,
+        }
+    return JobRequest(
+        job_id=spec.job_id,
+        batch_size=spec.batch_size,
+        min_gpus=spec.min_gpus,
+        max_gpus=spec.max_gpus,
+        requested_gpus=spec.requested_gpus,
+        min_batch_size=spec.min_batch_size,
+        max_batch_size=spec.max_batch_size,
+        min_local_batch_size=spec.min_local_batch_size,
+        max_local_batch_size=spec.max_local_batch_size,
+        priority=spec.priority,
+        restart_s=spec.restart_seconds,
+        scaling=scaling,
+        measurements=_measurements(list(spec.measurements)),
+        gradient=_gradient(spec.gradient, spec.HasField("gradient")),
+    )
+
+
+def snapshot_pb(snap: Snapshot, job_id: str = "", node_id: str = "") -> pb.AllocationSet:
+    """A snapshot as a message, optionally only one job's or one node's allocations."""
+    allocations = [
+        pb.Allocation(
+            job_id=a.job_id,
+            gpus=a.gpus,
+            nodes=[pb.NodeShare(node_id=n, gpus=g) for n, g in sorted(a.nodes.items())],
+            batch_size=a.batch_size,
+            reason=a.reason,
+            queue_position=a.queue_position,
+        )
+        for a in snap.allocations
+        if (not job_id or a.job_id == job_id) and (not node_id or node_id in a.nodes)
+    ]
+    return pb.AllocationSet(
+        version=snap.version,
+        dry_run=snap.dry_run,
+        policy=snap.policy,
+        allocations=allocations,
+        decided_at=snap.decided_at,
+        decision_ms=snap.decision_ms,
+    )
+
+
+class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
+    """Translates messages; the core does the work and raises domain errors."""
+
+    def __init__(self, core: AllocatorCore) -> None:
+        self.core = core
+
+    async def SubmitJob(
+        self, request: pb.SubmitJobRequest, context: object
+    ) -> pb.SubmitJobResponse:
+        job_id, pos = self.core.submit(job_request(request.job))
+        return pb.SubmitJobResponse(job_id=job_id, queue_position=pos)
+
+    async def UpdateJob(
+        self, request: pb.UpdateJobRequest, context: object
+    ) -> pb.UpdateJobResponse:
+        self.core.update(
+            request.job_id,
+            _measurements(list(request.measurements)),
+            _gradient(request.gradient, request.HasField("gradient")),
+            request.priority,
+        )
+        return pb.UpdateJobResponse()
+
+    async def CompleteJob(
+        self, request: pb.CompleteJobRequest, context: object
+    ) -> pb.CompleteJobResponse:
+        self.core.complete(request.job_id, request.failed)
+        return pb.CompleteJobResponse()
+
+    async def RegisterNode(
+        self, request: pb.RegisterNodeRequest, context: object
+    ) -> pb.RegisterNodeResponse:
+        self.core.register_node(request.node_id, request.gpus, request.sidecar_address)
+        return pb.RegisterNodeResponse()
+
+    async def ReportNode(
+        self, request: pb.ReportNodeRequest, context: object
+    ) -> pb.ReportNodeResponse:
+        self.core.report_node(
+            request.node_id,
+            request.free_gpus,
+            [
+                (
+                    j.job_id,
+                    j.samples_per_second,
+                    j.batch_size,
+                    _measurements(list(j.measurements)),
+                    _gradient(j.gradient, j.HasField("gradient")),
+                )
+                for j in request.jobs
+            ],
+        )
+        return pb.ReportNodeResponse()
+
+    async def GetAllocations(
+        self, request: pb.GetAllocationsRequest, context: object
+    ) -> pb.AllocationSet:
+        return snapshot_pb(self.core.snapshot())
+
+    async def WatchAllocations(
+        self, request: pb.WatchAllocationsRequest, context: object
+    ) -> AsyncIterator[pb.AllocationSet]:
+        if request.job_id:
+            self.core.get(request.job_id)  # NOT_FOUND for an unknown job
+        async for snap in self.core.watch():
+            yield snapshot_pb(snap, request.job_id, request.node_id)
+
+    async def Configure(self, request: pb.ConfigureRequest, context: object) -> pb.AllocatorConfig:
+        c = request.config
+        s = self.core.configure(
+            c.policy,
+            c.interval_seconds,
+            c.restart_seconds,
+            c.dry_run if request.set_dry_run else None,
+        )
+        return pb.AllocatorConfig(
+            policy=s.policy,
+            interval_seconds=s.interval_s,
+            dry_run=s.dry_run,
+            restart_seconds=s.restart_s,
+        )
+
+
+async def build_server(
+    core: AllocatorCore, listen: ListenConfig
+) -> tuple[grpc.aio.Server, list[str]]:
+    """A started allocator server and the addresses it listens on."""
+    return await start_server(
+        lambda server: pb_grpc.add_ClusterAllocatorServicer_to_server(
+            AllocatorServicer(core), server
+        ),
+        [SERVICE],
+        listen,
+    )

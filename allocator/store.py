@@ -1,0 +1,190 @@
+"""The allocator's SQLite state: jobs (spec, allocation), nodes, decisions, settings.
+
+One file in the state directory (WAL mode). A restarted allocator reads back every job that has
+not completed, with its allocation, and every node, so nothing is lost and running jobs are not
+disturbed.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["JobRow", "NodeRow", "Store"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    spec BLOB NOT NULL,
+    submitted_at REAL NOT NULL,
+    placement TEXT NOT NULL DEFAULT '{}',
+    batch_size INTEGER NOT NULL DEFAULT 0,
+    completed_at REAL,
+    failed INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS nodes (
+    node_id TEXT PRIMARY KEY,
+    gpus INTEGER NOT NULL,
+    free INTEGER NOT NULL,
+    address TEXT NOT NULL,
+    last_seen REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS decisions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    version INTEGER NOT NULL,
+    job_id TEXT NOT NULL,
+    gpus INTEGER NOT NULL,
+    placement TEXT NOT NULL,
+    batch_size INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    dry_run INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS settings (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+
+@dataclass
+class JobRow:
+    """A job that has not completed, as stored."""
+
+    job_id: str
+    seq: int
+    spec: bytes
+    """The serialised ``dloader.v1.JobSpec`` (with every measurement received)."""
+    submitted_at: float
+    placement: dict[str, int]
+    batch_size: int
+
+
+@dataclass
+class NodeRow:
+    """A registered node."""
+
+    node_id: str
+    gpus: int
+    free: int
+    address: str
+    last_seen: float
+
+
+class Store:
+    """Thread-safe access to the allocator database at ``path``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        """Closes the database."""
+        with self._lock:
+            self._db.close()
+
+    def _exec(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def add_job(self, job_id: str, seq: int, spec: bytes) -> None:
+        """Stores a submitted job."""
+        self._exec(
+            "INSERT INTO jobs (job_id, seq, spec, submitted_at) VALUES (?, ?, ?, ?)",
+            (job_id, seq, spec, time.time()),
+        )
+
+    def update_spec(self, job_id: str, spec: bytes) -> None:
+        """Replaces a job's spec (new measurements, priority)."""
+        self._exec("UPDATE jobs SET spec = ? WHERE job_id = ?", (spec, job_id))
+
+    def set_allocation(self, job_id: str, placement: dict[str, int], batch_size: int) -> None:
+        """Stores what a job runs on now."""
+        self._exec(
+            "UPDATE jobs SET placement = ?, batch_size = ? WHERE job_id = ?",
+            (json.dumps(placement), batch_size, job_id),
+        )
+
+    def complete_job(self, job_id: str, failed: bool) -> None:
+        """Marks a job done; it is not restored after a restart."""
+        self._exec(
+            "UPDATE jobs SET completed_at = ?, failed = ?, placement = '{}' WHERE job_id = ?",
+            (time.time(), int(failed), job_id),
+        )
+
+    def known_job(self, job_id: str) -> bool:
+        """Whether ``job_id`` was ever submitted (completed ones included)."""
+        return bool(self._exec("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)))
+
+    def active_jobs(self) -> list[JobRow]:
+        """Jobs not completed, in submission order."""
+        rows = self._exec(
+            "SELECT job_id, seq, spec, submitted_at, placement, batch_size FROM jobs "
+            "WHERE completed_at IS NULL ORDER BY seq"
+        )
+        return [JobRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
+
+    def max_seq(self) -> int:
+        """The highest submission number used."""
+        return int(self._exec("SELECT COALESCE(MAX(seq), 0) FROM jobs")[0][0])
+
+    def upsert_node(self, node_id: str, gpus: int, free: int, address: str) -> None:
+        """Adds or refreshes a node."""
+        self._exec(
+            "INSERT INTO nodes (node_id, gpus, free, address, last_seen) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT(node_id) DO UPDATE SET gpus = excluded.gpus, free = excluded.free, "
+            "address = excluded.address, last_seen = excluded.last_seen",
+            (node_id, gpus, free, address, time.time()),
+        )
+
+    def nodes(self) -> list[NodeRow]:
+        """Every registered node, by id."""
+        rows = self._exec("SELECT node_id, gpus, free, address, last_seen FROM nodes ORDER BY 1")
+        return [NodeRow(*r) for r in rows]
+
+    def add_decisions(
+        self, version: int, rows: list[tuple[str, int, dict[str, int], int, str]], dry_run: bool
+    ) -> None:
+        """Logs a decision: (job, GPUs, placement, batch, reason) per changed job."""
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT INTO decisions (at, version, job_id, gpus, placement, batch_size, reason, "
+                "dry_run) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(now, version, j, g, json.dumps(p), b, r, int(dry_run)) for j, g, p, b, r in rows],
+            )
+            self._db.execute("COMMIT")
+
+    def decisions(self, job_id: str | None = None) -> list[tuple[int, str, int, int, str, bool]]:
+        """Logged decisions (version, job, GPUs, batch, reason, dry run), oldest first."""
+        sql = "SELECT version, job_id, gpus, batch_size, reason, dry_run FROM decisions"
+        rows = (
+            self._exec(sql + " WHERE job_id = ? ORDER BY id", (job_id,))
+            if job_id
+            else self._exec(sql + " ORDER BY id")
+        )
+        return [(r[0], r[1], r[2], r[3], r[4], bool(r[5])) for r in rows]
+
+    def get_setting(self, key: str) -> str | None:
+        """A stored setting."""
+        rows = self._exec("SELECT value FROM settings WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
+
+    def set_setting(self, key: str, value: str) -> None:
+        """Stores a setting."""
+        self._exec(
+            "INSERT INTO settings (key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )

@@ -1,0 +1,151 @@
+"""The node sidecar's link to the cluster allocator (``dloader-sidecar --allocator TARGET``).
+
+It registers the node with its GPUs, reports every period which GPUs the allocator may use and
+how fast the node's allocator-managed jobs run, and watches the allocations of this node: when a
+job's global batch size changes, every loader of that job on this node (matched by the loader's
+``job_name``) is directed to ``global batch / GPUs of the job``, which the job's agent applies
+with ``loader.set_batch_size``. GPU-count changes are for the job's launcher
+(``dloader-launch``) to apply. If the allocator is absent or goes away, the node keeps its
+configuration and the link reconnects with backoff; the sidecar itself is never affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+
+import grpc
+
+from dloader.v1 import allocator_pb2 as pb
+from dloader.v1 import allocator_pb2_grpc as pb_grpc
+from sidecar.core import NodeCore
+
+__all__ = ["AllocatorLink"]
+
+log = logging.getLogger(__name__)
+
+_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class AllocatorLink:
+    """Keeps a node registered with the allocator and applies its batch sizes."""
+
+    def __init__(
+        self,
+        core: NodeCore,
+        target: str,
+        *,
+        node_id: str,
+        gpus: int,
+        address: str = "",
+        token: str | None = None,
+        period_s: float = 5.0,
+    ) -> None:
+        if gpus < 1:
+            raise ValueError(f"--gpus={gpus}: the node must offer at least 1 GPU to the allocator")
+        self.core = core
+        self.target = target
+        self.node_id = node_id
+        self.gpus = gpus
+        self.address = address
+        self.period_s = period_s
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self.managed: dict[str, int] = {}  # allocator job id -> its GPUs (all nodes)
+        self.connected = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Connects, reports and watches until ``stop``; reconnects with backoff."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                async with grpc.aio.insecure_channel(self.target) as channel:
+                    stub = pb_grpc.ClusterAllocatorStub(channel)
+                    await stub.RegisterNode(
+                        pb.RegisterNodeRequest(
+                            node_id=self.node_id, gpus=self.gpus, sidecar_address=self.address
+                        ),
+                        metadata=self._metadata,
+                        timeout=10,
+                    )
+                    log.info(
+                        "registered node %s with the allocator at %s", self.node_id, self.target
+                    )
+                    failures = 0
+                    self.connected.set()
+                    await self._serve(stub, stop)
+            except (grpc.aio.AioRpcError, OSError) as exc:
+                self.connected.clear()
+                if failures == 0:
+                    why = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc
+                    log.warning("allocator at %s unreachable (%s); retrying", self.target, why)
+                delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+                failures += 1
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+
+    async def _serve(self, stub: pb_grpc.ClusterAllocatorStub, stop: asyncio.Event) -> None:
+        tasks = [
+            asyncio.create_task(self._watch(stub)),
+            asyncio.create_task(self._report(stub, stop)),
+            asyncio.create_task(stop.wait()),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()  # re-raises an RPC failure, for the reconnect loop
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _watch(self, stub: pb_grpc.ClusterAllocatorStub) -> None:
+        stream = stub.WatchAllocations(
+            pb.WatchAllocationsRequest(node_id=self.node_id), metadata=self._metadata
+        )
+        async for snapshot in stream:
+            self.apply(snapshot)
+
+    def apply(self, snapshot: pb.AllocationSet) -> None:
+        """Directs this node's loaders of each allocated job to its per-GPU batch size."""
+        self.managed = {a.job_id: a.gpus for a in snapshot.allocations if a.gpus}
+        if snapshot.dry_run:
+            return
+        by_name = defaultdict(list)
+        for job in self.core.jobs.values():
+            by_name[job.record.name].append(job.job_id)
+        for a in snapshot.allocations:
+            if not a.gpus or not a.batch_size:
+                continue
+            local = max(a.batch_size // a.gpus, 1)
+            for job_id in by_name.get(a.job_id, []):
+                self.core.set_batch_size(
+                    job_id,
+                    local,
+                    f"allocator v{snapshot.version}: global batch {a.batch_size} "
+                    f"on {a.gpus} GPU(s): {a.reason}",
+                )
+
+    def report(self) -> pb.ReportNodeRequest:
+        """This node's report: usable GPUs and its allocator-managed jobs' throughput."""
+        rates: dict[str, float] = defaultdict(float)
+        for job in self.core.jobs.values():
+            name = job.record.name
+            if name in self.managed and job.last_report:
+                rates[name] += float(job.last_report.get("samples_per_second", 0.0))
+        return pb.ReportNodeRequest(
+            node_id=self.node_id,
+            free_gpus=self.gpus,
+            jobs=[pb.NodeJobReport(job_id=n, samples_per_second=rates[n]) for n in sorted(rates)],
+        )
+
+    async def _report(self, stub: pb_grpc.ClusterAllocatorStub, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await stub.ReportNode(self.report(), metadata=self._metadata, timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:  # a job that just completed
+                    raise
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.period_s)
