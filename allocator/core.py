@@ -315,9 +315,13 @@ class AllocatorCore:
 
     def complete(self, job_id: str, failed: bool = False) -> None:
         """Ends a job and frees its GPUs."""
-        self.get(job_id)
+        job = self.get(job_id)
         del self.jobs[job_id]
         self.store.complete_job(job_id, failed)
+        why = "failed or cancelled: GPUs freed" if failed else "completed: GPUs freed"
+        self.store.add_decisions(
+            self._snapshot.version, [(job_id, 0, {}, job.batch_size, why)], self.settings.dry_run
+        )
         log.info("job %s %s", job_id, "failed" if failed else "completed")
         self._wake.set()
 

@@ -1,0 +1,285 @@
+"""The ClusterAllocator service for real: gRPC on a Unix socket (or TCP with a token), SQLite,
+the autoscaler loop; bad requests, restarts, dry run, watching, and the sidecar link."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from allocator.cli import parser, serve
+from allocator.store import Store
+from dloader.v1 import allocator_pb2 as pb
+from dloader.v1 import allocator_pb2_grpc as pb_grpc
+from sidecar.allocator_link import AllocatorLink
+from sidecar.core import NodeCore, PolicySettings
+from sidecar.store import Store as NodeStore
+from tests._daemon import ThreadedDaemon
+
+pytestmark = pytest.mark.integration
+
+SCALING = pb.ScalingParams(
+    alpha_c=0.01, beta_c=0.002, alpha_n=0.0005, alpha_r=0.01, beta_r=0.0, gamma=2.0
+)
+
+
+class Allocator(ThreadedDaemon):
+    def __init__(self, tmp: Path, *extra: str) -> None:
+        socket = str(tmp / "run" / "allocator.sock")
+        self.state_dir = tmp / "state"
+        args = parser().parse_args(
+            ["--socket", socket, "--state-dir", str(self.state_dir), "--interval", "0.5", *extra]
+        )
+        super().__init__(serve, args, socket)
+        self.stub = pb_grpc.ClusterAllocatorStub(self.channel)
+
+
+@pytest.fixture
+def alloc(tmp_path: Path) -> Iterator[Allocator]:
+    a = Allocator(tmp_path)
+    yield a
+    a.stop()
+
+
+def job(job_id: str, **kw: object) -> pb.SubmitJobRequest:
+    spec = pb.JobSpec(job_id=job_id, batch_size=int(kw.pop("batch_size", 32)), **kw)  # type: ignore[arg-type]
+    if not spec.HasField("scaling") and not spec.measurements:
+        spec.scaling.CopyFrom(SCALING)
+    return pb.SubmitJobRequest(job=spec)
+
+
+def until(stub: pb_grpc.ClusterAllocatorStub, check, timeout: float = 10.0) -> pb.AllocationSet:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        snap = stub.GetAllocations(pb.GetAllocationsRequest(), timeout=5)
+        if check(snap):
+            return snap
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met; last allocations: {snap}")
+
+
+def by_job(snap: pb.AllocationSet) -> dict[str, pb.Allocation]:
+    return {a.job_id: a for a in snap.allocations}
+
+
+def test_jobs_share_the_cluster_and_wait_in_order(alloc: Allocator) -> None:
+    s = alloc.stub
+    s.RegisterNode(pb.RegisterNodeRequest(node_id="n1", gpus=4))
+    s.RegisterNode(pb.RegisterNodeRequest(node_id="n0", gpus=4))
+    assert s.SubmitJob(job("a", max_gpus=8)).queue_position == 0
+    snap = until(s, lambda x: by_job(x).get("a") and by_job(x)["a"].gpus == 8)
+    assert {n.node_id: n.gpus for n in by_job(snap)["a"].nodes} == {"n0": 4, "n1": 4}
+    s.SubmitJob(job("b", min_gpus=4, max_gpus=8))
+    s.SubmitJob(job("c", min_gpus=4))  # a (>= 1) + b (>= 4) + c (>= 4) > 8: c waits ...
+    s.SubmitJob(job("d"))  # ... and so does d, behind it
+    snap = until(s, lambda x: by_job(x).get("b") and by_job(x)["b"].gpus >= 4)
+    jobs = by_job(snap)
+    assert jobs["a"].gpus + jobs["b"].gpus == 8
+    assert (jobs["c"].gpus, jobs["c"].queue_position) == (0, 0)
+    assert (jobs["d"].gpus, jobs["d"].queue_position) == (0, 1)
+    assert "shrink 8->" in jobs["a"].reason
+    s.CompleteJob(pb.CompleteJobRequest(job_id="a"))
+    snap = until(s, lambda x: "a" not in by_job(x) and by_job(x)["c"].gpus == 4)
+    assert by_job(snap)["b"].gpus == 4 and by_job(snap)["d"].gpus == 0
+    decisions = Store(alloc.state_dir / "allocator.db").decisions("a")
+    assert decisions[0][2] == 8 and decisions[-1][2] == 0
+    assert all(d[4] for d in decisions)  # every change logged with its reason
+
+
+def test_bad_requests_name_the_field(alloc: Allocator) -> None:
+    s = alloc.stub
+
+    def code_of(call, request) -> tuple[grpc.StatusCode, str]:
+        with pytest.raises(grpc.RpcError) as err:
+            call(request, timeout=5)
+        return err.value.code(), err.value.details()
+
+    bad = grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(s.SubmitJob, job("", batch_size=8)) == (
+        bad,
+        "job.job_id: '' must be 1-200 printable characters",
+    )
+    code, msg = code_of(s.SubmitJob, job("x", batch_size=0))
+    assert code == bad and msg.startswith("job.batch_size")
+    code, msg = code_of(s.SubmitJob, job("x", min_gpus=5, max_gpus=2))
+    assert code == bad and msg.startswith("job.min_gpus: 5 is above max_gpus=2")
+    code, msg = code_of(s.SubmitJob, job("x", batch_size=64, max_batch_size=32))
+    assert code == bad and "max_batch_size=32" in msg
+    req = job("x")
+    req.job.ClearField("scaling")
+    code, msg = code_of(s.SubmitJob, req)
+    assert code == bad and msg.startswith("job.scaling: need scaling parameters")
+    req.job.measurements.add(nodes=2, replicas=1, local_batch_size=8, step_seconds=0.1)
+    code, msg = code_of(s.SubmitJob, req)
+    assert code == bad and msg.startswith("measurements: nodes=2, replicas=1")
+    req = job("x", priority=float("nan"))
+    assert code_of(s.SubmitJob, req)[0] == bad
+    req = job("x")
+    req.job.gradient.CopyFrom(pb.GradientStats(base_batch_size=32, grad_sqr=0, grad_var=1))
+    code, msg = code_of(s.SubmitJob, req)
+    assert code == bad and msg.startswith("job.gradient")
+
+    s.SubmitJob(job("x"))
+    assert code_of(s.SubmitJob, job("x"))[0] == grpc.StatusCode.ALREADY_EXISTS
+    nf = grpc.StatusCode.NOT_FOUND
+    assert code_of(s.CompleteJob, pb.CompleteJobRequest(job_id="nope"))[0] == nf
+    assert code_of(s.UpdateJob, pb.UpdateJobRequest(job_id="nope"))[0] == nf
+    assert code_of(s.ReportNode, pb.ReportNodeRequest(node_id="ghost"))[0] == nf
+    assert code_of(s.RegisterNode, pb.RegisterNodeRequest(node_id="n", gpus=0))[0] == bad
+    s.RegisterNode(pb.RegisterNodeRequest(node_id="n", gpus=2))
+    code, msg = code_of(s.ReportNode, pb.ReportNodeRequest(node_id="n", free_gpus=3))
+    assert code == bad and msg == "free_gpus: 3 must be within [0, 2]"
+    code, msg = code_of(s.Configure, pb.ConfigureRequest(config=pb.AllocatorConfig(policy="lifo")))
+    assert code == bad and msg.startswith("config.policy: 'lifo'")
+    with pytest.raises(grpc.RpcError) as err:
+        next(iter(s.WatchAllocations(pb.WatchAllocationsRequest(job_id="nope"), timeout=5)))
+    assert err.value.code() == nf
+    # the daemon is still healthy after all that
+    assert s.GetAllocations(pb.GetAllocationsRequest(), timeout=5).policy == "goodput-dp"
+    assert stat.S_IMODE(os.stat(alloc.socket).st_mode) == 0o660
+
+
+def test_measurements_refit_and_restart_keeps_jobs_and_allocations(tmp_path: Path) -> None:
+    a = Allocator(tmp_path)
+    try:
+        a.stub.RegisterNode(pb.RegisterNodeRequest(node_id="n0", gpus=4))
+        req = job("m", max_gpus=4)
+        req.job.ClearField("scaling")
+        for k, t in ((1, 0.10), (2, 0.11), (4, 0.12)):
+            req.job.measurements.add(nodes=1, replicas=k, local_batch_size=8, step_seconds=t)
+        a.stub.SubmitJob(req)
+        a.stub.SubmitJob(job("w", min_gpus=4))  # waits behind m
+        a.stub.UpdateJob(
+            pb.UpdateJobRequest(
+                job_id="m",
+                measurements=[
+                    pb.Measurement(nodes=1, replicas=3, local_batch_size=8, step_seconds=0.115)
+                ],
+                gradient=pb.GradientStats(base_batch_size=32, grad_sqr=1.0, grad_var=20.0),
+            )
+        )
+        before = by_job(until(a.stub, lambda x: by_job(x).get("m") and by_job(x)["m"].gpus))
+    finally:
+        a.stop()
+    again = Allocator(tmp_path)
+    try:
+        snap = again.stub.GetAllocations(pb.GetAllocationsRequest(), timeout=5)
+        after = by_job(snap)
+        assert set(after) == {"m", "w"}
+        assert (
+            after["m"].gpus == before["m"].gpus and after["m"].batch_size == before["m"].batch_size
+        )
+        assert after["w"].gpus == 0
+        again.stub.CompleteJob(pb.CompleteJobRequest(job_id="m"))
+        until(again.stub, lambda x: by_job(x).get("w") and by_job(x)["w"].gpus == 4)
+    finally:
+        again.stop()
+
+
+def test_dry_run_only_recommends(alloc: Allocator) -> None:
+    s = alloc.stub
+    s.RegisterNode(pb.RegisterNodeRequest(node_id="n0", gpus=4))
+    s.SubmitJob(job("a", max_gpus=4))
+    until(s, lambda x: by_job(x).get("a") and by_job(x)["a"].gpus == 4)
+    cfg = s.Configure(
+        pb.ConfigureRequest(config=pb.AllocatorConfig(dry_run=True), set_dry_run=True)
+    )
+    assert cfg.dry_run and cfg.policy == "goodput-dp"
+    s.SubmitJob(job("b", max_gpus=4))
+    snap = until(s, lambda x: x.dry_run and by_job(x).get("b") and by_job(x)["b"].gpus > 0)
+    assert by_job(snap)["a"].gpus < 4  # the recommendation ...
+    decisions = Store(alloc.state_dir / "allocator.db").decisions("a")
+    assert decisions[-1][5]  # ... logged as a dry-run decision
+    s.Configure(pb.ConfigureRequest(config=pb.AllocatorConfig(dry_run=False), set_dry_run=True))
+    # leaving dry run applies the decision
+    until(s, lambda x: not x.dry_run and by_job(x)["b"].gpus > 0 and by_job(x)["a"].gpus < 4)
+
+
+def test_watch_streams_each_decision_for_a_job(alloc: Allocator) -> None:
+    s = alloc.stub
+    s.RegisterNode(pb.RegisterNodeRequest(node_id="n0", gpus=2))
+    s.SubmitJob(job("a", max_gpus=2))
+    stream = s.WatchAllocations(pb.WatchAllocationsRequest(job_id="a"), timeout=20)
+    seen = []
+    for snap in stream:
+        seen.append([(x.job_id, x.gpus) for x in snap.allocations])
+        if seen[-1] == [("a", 2)]:
+            s.SubmitJob(job("b"))
+        if seen[-1] == [("a", 1)]:
+            break
+    stream.cancel()
+    assert all(len(x) <= 1 for x in seen)  # only job a's allocation
+
+
+def test_tcp_needs_the_token(tmp_path: Path) -> None:
+    a = Allocator(tmp_path, "--listen", "127.0.0.1:47623", "--token", "t0ken")
+    try:
+        stub = pb_grpc.ClusterAllocatorStub(grpc.insecure_channel("127.0.0.1:47623"))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.GetAllocations(pb.GetAllocationsRequest(), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        ok = stub.GetAllocations(
+            pb.GetAllocationsRequest(), metadata=(("authorization", "Bearer t0ken"),), timeout=5
+        )
+        assert ok.policy == "goodput-dp"
+    finally:
+        a.stop()
+
+
+def test_sidecar_link_registers_reports_and_directs_batch_sizes(
+    alloc: Allocator, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        core = NodeCore(NodeStore(tmp_path / "node.db"), PolicySettings("even", 8, 2, 60.0))
+        limits = {
+            "min_workers": 1,
+            "max_workers": 1,
+            "min_batch_size": 1,
+            "max_batch_size": 64,
+            "may_change_batch_size": True,
+        }
+        pid = [os.getpid()]
+        rank0 = core.register(
+            name="train-x", limits=limits, pids=pid, gpus=[], num_workers=1, batch_size=4
+        ).job_id
+        fixed = core.register(
+            name="train-y",
+            limits={"max_workers": 1},
+            pids=pid,
+            gpus=[],
+            num_workers=1,
+            batch_size=8,
+        ).job_id
+        link = AllocatorLink(core, f"unix://{alloc.socket}", node_id="n0", gpus=4, period_s=0.2)
+        stop = asyncio.Event()
+        task = asyncio.create_task(link.run(stop))
+        await asyncio.wait_for(link.connected.wait(), 10)
+        stub = pb_grpc.ClusterAllocatorStub(grpc.aio.insecure_channel(f"unix://{alloc.socket}"))
+        spec = job(
+            "train-x",
+            batch_size=8,
+            min_batch_size=8,
+            max_batch_size=64,
+            max_gpus=2,
+            max_local_batch_size=32,
+        ).job
+        await stub.SubmitJob(pb.SubmitJobRequest(job=spec))
+        await stub.SubmitJob(job("train-y", batch_size=8, max_gpus=2))
+        end = time.monotonic() + 10
+        while core.jobs[rank0].directive.batch_size != 32 and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        # global batch 64 on 2 GPUs: 32 per loader; train-y may not change its batch
+        assert core.jobs[rank0].directive.batch_size == 32
+        assert "allocator" in core.jobs[rank0].directive.reason
+        assert core.jobs[fixed].directive.batch_size == 8
+        assert link.managed == {"train-x": 2, "train-y": 2}
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
