@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token",
         default=os.environ.get("DLOADER_ALLOCATOR_TOKEN"),
-        help="bearer token required on TCP (default: $DLOADER_ALLOCATOR_TOKEN)",
+        help="bearer token required on TCP (env: DLOADER_ALLOCATOR_TOKEN)",
     )
     p.add_argument("--tls-cert", help="TLS certificate (PEM) for TCP")
     p.add_argument("--tls-key", help="TLS private key (PEM) for TCP")

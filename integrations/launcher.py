@@ -48,16 +48,23 @@ log = logging.getLogger("dloader.launch")
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dloader-launch",
-        description=(__doc__ or "").split("\n\n")[0],
+        description="Runs a training script under torchrun with as many GPUs as the cluster "
+        "allocator gives the job on this node, restarting it with the new process count when "
+        "that changes (the script resumes from its elastic checkpoint). Completes the job at "
+        "the allocator when the script exits.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         allow_abbrev=False,  # the script's options must never be taken for the launcher's
     )
     p.add_argument(
         "--allocator",
         default=os.environ.get("DLOADER_ALLOCATOR"),
-        help="allocator target: unix:///path or host:port (default: $DLOADER_ALLOCATOR)",
+        help="allocator target: unix:///path or host:port (env: DLOADER_ALLOCATOR)",
     )
-    p.add_argument("--token", default=os.environ.get("DLOADER_ALLOCATOR_TOKEN"))
+    p.add_argument(
+        "--token",
+        default=os.environ.get("DLOADER_ALLOCATOR_TOKEN"),
+        help="bearer token for a TCP allocator (env: DLOADER_ALLOCATOR_TOKEN)",
+    )
     p.add_argument("--job-id", required=True, help="unique job id (also the loaders' job_name)")
     p.add_argument("--node-id", default=socket.gethostname(), help="the node this runs on")
     p.add_argument("--batch-size", type=int, required=True, help="requested global batch size")
@@ -81,8 +88,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--grace", type=float, default=30.0, help="seconds torchrun gets to stop")
     p.add_argument("--log-level", default="INFO")
-    p.add_argument("script", help="training script, then its arguments (after --)")
-    p.add_argument("script_args", nargs=argparse.REMAINDER)
+    p.add_argument("script", help="training script (launched by torchrun)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
     return p
 
 
