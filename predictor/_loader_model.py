@@ -409,7 +409,8 @@ def exploration_plan(
     takes workers away from a job that needs them (each worker's timings already give its own
     rate). It stops early once an observed allocation left the accelerator idle less than
     ``idle_floor`` of the time (more workers cannot help), or when the last doubling gained
-    less than 5%. Counts already observed are skipped; every count is clamped to
+    less than 5% (a job that started above the core count is then also tried at the core
+    count, where CPU-bound loaders saturate). Counts already observed are skipped; every count is clamped to
     ``[min_workers, max_workers]``.
     """
     seen = {o.num_workers: o for o in observed}
@@ -431,7 +432,12 @@ def exploration_plan(
                 and (k > 2 * cores or start is not None)
                 and (o.samples_per_s < 1.05 * previous.samples_per_s)
             ):
-                return None  # doubling no longer pays
+                # Doubling no longer pays. A job that started above the core count may be
+                # CPU-bound and saturate at the cores: one look there shows where the knee is.
+                knee = min(max(cores, min_workers), max_workers)
+                if start is not None and start > cores and knee not in seen:
+                    return knee
+                return None
             previous = o
             continue
         return k

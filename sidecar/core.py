@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 _NAME_MAX = 200
 _SAVE_MODEL_EVERY = 5  # reports
 _SETTLE_S = 1.5  # after a worker-count change: to apply it and start the workers
+_EWMA = 0.3  # weight of a new measurement of a job's main-process CPU per sample
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class Job:
     reports: int = 0
     directive_at: float = 0.0  # when the worker count last changed (clock of the core)
     initial_workers: int = 0  # the count the job registered with (exploration starts there)
+    main_cpu_per_sample: float = 0.0  # CPU seconds the training process spends per sample
     watchers: set[asyncio.Queue[Directive | None]] = field(default_factory=set)
 
     @property
@@ -301,6 +303,7 @@ class NodeCore:
                 j.record.limits.get("max_workers", 0),
                 j.model,
                 j.initial_workers,
+                j.main_cpu_per_sample,
             )
             for j in jobs
         ]
@@ -362,6 +365,12 @@ class NodeCore:
             if not job.tree.alive:
                 gone.append(job.job_id)
                 self._end(job, "ended: its processes are gone")
+                continue
+            rate = float((job.last_report or {}).get("samples_per_second", 0.0))
+            if rate > 0 and job.tree.main_cpu_percent > 0:
+                x = job.tree.main_cpu_percent / 100.0 / rate
+                m = job.main_cpu_per_sample
+                job.main_cpu_per_sample = x if m == 0 else m + _EWMA * (x - m)
         return gone
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,7 +121,7 @@ def run_jobs(
 
 def score(results: dict[str, Any], start: float, end: float) -> tuple[float, dict[str, Any]]:
     """Sum over jobs of throughput / accelerator limit over ``[start, end)`` seconds of each
-    job's run, and per job: samples/s, normalised, idle share, workers at the end."""
+    job's run, and per job: samples/s, normalised, idle share, the usual worker count."""
     per = {}
     for name, r in results.items():
         rows = [x for x in r["timeline"] if start <= x[0] < end]
@@ -130,6 +131,7 @@ def score(results: dict[str, Any], start: float, end: float) -> tuple[float, dic
             "samples_per_s": tput,
             "normalized": tput / r["limit"],
             "idle": min(idle, 1.0),
-            "workers": rows[-1][3] if rows else None,
+            # the count held longest in the window (jobs ending early free workers at the end)
+            "workers": Counter(x[3] for x in rows).most_common(1)[0][0] if rows else None,
         }
     return sum(p["normalized"] for p in per.values()), per

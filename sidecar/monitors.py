@@ -131,6 +131,8 @@ class ProcessTreeStats:
     read_bytes: int
     write_bytes: int
     worker_pids: tuple[int, ...] = field(default_factory=tuple)
+    main_cpu_percent: float = 0.0
+    """CPU of the registered (training) processes alone, without their loader workers."""
 
 
 _procs: dict[int, psutil.Process] = {}  # cache so that cpu_percent() measures between calls
@@ -159,12 +161,14 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
                 tree.setdefault(child.pid, child)
         except psutil.Error:
             continue
-    cpu = 0.0
+    cpu = main = 0.0
     rss = rd = wr = 0
     for pid in tree:
         try:
             p = _proc(pid)
-            cpu += p.cpu_percent(None)
+            used = p.cpu_percent(None)
+            cpu += used
+            main += used if pid in pids else 0.0
             rss += p.memory_info().rss
             try:
                 io = p.io_counters()
@@ -175,7 +179,7 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
         except psutil.Error:
             continue
     workers = tuple(sorted(p for p in tree if p not in pids))
-    return ProcessTreeStats(tuple(pids), alive, cpu, rss, rd, wr, workers)
+    return ProcessTreeStats(tuple(pids), alive, cpu, rss, rd, wr, workers, main)
 
 
 class NodeMonitor:

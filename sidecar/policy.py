@@ -6,20 +6,25 @@
 by the job's accelerator limit (equivalently: minimise accelerator idle), subject to
 
 * the node's loader-worker budget ``sum k_j <= W``;
-* the node's CPU budget ``sum T_j(k_j) * cpu_j <= C`` (``cpu_j``: CPU seconds per sample of job
-  ``j``'s loader, from its model), so that jobs do not starve each other of cores. The budget is
-  shared, as the OS shares cores: a worker whose CPU demand does not fit is credited with the
-  share of its gain that the remaining CPU can pay for;
+* the node's ``C`` cores, shared the way the OS shares them (:func:`cpu_shares`): job ``j``
+  with ``k_j`` workers demands ``d_j = T_j(k_j) * cpu_j`` cores (``cpu_j``: CPU seconds per
+  sample of its loader, from its model), and its training process ``T_j(k_j) * main_j`` (CPU
+  per sample, measured by the sidecar's process monitor). When the demands exceed ``C``, the
+  scheduler gives each thread an equal share: a consumer that needs less than its share gets
+  what it needs and the rest is split among the others by thread count. A job runs at its
+  prediction scaled by the smaller fraction of demand its workers or its training process get,
+  so a worker added to a CPU-bound job on a full node is worth what it takes from the other
+  jobs, not what it would do alone;
 * each job's own limits, and a floor of one worker (no job is starved).
 
-It allocates greedily: every job starts at its floor and the next worker goes to the job with
-the highest predicted gain in normalised throughput per share of the remaining budgets it uses
-(``extra_cpu / cpu_left + 1 / workers_left``: the scarcer resource dominates), until no worker
-adds more than ``min_gain``. Throughput curves saturate, so the greedy choice is close to
-optimal and it is fast (jobs x workers predictions). A job whose model has fewer than
-``warmup`` observations is explored instead (:func:`predictor.exploration_plan`). A new
+It allocates greedily: every job starts at its floor and the next worker goes to the job whose
+extra worker raises the node's objective (under that CPU sharing) the most, until none adds
+more than ``min_gain``; then single-worker moves between jobs (or removals) are made while they
+gain, since the shared cores couple the jobs. It is fast: jobs x workers predictions, and a
+few hundred evaluations of the sharing model. A job whose model has fewer than ``warmup``
+observations is explored instead (:func:`predictor.exploration_plan`). A new
 allocation replaces the previous one only if its predicted objective is higher by
-``hysteresis`` (no thrashing).
+``hysteresis`` (no thrashing), or if it only releases workers at no predicted loss.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from dataclasses import dataclass, field
 
 from predictor import LoaderModel, exploration_plan
 
-__all__ = ["Budget", "Candidate", "Decision", "JobView", "decide"]
+__all__ = ["Budget", "Candidate", "Decision", "JobView", "cpu_shares", "decide"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,9 @@ class JobView:
     model: LoaderModel | None = None
     initial_workers: int = 0
     """The count the job started with: exploration goes up from there (0: from 1 worker)."""
+    main_cpu_per_sample: float = 0.0
+    """CPU seconds its training process spends per sample (receiving and collating batches);
+    it competes for the same cores as the loader workers (0: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,62 @@ def _curve(job: JobView, budget: Budget, high: int) -> tuple[Candidate, ...]:
     return tuple(out)
 
 
+def cpu_shares(demands: Sequence[float], workers: Sequence[int], cores: float) -> list[float]:
+    """Cores each job gets when jobs demand ``demands`` cores with ``workers`` workers each.
+
+    Water-filling with per-worker fairness (as the kernel's fair scheduler shares cores between
+    runnable threads): if the demands fit, everyone gets its demand; otherwise jobs whose demand
+    is below their workers' fair share get it, and the cores left are divided among the others
+    in proportion to their worker counts.
+    """
+    out = [0.0] * len(demands)
+    todo = [i for i, d in enumerate(demands) if d > 0]
+    left = cores
+    while todo:
+        weight = sum(max(workers[i], 1) for i in todo)
+        fair = {i: left * max(workers[i], 1) / weight for i in todo}
+        under = [i for i in todo if demands[i] <= fair[i]]
+        if not under:
+            for i in todo:
+                out[i] = fair[i]
+            break
+        for i in under:
+            out[i] = demands[i]
+            left -= demands[i]
+        todo = [i for i in todo if i not in under]
+    return out
+
+
+def _objective(
+    alloc: dict[str, int],
+    curves: dict[str, tuple[Candidate, ...]],
+    main_cpu: dict[str, float],
+    cores: float,
+) -> float:
+    """Sum of normalised throughput of ``alloc`` when the jobs share ``cores``.
+
+    Each job is two CPU consumers: its ``k`` loader workers and its training process (one
+    thread's weight); a job runs at the pace of whichever gets the smaller share of its demand.
+    """
+    ids = list(alloc)
+    picks = [curves[j][alloc[j]] for j in ids]
+    demands = [c.cpu_cores for c in picks] + [
+        c.predicted * main_cpu[j] for c, j in zip(picks, ids, strict=True)
+    ]
+    weights = [alloc[j] for j in ids] + [1] * len(ids)
+    shares = cpu_shares(demands, weights, cores)
+    n = len(ids)
+    total = 0.0
+    for i, c in enumerate(picks):
+        ratio = min(
+            (shares[i] / demands[i]) if demands[i] > 0 else 1.0,
+            (shares[n + i] / demands[n + i]) if demands[n + i] > 0 else 1.0,
+            1.0,
+        )
+        total += c.normalized * ratio
+    return total
+
+
 def decide(
     policy: str,
     jobs: Sequence[JobView],
@@ -171,47 +235,57 @@ def decide(
         planned.append(job)
 
     used_workers = sum(d.num_workers for d in out.values())
-    remaining = Budget(max(budget.workers - used_workers, 0), budget.cores)
+    slots = max(budget.workers - used_workers, 0)
     curves = {j.job_id: _curve(j, budget, _bounds(j, budget)[1]) for j in planned}
     alloc = {j.job_id: _bounds(j, budget)[0] for j in planned}
-    cpu_used = sum(curves[j][alloc[j]].cpu_cores for j in alloc)  # exploring jobs: unknown
-    workers_used = sum(alloc.values())
-    while True:
-        best: tuple[float, float, str] | None = None
-        for job in planned:
-            jid, k = job.job_id, alloc[job.job_id]
-            curve = curves[jid]
-            if k + 1 >= len(curve) or workers_used + 1 > remaining.workers:
+    main_cpu = {j.job_id: j.main_cpu_per_sample for j in planned}
+    objective_new = _objective(alloc, curves, main_cpu, budget.cores)
+    while sum(alloc.values()) < slots:
+        best: tuple[float, str] | None = None
+        for jid, k in alloc.items():
+            if k + 1 >= len(curves[jid]):
                 continue
-            gain = curve[k + 1].normalized - curve[k].normalized
-            extra_cpu = max(curve[k + 1].cpu_cores - curve[k].cpu_cores, 0.0)
-            left = budget.cores - cpu_used
-            if left <= 0:
-                continue
-            if extra_cpu > left:  # the OS shares the cores: the worker gets what is left
-                gain *= left / extra_cpu
-                extra_cpu = left
-            if gain < min_gain:
-                continue
-            # Gain per share of what is left of each budget: whichever resource is scarcer
-            # (worker slots or CPU) dominates the cost, as in dominant-resource fairness.
-            workers_left = remaining.workers - workers_used
-            score = gain / (extra_cpu / left + 1.0 / workers_left)
-            if best is None or score > best[0]:
-                best = (score, extra_cpu, jid)
-        if best is None:
+            value = _objective({**alloc, jid: k + 1}, curves, main_cpu, budget.cores)
+            if best is None or value > best[0]:
+                best = (value, jid)
+        if best is None or best[0] - objective_new < min_gain:
             break
-        alloc[best[2]] += 1
-        workers_used += 1
-        cpu_used += best[1]
+        objective_new = best[0]
+        alloc[best[1]] += 1
+    # The jobs are coupled through the shared cores, so the greedy order can strand workers
+    # (an early CPU-bound worker crowds out later I/O-bound ones): improve by local moves,
+    # one worker removed or moved from one job to another, while that gains at least min_gain.
+    floors = {j.job_id: _bounds(j, budget)[0] for j in planned}
+    for _ in range(4 * slots):
+        move: tuple[float, dict[str, int]] | None = None
+        for src in alloc:
+            if alloc[src] <= floors[src]:
+                continue
+            for dst in [None, *alloc]:
+                if dst == src or (dst is not None and alloc[dst] + 1 >= len(curves[dst])):
+                    continue
+                trial = {**alloc, src: alloc[src] - 1}
+                if dst is not None:
+                    trial[dst] += 1
+                value = _objective(trial, curves, main_cpu, budget.cores)
+                if move is None or value > move[0]:
+                    move = (value, trial)
+        if move is None or move[0] - objective_new < min_gain:
+            break
+        objective_new, alloc = move
 
-    objective_new = sum(curves[j][alloc[j]].normalized for j in alloc)
     current = {j.job_id: min(j.current_workers, len(curves[j.job_id]) - 1) for j in planned}
-    objective_old = sum(curves[j][current[j]].normalized for j in current)
+    objective_old = _objective(current, curves, main_cpu, budget.cores)
+    # Workers that add nothing still cost memory and CPU switches: an allocation that only
+    # releases workers, at no predicted loss, is taken without waiting for the hysteresis.
+    releases = sum(alloc.values()) < sum(current.values()) and all(
+        alloc[j] <= current[j] for j in alloc
+    )
     keep = (
         objective_new < objective_old * (1 + hysteresis)
+        and not (releases and objective_new >= objective_old - min_gain)
         and all(_bounds(j, budget)[0] <= current[j.job_id] for j in planned)
-        and sum(current.values()) <= remaining.workers
+        and sum(current.values()) <= slots
     )
     for job in planned:
         jid = job.job_id

@@ -172,12 +172,15 @@ def test_fit_keeps_the_most_recent_thousand() -> None:
     assert len(model.observations) == 1000
 
 
-def test_exploration_plan_from_a_starting_count_only_goes_up() -> None:
+def test_exploration_plan_from_a_starting_count_goes_up_then_looks_at_the_knee() -> None:
     seen: list[LoaderObservation] = []
     tried = []
     while (k := exploration_plan(seen, cores=2, max_workers=16, start=4)) is not None:
         tried.append(k)
         seen.append(truth(k, 2, 32, **IO_HEAVY))
-    assert tried == [4, 8, 16]
+    assert tried == [4, 8, 16]  # I/O-bound: doubling pays all the way
+    # CPU-bound: 4 -> 8 gains nothing, so one look at the core count, then done
     cpu = [truth(k, 2, 32, **CPU_HEAVY) for k in (4, 8)]
+    assert exploration_plan(cpu, cores=2, max_workers=16, start=4) == 2
+    cpu.append(truth(2, 2, 32, **CPU_HEAVY))
     assert exploration_plan(cpu, cores=2, max_workers=16, start=4) is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from predictor import LoaderModel
-from sidecar.policy import Budget, JobView, decide
+from sidecar.policy import Budget, JobView, cpu_shares, decide
 from tests.predictor.test_loader_model import CPU_HEAVY, IO_HEAVY, truth
 
 GPU_BOUND = dict(t_io=0.001, t_cpu=0.0005, a0=0.04, a1=0.005)
@@ -108,3 +108,40 @@ def test_exploration_starts_from_the_jobs_own_worker_count() -> None:
     model.update(truth(4, 2, 32, **IO_HEAVY))
     d = decide("adaptive", [JobView("new", 32, 4, model=model, initial_workers=4)], Budget(16, 2))
     assert d["new"].num_workers == 8
+
+
+def test_cpu_shares_water_fill_by_thread() -> None:
+    assert cpu_shares([0.5, 0.5], [4, 1], 2.0) == [0.5, 0.5]  # demands fit
+    # 2 cores, 4 threads: the light consumer gets its 0.2, the others split the rest 3:1
+    got = cpu_shares([0.2, 3.0, 3.0], [1, 3, 1], 2.0)
+    assert got[0] == pytest.approx(0.2)
+    assert got[1] == pytest.approx(1.8 * 3 / 4) and got[2] == pytest.approx(1.8 / 4)
+    assert sum(got) == pytest.approx(2.0)
+    assert cpu_shares([0.0, 1.0], [1, 1], 1.0) == [0.0, 1.0]
+
+
+def test_training_process_cpu_counts_against_the_cores() -> None:
+    """The training processes need CPU too (0.3 ms per sample here): the policy hands out fewer
+    workers once their CPU would come out of the trainers' share."""
+    io, cpu = fitted(IO_HEAVY), fitted(CPU_HEAVY)
+
+    def workers(main_cpu: float) -> dict[str, int]:
+        jobs = [
+            JobView("io", 32, 1, model=io, main_cpu_per_sample=main_cpu),
+            JobView("cpu", 32, 1, model=cpu, main_cpu_per_sample=main_cpu),
+        ]
+        d = decide("adaptive", jobs, Budget(24, 2), hysteresis=0)
+        return {j: v.num_workers for j, v in d.items()}
+
+    blind, aware = workers(0.0), workers(0.0003)
+    assert blind == {"io": 19, "cpu": 2}
+    assert sum(aware.values()) < sum(blind.values()) and aware["io"] >= 10
+
+
+def test_releasing_idle_workers_skips_the_hysteresis() -> None:
+    jobs = [
+        JobView("io", 32, 16, model=fitted(IO_HEAVY), max_workers=16),
+        JobView("gpu", 32, 6, model=fitted(GPU_BOUND, (1, 2, 4))),  # 5 more than it needs
+    ]
+    d = decide("adaptive", jobs, Budget(24, 2), hysteresis=0.5)
+    assert d["gpu"].num_workers == 1 and d["io"].num_workers == 16
