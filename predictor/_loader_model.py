@@ -410,8 +410,8 @@ def exploration_plan(
     rate). It stops early once an observed allocation left the accelerator idle less than
     ``idle_floor`` of the time (more workers cannot help), or when the last doubling gained
     less than 5% (a job that started above the core count is then also tried at the core
-    count, where CPU-bound loaders saturate). Counts already observed are skipped; every count is clamped to
-    ``[min_workers, max_workers]``.
+    count, where CPU-bound loaders saturate). Counts already observed are skipped; every
+    count is clamped to ``[min_workers, max_workers]``.
     """
     seen = {o.num_workers: o for o in observed}
     if any(o.idle_share < idle_floor for o in seen.values()):

@@ -15,6 +15,7 @@ from pathlib import Path
 from dloader.v1 import node_pb2 as pb
 from sidecar._config import default_socket, default_state_dir
 from sidecar.allocator_link import AllocatorLink
+from sidecar.cgroups import CgroupWeights, detect
 from sidecar.core import NodeCore, PolicySettings
 from sidecar.errors import SidecarError
 from sidecar.metrics import Metrics
@@ -87,6 +88,18 @@ def parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on 127.0.0.1:PORT (default: off)",
     )
     p.add_argument(
+        "--pin-cpus",
+        action="store_true",
+        help="pin each job's loader workers to its own CPU set, sized by its CPU share "
+        "(needs at least one CPU per job)",
+    )
+    p.add_argument(
+        "--cgroup-weights",
+        action="store_true",
+        help="set each job's cgroup v2 cpu.weight from its CPU share (needs cgroup v2 with the "
+        "cpu controller and write access; says so otherwise)",
+    )
+    p.add_argument(
         "--allocator",
         metavar="TARGET",
         default=os.environ.get("DLOADER_ALLOCATOR"),
@@ -124,7 +137,18 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         loop.add_signal_handler(sig, stop.set)
     store = Store(Path(args.state_dir) / "sidecar.db")
     settings = PolicySettings(args.policy, args.worker_budget, args.cpu_budget, args.period)
-    core = NodeCore(store, settings)
+    cgroup, cgroup_note = None, "off"
+    if args.cgroup_weights:
+        mount, cgroup_note = detect()
+        if mount is None:
+            log.warning("cgroup v2 CPU weights unavailable: %s", cgroup_note)
+            cgroup_note = f"unavailable: {cgroup_note}"
+        else:
+            cgroup = CgroupWeights(mount)
+    enforcement = (
+        f"CPU sets: {'on' if args.pin_cpus else 'off'}; cgroup v2 cpu.weight: {cgroup_note}"
+    )
+    core = NodeCore(store, settings, pin_cpus=args.pin_cpus, cgroup=cgroup)
     node, gpus = NodeMonitor(), GpuMonitor()
     metrics = Metrics()
     link = None
@@ -158,6 +182,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
             disk_write_bytes_per_second=int(last["wr"]),
             nvml_available=gpus.available,
             nvml_message=gpus.message,
+            cpu_enforcement=enforcement,
             gpus=[
                 pb.GpuStatus(
                     index=g.index,

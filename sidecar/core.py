@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import secrets
 import time
 import uuid
@@ -20,6 +21,7 @@ from typing import Any
 
 from predictor import LoaderModel, LoaderObservation, PredictorError
 from sidecar import policy as pol
+from sidecar.cgroups import CgroupWeights
 from sidecar.errors import InvalidArgument, NotFound, PermissionDenied
 from sidecar.monitors import ProcessTreeStats, process_tree_stats
 from sidecar.store import JobRecord, Store
@@ -111,7 +113,20 @@ class NodeCore:
         *,
         tree_stats: Callable[[list[int]], ProcessTreeStats] = process_tree_stats,
         clock: Callable[[], float] = time.monotonic,
+        pin_cpus: bool = False,
+        cgroup: CgroupWeights | None = None,
     ) -> None:
+        """Args:
+        store: the state database.
+        settings: policy and budgets (a stored policy from ``dloaderctl policy set`` wins).
+        tree_stats: how process trees are measured (a fake in tests).
+        clock: monotonic seconds.
+        pin_cpus: give jobs disjoint CPU sets for their loader workers, sized by their CPU
+            shares (when the node has at least one CPU per job).
+        cgroup: set each job's cgroup v2 ``cpu.weight`` from its CPU share.
+        """
+        self.pin_cpus = pin_cpus
+        self.cgroup = cgroup
         self.store = store
         saved = store.get_setting("policy")
         if saved:
@@ -309,6 +324,7 @@ class NodeCore:
         ]
         budget = pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget))
         decisions = pol.decide(self.settings.name, views, budget)
+        self._enforce_cpu(jobs, decisions)
         for job in jobs:
             d = decisions[job.job_id]
             job.decision = d
@@ -329,6 +345,37 @@ class NodeCore:
                     d.reason,
                 )
                 log.info("job %s: %d workers (%s)", job.job_id, d.num_workers, d.reason)
+                for q in job.watchers:
+                    q.put_nowait(job.directive)
+
+    def _enforce_cpu(self, jobs: list[Job], decisions: dict[str, pol.Decision]) -> None:
+        """CPU sets for the loader workers and cgroup weights, from the jobs' CPU shares."""
+        if not (self.pin_cpus or self.cgroup):
+            return
+        cores = self.settings.cpu_budget
+        known = [d.cpu_share for d in decisions.values() if d.cpu_share > 0]
+        fallback = (cores - sum(known)) / max(len(jobs) - len(known), 1) if known else 1.0
+        shares = {j.job_id: decisions[j.job_id].cpu_share or max(fallback, 0.1) for j in jobs}
+        if self.cgroup is not None:
+            self.cgroup.apply({j.job_id: (j.record.pids, shares[j.job_id]) for j in jobs})
+        if not self.pin_cpus:
+            return
+        sets = pol.cpu_sets(shares, sorted(os.sched_getaffinity(0))[:cores])
+        for job in jobs:
+            cpus = sets.get(job.job_id, ())
+            if cpus and cpus != job.directive.cpus:
+                self._revision += 1
+                reason = f"CPU set {list(cpus)}: its share {shares[job.job_id]:.2f} cores"
+                job.directive = replace(
+                    job.directive, cpus=cpus, reason=reason, revision=self._revision
+                )
+                self.store.add_decision(
+                    job.job_id,
+                    job.directive.num_workers,
+                    job.directive.batch_size,
+                    list(cpus),
+                    reason,
+                )
                 for q in job.watchers:
                     q.put_nowait(job.directive)
 

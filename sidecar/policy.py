@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from predictor import LoaderModel, exploration_plan
 
-__all__ = ["Budget", "Candidate", "Decision", "JobView", "cpu_shares", "decide"]
+__all__ = ["Budget", "Candidate", "Decision", "JobView", "cpu_sets", "cpu_shares", "decide"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,9 @@ class Decision:
     reason: str
     accelerator_limit: float = 0.0
     candidates: tuple[Candidate, ...] = field(default_factory=tuple)
+    cpu_share: float = 0.0
+    """Cores the job gets under the node's CPU sharing (workers and training process; 0:
+    unknown, e.g. while exploring)."""
 
 
 def _bounds(job: JobView, budget: Budget) -> tuple[int, int]:
@@ -153,6 +156,46 @@ def cpu_shares(demands: Sequence[float], workers: Sequence[int], cores: float) -
     return out
 
 
+def cpu_sets(shares: dict[str, float], cpus: Sequence[int]) -> dict[str, tuple[int, ...]]:
+    """Disjoint CPU sets, sized in proportion to each job's CPU share (at least one CPU each,
+    largest remainders first), in the order of ``shares``; empty if there are fewer CPUs than
+    jobs (then they cannot be kept apart)."""
+    n = len(cpus)
+    if not shares or n < len(shares):
+        return {}
+    total = sum(max(s, 0.0) for s in shares.values()) or 1.0
+    exact = {j: max(s, 0.0) / total * n for j, s in shares.items()}
+    count = {j: max(1, int(x)) for j, x in exact.items()}
+    while sum(count.values()) > n:  # the floors of 1 overshot: take from the largest
+        big = max(count, key=lambda j: (count[j] - exact[j], count[j]))
+        count[big] -= 1
+    for j in sorted(exact, key=lambda j: exact[j] - count[j], reverse=True):
+        if sum(count.values()) >= n:
+            break
+        count[j] += 1
+    out, at = {}, 0
+    for j in shares:
+        out[j] = tuple(cpus[at : at + count[j]])
+        at += count[j]
+    return out
+
+
+def _shares(
+    alloc: dict[str, int],
+    curves: dict[str, tuple[Candidate, ...]],
+    main_cpu: dict[str, float],
+    cores: float,
+) -> tuple[list[Candidate], list[float], list[float]]:
+    """The chosen candidates, the CPU demands (workers, then training processes) and the
+    cores each gets."""
+    ids = list(alloc)
+    picks = [curves[j][alloc[j]] for j in ids]
+    demands = [c.cpu_cores for c in picks]
+    demands += [c.predicted * main_cpu[j] for c, j in zip(picks, ids, strict=True)]
+    weights = [alloc[j] for j in ids] + [1] * len(ids)
+    return picks, demands, cpu_shares(demands, weights, cores)
+
+
 def _objective(
     alloc: dict[str, int],
     curves: dict[str, tuple[Candidate, ...]],
@@ -164,14 +207,8 @@ def _objective(
     Each job is two CPU consumers: its ``k`` loader workers and its training process (one
     thread's weight); a job runs at the pace of whichever gets the smaller share of its demand.
     """
-    ids = list(alloc)
-    picks = [curves[j][alloc[j]] for j in ids]
-    demands = [c.cpu_cores for c in picks] + [
-        c.predicted * main_cpu[j] for c, j in zip(picks, ids, strict=True)
-    ]
-    weights = [alloc[j] for j in ids] + [1] * len(ids)
-    shares = cpu_shares(demands, weights, cores)
-    n = len(ids)
+    picks, demands, shares = _shares(alloc, curves, main_cpu, cores)
+    n = len(alloc)
     total = 0.0
     for i, c in enumerate(picks):
         ratio = min(
@@ -287,9 +324,12 @@ def decide(
         and all(_bounds(j, budget)[0] <= current[j.job_id] for j in planned)
         and sum(current.values()) <= slots
     )
+    final = current if keep else alloc
+    _, _, got = _shares(final, curves, main_cpu, budget.cores)
+    share = {j: got[i] + got[len(final) + i] for i, j in enumerate(final)}
     for job in planned:
         jid = job.job_id
-        k = current[jid] if keep else alloc[jid]
+        k = final[jid]
         c = curves[jid][k]
         why = (
             f"kept: the best allocation predicts a sum of {objective_new:.3f} vs "
@@ -305,5 +345,6 @@ def decide(
             why,
             job.model.accelerator_limit(job.batch_size) if job.model else 0.0,
             curves[jid],
+            share[jid],
         )
     return out

@@ -187,7 +187,7 @@ class GpuStatus(_message.Message):
     def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("hostname", "cpu_count", "cpu_percent", "disk_read_bytes_per_second", "disk_write_bytes_per_second", "nvml_available", "nvml_message", "gpus", "jobs", "policy", "sum_normalized_throughput")
+    __slots__ = ("hostname", "cpu_count", "cpu_percent", "disk_read_bytes_per_second", "disk_write_bytes_per_second", "nvml_available", "nvml_message", "gpus", "jobs", "policy", "sum_normalized_throughput", "cpu_enforcement")
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
     CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +199,7 @@ class NodeStatus(_message.Message):
     JOBS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     SUM_NORMALIZED_THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
+    CPU_ENFORCEMENT_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     cpu_count: int
     cpu_percent: float
@@ -210,7 +211,8 @@ class NodeStatus(_message.Message):
     jobs: int
     policy: str
     sum_normalized_throughput: float
-    def __init__(self, hostname: _Optional[str] = ..., cpu_count: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., disk_read_bytes_per_second: _Optional[int] = ..., disk_write_bytes_per_second: _Optional[int] = ..., nvml_available: _Optional[bool] = ..., nvml_message: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuStatus, _Mapping]]] = ..., jobs: _Optional[int] = ..., policy: _Optional[str] = ..., sum_normalized_throughput: _Optional[float] = ...) -> None: ...
+    cpu_enforcement: str
+    def __init__(self, hostname: _Optional[str] = ..., cpu_count: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., disk_read_bytes_per_second: _Optional[int] = ..., disk_write_bytes_per_second: _Optional[int] = ..., nvml_available: _Optional[bool] = ..., nvml_message: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuStatus, _Mapping]]] = ..., jobs: _Optional[int] = ..., policy: _Optional[str] = ..., sum_normalized_throughput: _Optional[float] = ..., cpu_enforcement: _Optional[str] = ...) -> None: ...
 
 class GetPolicyRequest(_message.Message):
     __slots__ = ()

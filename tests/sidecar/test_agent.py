@@ -140,3 +140,42 @@ def test_sidecar_killed_and_restarted(tmp_path: Path) -> None:
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(10)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_pinned_cpu_sets_reach_the_loader_workers(tmp_path: Path) -> None:
+    s = Sidecar(tmp_path, "--pin-cpus", "--cpu-budget", "2")
+    try:
+        loaders = [
+            dloader.DataLoader(
+                D.Range(10**6, sleep_s=0.0005),
+                batch_size=8,
+                num_workers=1,
+                min_workers=1,
+                max_workers=1,
+                sidecar=f"unix://{s.socket}",
+                job_name=f"pinned-{i}",
+            )
+            for i in range(2)
+        ]
+        its = [iter(x) for x in loaders]
+
+        def pinned() -> list[set[int]]:
+            for it in its:
+                next(it)
+            return [
+                os.sched_getaffinity(w.pid) for x in loaders for w in x.stats().workers if w.pid
+            ]
+
+        assert wait_for(lambda: len(sets := pinned()) == 2 and all(len(c) == 1 for c in sets))
+        a, b = pinned()
+        assert not a & b  # each job's workers on their own CPU
+        status = s.stub.GetNodeStatus(pb.GetNodeStatusRequest(), timeout=5)
+        assert status.cpu_enforcement.startswith("CPU sets: on")
+        for it in its:
+            it.close()
+        for x in loaders:
+            assert x.sidecar_agent is not None
+            x.sidecar_agent.stop()
+    finally:
+        s.stop()
