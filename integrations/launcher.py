@@ -44,6 +44,9 @@ __all__ = ["main"]
 
 log = logging.getLogger("dloader.launch")
 
+_TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -138,6 +141,8 @@ class Launcher:
         self.proc: asyncio.subprocess.Process | None = None
         self.gpus = 0
         self.restarts = 0
+        self.submitted = False
+        self.exit_code: int | None = None
         self._meta = (("authorization", f"Bearer {args.token}"),) if args.token else None
 
     async def _start(self, gpus: int, batch: int) -> None:
@@ -182,66 +187,116 @@ class Launcher:
         self.gpus = 0
 
     async def run(self, stop: asyncio.Event) -> int:
-        a = self.args
-        async with grpc.aio.insecure_channel(a.allocator) as channel:
-            stub = pb_grpc.ClusterAllocatorStub(channel)
-            try:
-                r = await stub.SubmitJob(
-                    pb.SubmitJobRequest(job=_spec(a)), metadata=self._meta, timeout=30
-                )
-                log.info("job %s submitted (queue position %d)", r.job_id, r.queue_position)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
-                    raise
-                log.info("job %s already submitted; following its allocation", a.job_id)
-            stream = stub.WatchAllocations(
-                pb.WatchAllocationsRequest(job_id=a.job_id), metadata=self._meta
+        """Follows the allocation until the script exits (its exit code) or ``stop`` (130).
+
+        If the allocator goes away, the script keeps running on what it has (fail static) and
+        the launcher reconnects with backoff; an exit meanwhile is reported once it is back.
+        """
+        failures = 0
+        try:
+            while True:
+                try:
+                    async with grpc.aio.insecure_channel(self.args.allocator) as channel:
+                        stub = pb_grpc.ClusterAllocatorStub(channel)
+                        await self._submit(stub)
+                        failures = 0
+                        return await self._session(stub, stop)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in _TRANSIENT:
+                        raise
+                    if failures == 0:
+                        log.warning(
+                            "job %s: allocator unreachable (%s); keeping %d GPU(s), retrying",
+                            self.args.job_id,
+                            exc.details(),
+                            self.gpus,
+                        )
+                    delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+                    failures += 1
+                    if await self._wait_offline(stop, delay):
+                        return 130
+        finally:
+            await self._stop()
+
+    async def _submit(self, stub: pb_grpc.ClusterAllocatorStub) -> None:
+        if self.submitted:
+            return
+        try:
+            r = await stub.SubmitJob(
+                pb.SubmitJobRequest(job=_spec(self.args)), metadata=self._meta, timeout=30
             )
-            watch = asyncio.ensure_future(stream.read())
-            stopping = asyncio.ensure_future(stop.wait())
-            try:
-                while True:
-                    exited = (
-                        asyncio.ensure_future(self.proc.wait()) if self.proc else asyncio.Future()
-                    )
-                    done, _ = await asyncio.wait(
-                        {watch, exited, stopping}, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    if stopping in done:
-                        exited.cancel()
-                        await self._stop()
+            log.info("job %s submitted (queue position %d)", r.job_id, r.queue_position)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
+                raise
+            log.info("job %s already submitted; following its allocation", self.args.job_id)
+        self.submitted = True
+
+    async def _wait_offline(self, stop: asyncio.Event, delay: float) -> bool:
+        """Waits ``delay`` s while disconnected; True if stopped. Notes the script's exit."""
+        waits: set[asyncio.Future[object]] = {asyncio.ensure_future(stop.wait())}
+        if self.proc is not None:
+            waits.add(asyncio.ensure_future(self.proc.wait()))
+        _, pending = await asyncio.wait(waits, timeout=delay, return_when="FIRST_COMPLETED")
+        for f in pending:
+            f.cancel()
+        if self.proc is not None and self.proc.returncode is not None:
+            self.exit_code, self.proc, self.gpus = self.proc.returncode, None, 0
+        return stop.is_set()
+
+    async def _complete(self, stub: pb_grpc.ClusterAllocatorStub, code: int) -> int:
+        await stub.CompleteJob(
+            pb.CompleteJobRequest(job_id=self.args.job_id, failed=code != 0),
+            metadata=self._meta,
+            timeout=10,
+        )
+        log.info(
+            "job %s finished (exit code %d, %d restart(s))", self.args.job_id, code, self.restarts
+        )
+        return code
+
+    async def _session(self, stub: pb_grpc.ClusterAllocatorStub, stop: asyncio.Event) -> int:
+        a = self.args
+        if self.exit_code is not None:  # the script ended while the allocator was away
+            return await self._complete(stub, self.exit_code)
+        stream = stub.WatchAllocations(
+            pb.WatchAllocationsRequest(job_id=a.job_id), metadata=self._meta
+        )
+        watch = asyncio.ensure_future(stream.read())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while True:
+                exited = asyncio.ensure_future(self.proc.wait()) if self.proc else None
+                waits = {watch, stopping} | ({exited} if exited else set())
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if exited is not None and exited not in done:
+                    exited.cancel()
+                if stopping in done:
+                    await self._stop()
+                    with contextlib.suppress(grpc.aio.AioRpcError):
                         await stub.CompleteJob(
                             pb.CompleteJobRequest(job_id=a.job_id, failed=True),
                             metadata=self._meta,
                             timeout=10,
                         )
-                        log.info("job %s cancelled", a.job_id)
-                        return 130
-                    if exited in done:
-                        code = exited.result()
-                        self.proc = None
-                        await stub.CompleteJob(
-                            pb.CompleteJobRequest(job_id=a.job_id, failed=code != 0),
-                            metadata=self._meta,
-                            timeout=10,
-                        )
-                        log.info(
-                            "job %s finished (exit code %d, %d restart(s))",
-                            a.job_id,
-                            code,
-                            self.restarts,
-                        )
-                        return code
-                    exited.cancel()
-                    snapshot = watch.result()
-                    if snapshot is grpc.aio.EOF:
-                        raise ConnectionError("the allocator closed the allocation stream")
-                    watch = asyncio.ensure_future(stream.read())
-                    await self._follow(snapshot)
-            finally:
-                watch.cancel()
-                stopping.cancel()
-                await self._stop()
+                    log.info("job %s cancelled", a.job_id)
+                    return 130
+                if exited is not None and exited in done:
+                    self.exit_code, self.proc, self.gpus = exited.result(), None, 0
+                    return await self._complete(stub, self.exit_code)
+                snapshot = watch.result()  # an RPC error here: reconnect, training goes on
+                if snapshot is grpc.aio.EOF:
+                    raise grpc.aio.AioRpcError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        grpc.aio.Metadata(),
+                        grpc.aio.Metadata(),
+                        "the allocator closed the allocation stream",
+                    )
+                watch = asyncio.ensure_future(stream.read())
+                await self._follow(snapshot)
+        finally:
+            watch.cancel()
+            stopping.cancel()
 
     async def _follow(self, snapshot: pb.AllocationSet) -> None:
         mine = next((x for x in snapshot.allocations if x.job_id == self.args.job_id), None)
@@ -286,9 +341,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(go())
     except grpc.aio.AioRpcError as exc:
         print(f"dloader-launch: allocator: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 2
-    except ConnectionError as exc:
-        print(f"dloader-launch: {exc}", file=sys.stderr)
         return 2
 
 

@@ -213,3 +213,99 @@ def test_gpu_and_batch_size_changes_reach_running_jobs(tmp_path: Path) -> None:
                 p.kill()
         for f in logs.values():
             f.close()
+
+
+def test_training_outlives_an_allocator_crash(tmp_path: Path) -> None:
+    """SIGKILL the allocator under a running job: the job trains on; the restarted allocator
+    restores it from SQLite without moving it, and hears of its completion."""
+    asock = tmp_path / "alloc.sock"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    logs = {n: open(tmp_path / f"{n}.log", "w") for n in ("alloc1", "alloc2", "job")}  # noqa: SIM115
+    procs: list[subprocess.Popen] = []
+
+    def start(name: str, *cmd: str) -> subprocess.Popen:
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logs[name], stderr=subprocess.STDOUT)
+        procs.append(p)
+        return p
+
+    def allocator(name: str) -> subprocess.Popen:
+        return start(
+            name,
+            str(BIN / "dloader-allocator"),
+            "--socket",
+            str(asock),
+            "--state-dir",
+            str(tmp_path / "astate"),
+            "--interval",
+            "1",
+        )
+
+    try:
+        first = allocator("alloc1")
+        stub = pb_grpc.ClusterAllocatorStub(grpc.insecure_channel(f"unix://{asock}"))
+        wait_for("the allocator", lambda: asock.exists())
+        grpc.channel_ready_future(grpc.insecure_channel(f"unix://{asock}")).result(timeout=20)
+        stub.RegisterNode(pb.RegisterNodeRequest(node_id="n0", gpus=2), timeout=10)
+        ev = tmp_path / "ev"
+        job = start(
+            "job",
+            str(BIN / "dloader-launch"),
+            "--allocator",
+            f"unix://{asock}",
+            "--job-id",
+            "steady",
+            "--node-id",
+            "n0",
+            "--max-gpus",
+            "2",
+            "--scaling",
+            SCALING,
+            "--batch-size",
+            "4",
+            str(SCRIPT),
+            "--ckpt-dir",
+            str(tmp_path / "ckpt"),
+            "--events",
+            str(ev),
+            "--step-s",
+            "0.1",
+            "--samples",
+            "360",
+            "--batch",
+            "2",
+            "--max-batch",
+            "2",
+        )
+
+        def steps() -> int:
+            return sum(1 for e in events(ev) if e["event"] == "step")
+
+        wait_for("the job to train", lambda: steps() >= 6, procs=[job])
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        before = steps()
+        wait_for("training to go on without the allocator", lambda: steps() >= before + 10)
+        assert job.poll() is None
+        allocator("alloc2")
+        assert job.wait(timeout=120) == 0, (tmp_path / "job.log").read_text()[-3000:]
+        steps_ = [e for e in events(ev) if e["event"] == "step"]
+        assert {e["world"] for e in steps_} == {2}  # never restarted
+        consumed = Counter(i for e in steps_ for i in e["indices"])
+        assert sorted(consumed) == list(range(360)) and set(consumed.values()) == {1}
+        wait_for(
+            "the allocator to hear of the completion",
+            lambda: not stub.GetAllocations(pb.GetAllocationsRequest(), timeout=5).allocations,
+            timeout=20,
+        )
+        assert "allocator unreachable" in (tmp_path / "job.log").read_text()
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in logs.values():
+            f.close()
