@@ -143,6 +143,7 @@ class Launcher:
         self.restarts = 0
         self.submitted = False
         self.exit_code: int | None = None
+        self._failures = 0  # consecutive failed connections
         self._meta = (("authorization", f"Bearer {args.token}"),) if args.token else None
 
     async def _start(self, gpus: int, batch: int) -> None:
@@ -192,27 +193,25 @@ class Launcher:
         If the allocator goes away, the script keeps running on what it has (fail static) and
         the launcher reconnects with backoff; an exit meanwhile is reported once it is back.
         """
-        failures = 0
         try:
             while True:
                 try:
                     async with grpc.aio.insecure_channel(self.args.allocator) as channel:
                         stub = pb_grpc.ClusterAllocatorStub(channel)
                         await self._submit(stub)
-                        failures = 0
                         return await self._session(stub, stop)
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() not in _TRANSIENT:
                         raise
-                    if failures == 0:
+                    if self._failures == 0:
                         log.warning(
                             "job %s: allocator unreachable (%s); keeping %d GPU(s), retrying",
                             self.args.job_id,
                             exc.details(),
                             self.gpus,
                         )
-                    delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
-                    failures += 1
+                    delay = _BACKOFF_S[min(self._failures, len(_BACKOFF_S) - 1)]
+                    self._failures += 1
                     if await self._wait_offline(stop, delay):
                         return 130
         finally:
@@ -292,6 +291,9 @@ class Launcher:
                         grpc.aio.Metadata(),
                         "the allocator closed the allocation stream",
                     )
+                if self._failures:
+                    log.info("job %s: allocator back", a.job_id)
+                    self._failures = 0
                 watch = asyncio.ensure_future(stream.read())
                 await self._follow(snapshot)
         finally:
