@@ -15,7 +15,7 @@ from allocator.policies import POLICIES
 from allocator.server import build_server
 from allocator.store import Store
 from sidecar._config import default_state_dir
-from sidecar.errors import SidecarError
+from sidecar.cli import run_daemon
 from sidecar.server import ListenConfig
 
 __all__ = ["default_socket", "main", "serve"]
@@ -102,16 +102,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``dloader-allocator``."""
-    args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        asyncio.run(serve(args))
-    except (ValueError, SidecarError) as exc:
-        print(f"dloader-allocator: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_daemon("dloader-allocator", serve, parser().parse_args(argv))
 
 
 if __name__ == "__main__":

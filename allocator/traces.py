@@ -35,6 +35,7 @@ from predictor import GradientNoise, PredictorError, ScalingModel, ScalingPoint
 from predictor.pollux import (
     APPLICATIONS,
     EpochStats,
+    parse_csv,
     read_placements,
     read_scalability,
     read_validation,
@@ -257,41 +258,31 @@ class WorkloadJob:
     batch_size: int
 
 
+def _workload_job(row: dict[str, str]) -> WorkloadJob:
+    job = WorkloadJob(
+        row["name"],
+        float(row["time"]),
+        row["application"],
+        int(row["num_replicas"]),
+        int(row["batch_size"]),
+    )
+    if job.application not in POLLUX_CONSTANTS:
+        raise ValueError(
+            f"application={job.application!r}; expected one of {sorted(POLLUX_CONSTANTS)}"
+        )
+    if job.num_replicas < 1 or job.batch_size < 1 or job.time < 0:
+        raise ValueError(f"need num_replicas >= 1, batch_size >= 1 and time >= 0, got {row}")
+    return job
+
+
 def read_workload(path: str | Path) -> list[WorkloadJob]:
     """A Pollux workload CSV (``name,time,application,num_replicas,batch_size``), by time."""
     p = Path(path)
     columns = ("name", "time", "application", "num_replicas", "batch_size")
     try:
-        with p.open(newline="") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in columns if c not in (reader.fieldnames or [])]
-            if missing:
-                raise AllocatorError(f"{p}: missing column(s) {missing}; expected {columns}")
-            jobs = []
-            for i, row in enumerate(reader):
-                try:
-                    job = WorkloadJob(
-                        row["name"],
-                        float(row["time"]),
-                        row["application"],
-                        int(row["num_replicas"]),
-                        int(row["batch_size"]),
-                    )
-                except (TypeError, ValueError) as exc:
-                    raise AllocatorError(f"{p}, data row {i + 1}: {exc}") from None
-                if job.application not in POLLUX_CONSTANTS:
-                    raise AllocatorError(
-                        f"{p}, data row {i + 1}: application={job.application!r}; expected one "
-                        f"of {sorted(POLLUX_CONSTANTS)}"
-                    )
-                if job.num_replicas < 1 or job.batch_size < 1 or job.time < 0:
-                    raise AllocatorError(
-                        f"{p}, data row {i + 1}: need num_replicas >= 1, batch_size >= 1 and "
-                        f"time >= 0, got {row}"
-                    )
-                jobs.append(job)
-    except FileNotFoundError:
-        raise AllocatorError(f"--workload {p} does not exist") from None
+        jobs = parse_csv(p, columns, _workload_job)
+    except PredictorError as exc:
+        raise AllocatorError(f"--workload {exc}") from None
     if not jobs:
         raise AllocatorError(f"{p}: no jobs")
     names = [j.name for j in jobs]

@@ -20,6 +20,7 @@ T = TypeVar("T")
 __all__ = [
     "APPLICATIONS",
     "EpochStats",
+    "parse_csv",
     "read_placements",
     "read_scalability",
     "read_validation",
@@ -55,8 +56,11 @@ def _rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
         raise PredictorError(f"{path} does not exist") from None
 
 
-def _parse(path: Path, columns: tuple[str, ...], make: Callable[[dict[str, str]], T]) -> list[T]:
-    """Every data row of ``path`` through ``make``; a bad row names its file and number."""
+def parse_csv(path: Path, columns: tuple[str, ...], make: Callable[[dict[str, str]], T]) -> list[T]:
+    """Every data row of the CSV at ``path`` through ``make``.
+
+    A missing file or column, or a row ``make`` rejects (``ValueError``), raises
+    :class:`PredictorError` naming the file and the data row."""
     out = []
     for i, row in enumerate(_rows(path, columns)):
         try:
@@ -74,7 +78,7 @@ def _point(row: dict[str, str], nodes: int, replicas: int) -> ScalingPoint:
 
 def read_placements(app_dir: str | Path) -> list[tuple[str, ScalingPoint]]:
     """``placements.csv`` as (placement string, point) pairs."""
-    return _parse(
+    return parse_csv(
         Path(app_dir) / "placements.csv",
         ("placement", "local_bsz", "step_time", "sync_time"),
         lambda r: (r["placement"], _point(r, *placement_shape(r["placement"]))),
@@ -83,7 +87,7 @@ def read_placements(app_dir: str | Path) -> list[tuple[str, ScalingPoint]]:
 
 def read_scalability(app_dir: str | Path) -> list[ScalingPoint]:
     """``scalability.csv`` (larger scales) as points."""
-    return _parse(
+    return parse_csv(
         Path(app_dir) / "scalability.csv",
         ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"),
         lambda r: _point(r, int(r["num_nodes"]), int(r["num_replicas"])),
@@ -104,7 +108,7 @@ def validated_batch_sizes(app_dir: str | Path) -> list[int]:
 
 def read_validation(app_dir: str | Path, batch_size: int) -> list[EpochStats]:
     """``validation-<batch_size>.csv`` as per-epoch stats."""
-    return _parse(
+    return parse_csv(
         Path(app_dir) / f"validation-{batch_size}.csv",
         ("progress", "iteration", "metric", "grad_sqr", "grad_var"),
         lambda r: EpochStats(

@@ -10,7 +10,9 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from dloader.v1 import node_pb2 as pb
 from sidecar._config import default_socket, default_state_dir
@@ -23,7 +25,7 @@ from sidecar.monitors import GpuMonitor, NodeMonitor
 from sidecar.server import ListenConfig, build_server
 from sidecar.store import Store
 
-__all__ = ["main", "serve"]
+__all__ = ["main", "run_daemon", "serve"]
 
 log = logging.getLogger("sidecar")
 
@@ -237,18 +239,26 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     store.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``dloader-sidecar``."""
-    args = parser().parse_args(argv)
+def run_daemon(
+    prog: str,
+    serve_fn: Callable[[argparse.Namespace], Coroutine[Any, Any, None]],
+    args: argparse.Namespace,
+) -> int:
+    """Runs a daemon's ``serve`` with logging set up; a bad setting exits 2 with its message."""
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        asyncio.run(serve(args))
+        asyncio.run(serve_fn(args))
     except (ValueError, SidecarError) as exc:
-        print(f"dloader-sidecar: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``dloader-sidecar``."""
+    return run_daemon("dloader-sidecar", serve, parser().parse_args(argv))
 
 
 if __name__ == "__main__":

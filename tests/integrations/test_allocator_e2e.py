@@ -59,6 +59,37 @@ def wait_for(what: str, check, timeout: float = 90.0, procs=()) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+class Processes:
+    """Daemons and jobs of a test, each logging to ``<name>.log``; SIGTERM-ed at the end."""
+
+    def __init__(self, folder: Path, env: dict[str, str]) -> None:
+        self.folder, self.env = folder, env
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list = []
+
+    def start(self, name: str, *cmd: str) -> subprocess.Popen:
+        log = open(self.folder / f"{name}.log", "w")  # noqa: SIM115 (closed in __exit__)
+        self.logs.append(log)
+        p = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in self.logs:
+            f.close()
+
+
 def test_gpu_and_batch_size_changes_reach_running_jobs(tmp_path: Path) -> None:
     asock, nsock = tmp_path / "alloc.sock", tmp_path / "node.sock"
     env = {
@@ -67,13 +98,8 @@ def test_gpu_and_batch_size_changes_reach_running_jobs(tmp_path: Path) -> None:
         "PYTHONWARNINGS": "ignore",
         "DLOADER_SIDECAR": f"unix://{nsock}",
     }
-    logs = {n: open(tmp_path / f"{n}.log", "w") for n in ("alloc", "side", "a", "b")}  # noqa: SIM115
-    procs: list[subprocess.Popen] = []
-
-    def start(name: str, *cmd: str) -> subprocess.Popen:
-        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logs[name], stderr=subprocess.STDOUT)
-        procs.append(p)
-        return p
+    ps = Processes(tmp_path, env)
+    start, procs = ps.start, ps.procs
 
     def launch(name: str, job: str, limits: list[str], script: list[str]) -> subprocess.Popen:
         return start(
@@ -102,7 +128,7 @@ def test_gpu_and_batch_size_changes_reach_running_jobs(tmp_path: Path) -> None:
             *script,
         )
 
-    try:
+    with ps:
         start(
             "alloc",
             str(BIN / "dloader-allocator"),
@@ -202,17 +228,6 @@ def test_gpu_and_batch_size_changes_reach_running_jobs(tmp_path: Path) -> None:
         alloc_log = (tmp_path / "alloc.log").read_text()
         assert "job train-a: 2 GPU(s)" in alloc_log and "shrink 4->2" in alloc_log
         assert "job train-b completed" in alloc_log
-    finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in logs.values():
-            f.close()
 
 
 def test_training_outlives_an_allocator_crash(tmp_path: Path) -> None:
@@ -220,13 +235,8 @@ def test_training_outlives_an_allocator_crash(tmp_path: Path) -> None:
     restores it from SQLite without moving it, and hears of its completion."""
     asock = tmp_path / "alloc.sock"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    logs = {n: open(tmp_path / f"{n}.log", "w") for n in ("alloc1", "alloc2", "job")}  # noqa: SIM115
-    procs: list[subprocess.Popen] = []
-
-    def start(name: str, *cmd: str) -> subprocess.Popen:
-        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logs[name], stderr=subprocess.STDOUT)
-        procs.append(p)
-        return p
+    ps = Processes(tmp_path, env)
+    start = ps.start
 
     def allocator(name: str) -> subprocess.Popen:
         return start(
@@ -240,7 +250,7 @@ def test_training_outlives_an_allocator_crash(tmp_path: Path) -> None:
             "1",
         )
 
-    try:
+    with ps:
         first = allocator("alloc1")
         stub = pb_grpc.ClusterAllocatorStub(grpc.insecure_channel(f"unix://{asock}"))
         wait_for("the allocator", lambda: asock.exists())
@@ -298,14 +308,3 @@ def test_training_outlives_an_allocator_crash(tmp_path: Path) -> None:
             timeout=20,
         )
         assert "allocator unreachable" in (tmp_path / "job.log").read_text()
-    finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in logs.values():
-            f.close()
