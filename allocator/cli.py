@@ -74,13 +74,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     core = AllocatorCore(store, settings)
     server, addresses = await build_server(
         core,
-        ListenConfig(
-            socket=args.socket,
-            tcp=args.listen,
-            token=args.token,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-        ),
+        ListenConfig.from_args(args),
     )
     log.info(
         "dloader-allocator listening on %s; state in %s; policy %s%s; %d job(s), %d node(s)",

@@ -203,13 +203,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     server, addresses = await build_server(
         core,
         node_status,
-        ListenConfig(
-            socket=args.socket,
-            tcp=args.listen,
-            token=args.token,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-        ),
+        ListenConfig.from_args(args),
     )
     log.info(
         "dloader-sidecar listening on %s; state in %s; policy %s",

@@ -342,6 +342,11 @@ class ListenConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
 
+    @classmethod
+    def from_args(cls, args: Any) -> ListenConfig:
+        """From a daemon's ``--socket``, ``--listen``, ``--token``, ``--tls-cert/--tls-key``."""
+        return cls(args.socket, args.listen, args.token, args.tls_cert, args.tls_key)
+
     def __post_init__(self) -> None:
         if self.socket is None and self.tcp is None:
             raise ValueError("listen on a Unix socket (--socket) or TCP (--listen)")
