@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from allocator.policies import POLICIES
 from allocator.server import build_server
 from allocator.store import Store
 from sidecar._config import default_state_dir
-from sidecar.cli import run_daemon
+from sidecar.cli import run_daemon, stop_on_signals
 from sidecar.server import ListenConfig
 
 __all__ = ["default_socket", "main", "serve"]
@@ -65,10 +64,7 @@ def parser() -> argparse.ArgumentParser:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> None:
     """Runs the daemon until ``stop`` is set (or SIGTERM/SIGINT)."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals(stop)
     store = Store(Path(args.state_dir) / "allocator.db")
     settings = Settings(args.policy, args.interval, args.dry_run, args.restart_cost)
     core = AllocatorCore(store, settings)

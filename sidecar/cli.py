@@ -25,7 +25,7 @@ from sidecar.monitors import GpuMonitor, NodeMonitor
 from sidecar.server import ListenConfig, build_server
 from sidecar.store import Store
 
-__all__ = ["main", "run_daemon", "serve"]
+__all__ = ["main", "run_daemon", "serve", "stop_on_signals"]
 
 log = logging.getLogger("sidecar")
 
@@ -133,10 +133,7 @@ def parser() -> argparse.ArgumentParser:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> None:
     """Runs the daemon until ``stop`` is set (or SIGTERM/SIGINT)."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals(stop)
     store = Store(Path(args.state_dir) / "sidecar.db")
     settings = PolicySettings(args.policy, args.worker_budget, args.cpu_budget, args.period)
     cgroup, cgroup_note = None, "off"
@@ -231,6 +228,15 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     for job in core.jobs.values():
         store.save_model(job.job_id, job.model.to_dict())
     store.close()
+
+
+def stop_on_signals(stop: asyncio.Event | None = None) -> asyncio.Event:
+    """``stop`` (or a new event), set on SIGTERM or SIGINT; call from the running loop."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
 
 
 def run_daemon(
