@@ -272,11 +272,12 @@ class AllocatorCore:
         self._seq += 1
         self.jobs[req.job_id] = job
         self.store.add_job(req.job_id, job.seq, _request_to_json(req))
+        most = "any" if req.max_gpus >= 1 << 20 else str(req.max_gpus)
         log.info(
-            "job %s submitted (%d-%d GPUs, batch %d)",
+            "job %s submitted (%d-%s GPUs, batch %d)",
             req.job_id,
             req.min_gpus,
-            min(req.max_gpus, 1 << 16),
+            most,
             req.batch_size,
         )
         self._wake.set()

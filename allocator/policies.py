@@ -179,7 +179,8 @@ class StaticPolicy:
             else:
                 waiting.append(j.job_id)
         placements = place(counts, cluster, _held(jobs))
-        batches = {k: next(j.requested_batch for j in jobs if j.job_id == k) for k in placements}
+        requested = {j.job_id: j.requested_batch for j in jobs}
+        batches = {k: requested[k] for k in placements}
         return Decision(placements, batches, reasons, tuple(waiting))
 
 
