@@ -48,6 +48,12 @@ def parser() -> argparse.ArgumentParser:
         "--restart-cost", type=float, default=30.0, help="default seconds a restart costs a job"
     )
     p.add_argument(
+        "--node-timeout",
+        type=float,
+        default=60.0,
+        help="seconds without a node report before its GPUs leave the pool (0: never)",
+    )
+    p.add_argument(
         "--dry-run", action="store_true", help="only recommend; never change a job's allocation"
     )
     p.add_argument("--listen", metavar="HOST:PORT", help="also listen on TCP (needs --token)")
@@ -67,7 +73,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     stop = stop_on_signals(stop)
     store = Store(Path(args.state_dir) / "allocator.db")
     settings = Settings(args.policy, args.interval, args.dry_run, args.restart_cost)
-    core = AllocatorCore(store, settings)
+    core = AllocatorCore(store, settings, node_timeout_s=args.node_timeout)
     server, addresses = await build_server(
         core,
         ListenConfig.from_args(args),

@@ -227,6 +227,8 @@ class _Node:
     gpus: int
     free: int
     address: str
+    last_seen: float  # clock of the core
+    silent: bool = False  # said to be silent (its GPUs out of the pool)
 
 
 class AllocatorCore:
@@ -238,7 +240,18 @@ class AllocatorCore:
         settings: Settings,
         *,
         clock: Callable[[], float] = time.time,
+        node_timeout_s: float = 0.0,
     ) -> None:
+        """Args:
+        store: the state database (jobs, nodes and allocations are restored from it).
+        settings: policy, interval, dry run, default restart cost.
+        clock: seconds (wall clock; a fake in tests).
+        node_timeout_s: a node that neither registers nor reports for this long loses its
+            GPUs from the pool until it reports again (0: never).
+        """
+        if node_timeout_s < 0:
+            raise ValueError(f"node_timeout_s={node_timeout_s} must be >= 0 (0: never)")
+        self.node_timeout_s = node_timeout_s
         self.store = store
         self.settings = settings  # the daemon's command line wins over a stored Configure
         store.set_setting("settings", json.dumps(asdict(settings)))
@@ -246,7 +259,9 @@ class AllocatorCore:
         self._clock = clock
         self.jobs: dict[str, _Job] = {}
         self.nodes: dict[str, _Node] = {
-            n.node_id: _Node(n.gpus, n.free, n.address) for n in store.nodes()
+            # restored nodes get a full timeout to report again
+            n.node_id: _Node(n.gpus, n.free, n.address, clock())
+            for n in store.nodes()
         }
         self._seq = store.max_seq()
         for row in store.active_jobs():  # a restart keeps every job and its allocation
@@ -332,7 +347,7 @@ class AllocatorCore:
             raise InvalidArgument("node_id", f"{node_id!r} must be 1-{_ID_MAX} printable chars")
         if not 1 <= gpus <= 1024:
             raise InvalidArgument("gpus", f"{gpus} must be within [1, 1024]")
-        self.nodes[node_id] = _Node(gpus, gpus, address)
+        self.nodes[node_id] = _Node(gpus, gpus, address, self._clock())
         self.store.upsert_node(node_id, gpus, gpus, address)
         log.info("node %s registered with %d GPU(s)", node_id, gpus)
         self._wake.set()
@@ -356,7 +371,8 @@ class AllocatorCore:
             job.samples_per_second = rate
             if meas or grad is not None:
                 self.update(job_id, meas, grad)
-        if free != node.free:
+        node.last_seen = self._clock()
+        if free != node.free or node.silent:
             node.free = free
             self._wake.set()
         self.store.upsert_node(node_id, node.gpus, free, node.address)
@@ -384,11 +400,25 @@ class AllocatorCore:
 
     # ------------------------------------------------------------------ decisions
 
+    def _usable(self, node_id: str) -> int:
+        """GPUs of a node the policy may use: none once it has been silent for the timeout."""
+        node = self.nodes[node_id]
+        quiet = self._clock() - node.last_seen
+        silent = self.node_timeout_s > 0 and quiet > self.node_timeout_s
+        if silent != node.silent:
+            node.silent = silent
+            if silent:
+                log.warning("node %s silent for %.0f s: its GPUs leave the pool", node_id, quiet)
+            else:
+                log.info("node %s reports again: its GPUs rejoin the pool", node_id)
+        return 0 if silent else min(node.free, node.gpus)
+
     def _cluster(self) -> tuple[list[str], Cluster | None]:
-        ids = [n for n in sorted(self.nodes) if min(self.nodes[n].free, self.nodes[n].gpus) > 0]
+        usable = {n: self._usable(n) for n in sorted(self.nodes)}
+        ids = [n for n, g in usable.items() if g > 0]
         if not ids:
             return [], None
-        return ids, Cluster(tuple(min(self.nodes[n].free, self.nodes[n].gpus) for n in ids))
+        return ids, Cluster(tuple(usable[n] for n in ids))
 
     def _state(self, job: _Job, ids: list[str]) -> JobState:
         r = job.req

@@ -14,6 +14,8 @@ import grpc
 import pytest
 
 from allocator.cli import parser, serve
+from allocator.core import AllocatorCore, Settings
+from allocator.server import job_request
 from allocator.store import Store
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
@@ -283,3 +285,25 @@ def test_sidecar_link_registers_reports_and_directs_batch_sizes(
         await task
 
     asyncio.run(scenario())
+
+
+def test_a_silent_node_leaves_the_pool_until_it_reports(tmp_path: Path, caplog) -> None:
+    now = [1000.0]
+    core = AllocatorCore(
+        Store(tmp_path / "a.db"), Settings(), clock=lambda: now[0], node_timeout_s=60
+    )
+    core.register_node("n0", 2)
+    core.register_node("n1", 2)
+    core.submit(job_request(job("a", max_gpus=4).job))
+    assert core.decide().allocations[0].gpus == 4
+    now[0] += 30
+    core.report_node("n1", 2, [])
+    now[0] += 45  # n0 silent for 75 s, n1 for 45 s
+    with caplog.at_level("WARNING"):
+        snap = core.decide()
+    assert snap.allocations[0].nodes == {"n1": 2}
+    assert "node n0 silent for 75 s" in caplog.text
+    core.report_node("n0", 2, [])
+    assert core.decide().allocations[0].gpus == 4
+    with pytest.raises(ValueError, match="node_timeout_s=-1"):
+        AllocatorCore(Store(tmp_path / "b.db"), Settings(), node_timeout_s=-1)
