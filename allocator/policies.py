@@ -178,6 +178,9 @@ class StaticPolicy:
                 reasons[j.job_id] = f"start on the requested {need} GPU(s)"
             else:
                 waiting.append(j.job_id)
+                reasons[j.job_id] = (
+                    f"waiting, {len(waiting)} in line: needs {need} GPU(s), {free} free"
+                )
         placements = place(counts, cluster, _held(jobs))
         requested = {j.job_id: j.requested_batch for j in jobs}
         batches = {k: requested[k] for k in placements}
@@ -237,8 +240,9 @@ class DpPolicy:
         )
 
     def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> Decision:
+        specs = [self.spec(j, cluster) for j in jobs]
         plan = optimize(
-            [self.spec(j, cluster) for j in jobs],
+            specs,
             cluster,
             objective=self.objective,
             horizon_s=self.horizon_s,
@@ -246,10 +250,18 @@ class DpPolicy:
         )
         counts = {k: a.gpus for k, a in plan.assignments.items()}
         placements = place(counts, cluster, _held(jobs))
+        reasons = {k: a.reason for k, a in plan.assignments.items()}
+        floor = {s.job_id: s.min_gpus for s in specs}
+        taken = sum(floor[k] for k in plan.assignments)
+        for i, k in enumerate(plan.waiting):
+            reasons[k] = (
+                f"waiting, {i + 1} in line: needs >= {floor[k]} GPU(s); the jobs ahead hold "
+                f"at least {taken} of {cluster.capacity}"
+            )
         return Decision(
             placements,
             {k: a.batch_size for k, a in plan.assignments.items()},
-            {k: a.reason for k, a in plan.assignments.items()},
+            reasons,
             plan.waiting,
         )
 

@@ -210,6 +210,12 @@ class Simulator:
                 began = time.perf_counter()
                 decision = self.policy.decide([self._state(j) for j in active], self.cluster)
                 optimizer_ms.append((time.perf_counter() - began) * 1e3)
+                if decision.waiting and not decision.placements:  # an empty cluster, yet none fits
+                    head = decision.waiting[0]
+                    raise AllocatorError(
+                        f"job {head} can never start on {self.cluster.capacity} GPUs: "
+                        f"{decision.reasons.get(head, '')}"
+                    )
                 self._apply(active, decision.placements, decision.batch_sizes, t)
             times.append(t)
             for j in jobs:

@@ -85,6 +85,7 @@ def test_jobs_share_the_cluster_and_wait_in_order(alloc: Allocator) -> None:
     assert jobs["a"].gpus + jobs["b"].gpus == 8
     assert (jobs["c"].gpus, jobs["c"].queue_position) == (0, 0)
     assert (jobs["d"].gpus, jobs["d"].queue_position) == (0, 1)
+    assert jobs["c"].reason.startswith("waiting, 1 in line: needs >= 4 GPU(s)")
     assert "shrink 8->" in jobs["a"].reason
     s.CompleteJob(pb.CompleteJobRequest(job_id="a"))
     snap = until(s, lambda x: "a" not in by_job(x) and by_job(x)["c"].gpus == 4)

@@ -142,3 +142,11 @@ def test_cli_writes_results_csv_and_plot(tmp_path, capsys):
     rc = main([*args, "--policy", "static,bogus", "--out", str(out), "--quiet"])
     assert rc == 2
     assert "--policy 'bogus'" in capsys.readouterr().err
+
+
+def test_a_job_that_can_never_start_is_an_error_not_a_hang(apps):
+    # elastic-gpu keeps batch 4096; at most 1024 per GPU, it needs 4 GPUs: the cluster has 2
+    work = [WorkloadJob("big", 0, "cifar10", 4, 4096)]
+    sim = Simulator(work, apps, make_policy("elastic-gpu"), Cluster.uniform(1, 2))
+    with pytest.raises(AllocatorError, match=r"job big can never start on 2 GPUs: waiting, 1 in"):
+        sim.run()
