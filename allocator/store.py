@@ -8,11 +8,11 @@ disturbed.
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from sidecar.store import SqliteState
 
 __all__ = ["JobRow", "NodeRow", "Store"]
 
@@ -76,26 +76,11 @@ class NodeRow:
     last_seen: float
 
 
-class Store:
-    """Thread-safe access to the allocator database at ``path``."""
+class Store(SqliteState):
+    """The allocator's state database at ``path``."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-
-    def close(self) -> None:
-        """Closes the database."""
-        with self._lock:
-            self._db.close()
-
-    def _exec(self, sql: str, args: tuple = ()) -> list[tuple]:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
+        super().__init__(path, _SCHEMA)
 
     def add_job(self, job_id: str, seq: int, spec: bytes) -> None:
         """Stores a submitted job."""
@@ -175,16 +160,3 @@ class Store:
             else self._exec(sql + " ORDER BY id")
         )
         return [(r[0], r[1], r[2], r[3], r[4], bool(r[5])) for r in rows]
-
-    def get_setting(self, key: str) -> str | None:
-        """A stored setting."""
-        rows = self._exec("SELECT value FROM settings WHERE key = ?", (key,))
-        return rows[0][0] if rows else None
-
-    def set_setting(self, key: str, value: str) -> None:
-        """Stores a setting."""
-        self._exec(
-            "INSERT INTO settings (key, value) VALUES (?, ?) "
-            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (key, value),
-        )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JobRecord", "Store"]
+__all__ = ["JobRecord", "SqliteState", "Store"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -74,10 +74,13 @@ class JobRecord:
     registered_at: float
 
 
-class Store:
-    """Thread-safe access to the state database at ``path``."""
+class SqliteState:
+    """A thread-safe SQLite file in WAL mode with a ``settings (key, value)`` table.
 
-    def __init__(self, path: str | Path) -> None:
+    The daemons' stores derive from it; ``schema`` must create the ``settings`` table.
+    """
+
+    def __init__(self, path: str | Path, schema: str) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -85,7 +88,7 @@ class Store:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
+            self._db.executescript(schema)
         except sqlite3.DatabaseError as exc:
             raise ValueError(f"state database {self.path} is not usable: {exc}") from None
 
@@ -97,6 +100,22 @@ class Store:
     def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
+
+    def get_setting(self, key: str) -> str | None:
+        """A stored setting."""
+        rows = self._exec("SELECT value FROM settings WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
+
+    def set_setting(self, key: str, value: str) -> None:
+        """Stores a setting."""
+        self._exec("INSERT OR REPLACE INTO settings VALUES (?, ?)", (key, value))
+
+
+class Store(SqliteState):
+    """The sidecar's state database at ``path``."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(path, _SCHEMA)
 
     # ------------------------------------------------------------------ jobs
 
@@ -187,12 +206,3 @@ class Store:
             "VALUES (?, ?, ?, ?, ?, ?)",
             (time.time(), job_id, num_workers, batch_size, json.dumps(cpus), reason),
         )
-
-    def get_setting(self, key: str) -> str | None:
-        """A stored setting."""
-        rows = self._exec("SELECT value FROM settings WHERE key = ?", (key,))
-        return rows[0][0] if rows else None
-
-    def set_setting(self, key: str, value: str) -> None:
-        """Stores a setting."""
-        self._exec("INSERT OR REPLACE INTO settings VALUES (?, ?)", (key, value))
