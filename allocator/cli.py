@@ -13,21 +13,13 @@ from allocator.core import AllocatorCore, Settings
 from allocator.policies import POLICIES
 from allocator.server import build_server
 from allocator.store import Store
-from sidecar._config import default_state_dir
+from sidecar._config import default_socket, default_state_dir
 from sidecar.cli import run_daemon, stop_on_signals
 from sidecar.server import ListenConfig
 
-__all__ = ["default_socket", "main", "serve"]
+__all__ = ["main", "serve"]
 
 log = logging.getLogger("allocator")
-
-
-def default_socket() -> str:
-    """``$XDG_RUNTIME_DIR/dloader/allocator.sock``, else ``/tmp/dloader-<uid>/allocator.sock``."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return str(Path(runtime) / "dloader" / "allocator.sock")
-    return f"/tmp/dloader-{os.getuid()}/allocator.sock"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -40,7 +32,9 @@ def parser() -> argparse.ArgumentParser:
         "schedulers call the ClusterAllocator gRPC API (proto/dloader/v1/allocator.proto).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--socket", default=default_socket(), help="Unix socket (mode 0660)")
+    p.add_argument(
+        "--socket", default=default_socket("allocator.sock"), help="Unix socket (mode 0660)"
+    )
     p.add_argument("--state-dir", default=default_state_dir(), help="folder for allocator.db")
     p.add_argument("--policy", choices=POLICIES, default="goodput-dp", help="allocation policy")
     p.add_argument("--interval", type=float, default=60.0, help="seconds between decisions")

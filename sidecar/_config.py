@@ -14,12 +14,12 @@ from pathlib import Path
 __all__ = ["default_socket", "default_state_dir"]
 
 
-def default_socket() -> str:
-    """``$XDG_RUNTIME_DIR/dloader/sidecar.sock``, else ``/tmp/dloader-<uid>/sidecar.sock``."""
+def default_socket(name: str = "sidecar.sock") -> str:
+    """``$XDG_RUNTIME_DIR/dloader/<name>``, else ``/tmp/dloader-<uid>/<name>``."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime:
-        return str(Path(runtime) / "dloader" / "sidecar.sock")
-    return f"/tmp/dloader-{os.getuid()}/sidecar.sock"
+        return str(Path(runtime) / "dloader" / name)
+    return f"/tmp/dloader-{os.getuid()}/{name}"
 
 
 def default_state_dir() -> str:

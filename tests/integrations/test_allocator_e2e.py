@@ -59,6 +59,19 @@ def wait_for(what: str, check, timeout: float = 90.0, procs=()) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def allocator_cmd(socket: Path, state: Path) -> list[str]:
+    """``dloader-allocator`` on ``socket``, deciding every second."""
+    return [
+        str(BIN / "dloader-allocator"),
+        "--socket",
+        str(socket),
+        "--state-dir",
+        str(state),
+        "--interval",
+        "1",
+    ]
+
+
 class Processes:
     """Daemons and jobs of a test, each logging to ``<name>.log``; SIGTERM-ed at the end."""
 
@@ -129,18 +142,7 @@ def test_gpu_and_batch_size_changes_reach_running_jobs(tmp_path: Path) -> None:
         )
 
     with ps:
-        start(
-            "alloc",
-            str(BIN / "dloader-allocator"),
-            "--socket",
-            str(asock),
-            "--state-dir",
-            str(tmp_path / "astate"),
-            "--interval",
-            "1",
-            "--restart-cost",
-            "1",
-        )
+        start("alloc", *allocator_cmd(asock, tmp_path / "astate"), "--restart-cost", "1")
         start(
             "side",
             str(BIN / "dloader-sidecar"),
@@ -239,16 +241,7 @@ def test_training_outlives_an_allocator_crash(tmp_path: Path) -> None:
     start = ps.start
 
     def allocator(name: str) -> subprocess.Popen:
-        return start(
-            name,
-            str(BIN / "dloader-allocator"),
-            "--socket",
-            str(asock),
-            "--state-dir",
-            str(tmp_path / "astate"),
-            "--interval",
-            "1",
-        )
+        return start(name, *allocator_cmd(asock, tmp_path / "astate"))
 
     with ps:
         first = allocator("alloc1")
