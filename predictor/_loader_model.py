@@ -29,6 +29,7 @@ usable fit in a few reports; see its docstring.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -52,7 +53,11 @@ __all__ = [
 _KIND = "loader"
 _VERSION = 1
 _MAX_SAMPLES = 1000  # observations kept (the most recent)
-_MULTI_START_BELOW = 50  # observations: below this, the shape fit tries several starts
+_SHAPE_REFIT_GROWTH = 1.25  # refit the shape of known allocations after this growth in reports
+_GRID_ETA = (0.3, 0.6, 0.9, 1.2, 1.5)  # the shape fit's coarse grid: share of the cores
+_GRID_KNEE = (1.5, 3.0, 6.0, 12.0, 25.0)  # ... sharpness of a knee
+_GRID_SHARE = (0.05, 0.25, 0.5, 0.75, 0.95)  # ... CPU share of a sample's time
+_GRID_START_MAX_NFEV = 60  # evaluations from the grid's best point
 _COLD_STD = 0.5  # relative uncertainty reported before there is anything to fit
 
 
@@ -130,7 +135,7 @@ class _Physics:
     q: float = 6.0  # sharpness of the workers/CPU knee
 
 
-def _soft_min(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
+def _soft_min(a: np.ndarray, b: np.ndarray, p: float | np.ndarray) -> np.ndarray:
     lo, hi = np.minimum(a, b), np.maximum(a, b)
     return lo * (1.0 + (lo / hi) ** p) ** (-1.0 / p)
 
@@ -151,6 +156,11 @@ class LoaderModel:
         self._obs: deque[LoaderObservation] = deque(maxlen=_MAX_SAMPLES)
         self._phys = _Physics()
         self._ridge: BayesianRidge | None = None
+        self._shape_seen: set[tuple[int, float, int]] = set()
+        """Allocations the last shape fit saw."""
+        self._added = 0  # observations ever added
+        self._curves: dict[tuple[float, int], list[LoaderPrediction]] = {}  # until the next fit
+        self._shape_at = 0  # ... when the shape was last fitted
 
     # ------------------------------------------------------------------ fitting
 
@@ -165,6 +175,8 @@ class LoaderModel:
             if not isinstance(o, LoaderObservation):
                 raise PredictorError(f"expected LoaderObservation, got {type(o).__name__}")
             self._obs.append(o)
+            self._added += 1
+        self._curves.clear()
         self._fit()
 
     def _fit(self) -> None:
@@ -211,7 +223,20 @@ class LoaderModel:
             else:  # nothing tells I/O from CPU: assume CPU (the cautious choice)
                 ph.t_cpu, ph.t_io = max(per_sample, 1e-7), 0.0
         if len(obs) >= 2:
-            self._fit_shape(ph, obs, fit_cpu_share=not cpu)
+            allocations = {(o.num_workers, o.cores, o.batch_size) for o in obs}
+            new = not allocations <= self._shape_seen
+            if new or self._added >= max(_SHAPE_REFIT_GROWTH * self._shape_at, 10):
+                # Refit the shape when an allocation is new, else on a geometric schedule of
+                # reports: more reports of known allocations move it less and less (the
+                # residual model below is refitted every time).
+                self._fit_shape(ph, obs, fit_cpu_share=not cpu, multi_start=new)
+                self._shape_seen, self._shape_at = allocations, self._added
+            else:
+                prev = self._phys
+                ph.eta, ph.p, ph.q = prev.eta, prev.p, prev.q
+                if not cpu:  # keep the fitted CPU share of a sample
+                    per, share = ph.t_io + ph.t_cpu, prev.t_cpu / (prev.t_io + prev.t_cpu)
+                    ph.t_cpu, ph.t_io = per * share, per * (1.0 - share)
         self._phys = ph
         resid = np.log(np.array([o.samples_per_s for o in obs])) - np.log(self._physical(obs))
         if len(obs) >= 3:
@@ -222,37 +247,58 @@ class LoaderModel:
             self._ridge = None
 
     def _fit_shape(
-        self, ph: _Physics, obs: Sequence[LoaderObservation], *, fit_cpu_share: bool
+        self,
+        ph: _Physics,
+        obs: Sequence[LoaderObservation],
+        *,
+        fit_cpu_share: bool,
+        multi_start: bool,
     ) -> None:
         """Fits ``eta``, ``p``, ``q`` (and, without CPU timings, the CPU share of a sample)."""
-        k = np.array([o.num_workers for o in obs], dtype=float)
-        c = np.array([o.cores for o in obs], dtype=float)
-        b = np.array([o.batch_size for o in obs], dtype=float)
-        y = np.log(np.array([o.samples_per_s for o in obs]))
+        # Least squares over observations equals least squares over each allocation's mean
+        # log throughput weighted by its count: fit the (few) allocations, not every report.
+        groups: dict[tuple[int, float, int], list[float]] = {}
+        for o in obs:
+            groups.setdefault((o.num_workers, o.cores, o.batch_size), []).append(
+                math.log(o.samples_per_s)
+            )
+        k, c, b = (np.array([g[i] for g in groups], dtype=float) for i in range(3))
+        y = np.array([sum(v) / len(v) for v in groups.values()])
+        weight = np.sqrt([len(v) for v in groups.values()])
         a = b / (ph.a0 + ph.a1 * b)
         per = ph.t_io + ph.t_cpu
-        trial = _Physics(ph.a0, ph.a1, ph.t_io, ph.t_cpu)
+        fixed_share = ph.t_cpu / per
 
         def resid(x: np.ndarray) -> np.ndarray:
-            if fit_cpu_share:
-                trial.t_cpu = per * x[2]
-                trial.t_io = per - trial.t_cpu
-            return np.log(self._rates(trial, k, c, a, x[0], x[1], x[2])[1]) - y
+            """Weighted residuals for parameters ``x`` (``[eta, p, q(, share)]``), or for a
+            stack of them (``(n, 3 or 4)`` -> ``(n, allocations)``)."""
+            x = np.asarray(x)[..., None]  # each parameter broadcasts over the allocations
+            share = x[..., 3, :] if fit_cpu_share else fixed_share
+            t_cpu = per * share
+            tput = self._rates(
+                per - t_cpu, t_cpu, k, c, a, x[..., 0, :], x[..., 1, :], x[..., 2, :]
+            )
+            return weight * (np.log(tput[1]) - y)
 
         lo, hi = [0.1, 1.0, 1.0], [1.5, 30.0, 30.0]
         if fit_cpu_share:
             lo, hi = [*lo, 0.01], [*hi, 1.0]
-        # The problem has local minima: while observations are few (and fits cheap) start from
-        # a small grid; later, warm-start from the previous fit (online updates move little).
+        # The problem has local minima. When an allocation appears that the last fit did not
+        # see, also start from the best point of a coarse grid (evaluated in one vectorised
+        # pass); otherwise warm-start from the previous fit only (another report of a known
+        # allocation moves the optimum little).
         prev = self._phys
-        starts = [[prev.eta, prev.p, prev.q, prev.t_cpu / max(prev.t_io + prev.t_cpu, 1e-12)]]
-        if len(obs) < _MULTI_START_BELOW:
-            starts += [
-                [0.9, p, q, f] for p in (3.0, 10.0) for q in (2.0, 10.0) for f in (0.1, 0.5, 0.95)
-            ]
+        warm = (prev.eta, prev.p, prev.q, prev.t_cpu / max(prev.t_io + prev.t_cpu, 1e-12))
+        starts: list[tuple[np.ndarray, int | None]] = [(np.clip(warm[: len(lo)], lo, hi), None)]
+        if multi_start:
+            axes = [_GRID_ETA, _GRID_KNEE, _GRID_KNEE] + ([_GRID_SHARE] if fit_cpu_share else [])
+            grid = np.array(list(itertools.product(*axes)))
+            cost = (resid(grid) ** 2).sum(axis=1)
+            # A start far from the optimum can wander for hundreds of evaluations: cap it.
+            starts.append((grid[int(np.argmin(cost))], _GRID_START_MAX_NFEV))
         best = None
-        for start in starts:
-            fit = least_squares(resid, np.clip(start[: len(lo)], lo, hi), bounds=(lo, hi))
+        for start, cap in starts:
+            fit = least_squares(resid, start, bounds=(lo, hi), max_nfev=cap)
             if best is None or fit.cost < best.cost:
                 best = fit
         assert best is not None
@@ -263,11 +309,19 @@ class LoaderModel:
 
     @staticmethod
     def _rates(
-        ph: _Physics, k: np.ndarray, c: np.ndarray, a: np.ndarray, eta: float, p: float, q: float
+        t_io: float | np.ndarray,
+        t_cpu: float | np.ndarray,
+        k: np.ndarray,
+        c: np.ndarray,
+        a: np.ndarray,
+        eta: float | np.ndarray,
+        p: float | np.ndarray,
+        q: float | np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``(L, T)``: the loader's rate and the job's throughput (see the module docstring)."""
-        per = ph.t_io + ph.t_cpu
-        piped = _soft_min(np.maximum(k, 1e-9) / per, eta * c / ph.t_cpu, q)
+        """``(L, T)``: the loader's rate and the job's throughput (see the module docstring);
+        every argument broadcasts."""
+        per = t_io + t_cpu
+        piped = _soft_min(np.maximum(k, 1e-9) / per, eta * c / t_cpu, q)
         loader = np.where(k >= 1, piped, 1.0 / per)
         tput = np.where(k >= 1, _soft_min(a, piped, p), 1.0 / (1.0 / a + per))
         return loader, tput
@@ -275,7 +329,7 @@ class LoaderModel:
     def _limits(self, k: np.ndarray, c: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
         ph = self._phys
         a = b / (ph.a0 + ph.a1 * b)
-        loader, tput = self._rates(ph, k, c, a, ph.eta, ph.p, ph.q)
+        loader, tput = self._rates(ph.t_io, ph.t_cpu, k, c, a, ph.eta, ph.p, ph.q)
         return a, loader, tput
 
     def _physical(self, obs: Sequence[LoaderObservation]) -> np.ndarray:
@@ -315,24 +369,50 @@ class LoaderModel:
         Raises:
             PredictorError: the model has no observation yet, or an argument is out of range.
         """
+        return self.predict_curve(num_workers, cores, batch_size)[-1]
+
+    def predict_curve(
+        self, max_workers: int, cores: float, batch_size: int
+    ) -> list[LoaderPrediction]:
+        """:meth:`predict` for every worker count ``0..max_workers`` at once (one evaluation
+        of the model: what a policy weighing worker counts needs).
+
+        Raises:
+            PredictorError: the model has no observation yet, or an argument is out of range.
+        """
         if not self._obs:
             raise PredictorError(
                 "LoaderModel.predict needs at least one observation "
                 "(see exploration_plan for what to try first)"
             )
-        if num_workers < 0 or not cores > 0 or batch_size < 1:
+        if max_workers < 0 or not cores > 0 or batch_size < 1:
             raise PredictorError(
                 f"need num_workers >= 0, cores > 0, batch_size >= 1; got "
-                f"{num_workers=}, {cores=}, {batch_size=}"
+                f"num_workers={max_workers}, {cores=}, {batch_size=}"
             )
-        ks = np.arange(num_workers + 1, dtype=float)
+        cached = self._curves.get((cores, batch_size))
+        if cached is not None and len(cached) > max_workers:
+            return cached[: max_workers + 1]  # a curve's prefix is the shorter curve
+        ks = np.arange(max_workers + 1, dtype=float)
         cs = np.unique(np.append(np.arange(1, math.floor(cores) + 1, dtype=float), cores))
         kk, cc = np.meshgrid(ks, cs, indexing="ij")
-        tput, std, a, loader = self._raw(
-            kk.ravel(), cc.ravel(), np.full(kk.size, batch_size, dtype=float)
-        )
-        best = int(np.argmax(tput))  # monotone: the best over all smaller allocations
-        return LoaderPrediction(float(tput[best]), float(std[-1]), float(a[-1]), float(loader[-1]))
+        grid = [
+            v.reshape(kk.shape)
+            for v in self._raw(kk.ravel(), cc.ravel(), np.full(kk.size, batch_size, dtype=float))
+        ]
+        tput, std, a, loader = grid
+        # Monotone: each count gets the best over all smaller allocations (fewer workers or
+        # cores); the other parts are those of the allocation asked about (all ``cores``).
+        best = np.maximum.accumulate(tput.max(axis=1))
+        curve = [
+            LoaderPrediction(
+                float(best[k]), float(std[k, -1]), float(a[k, -1]), float(loader[k, -1])
+            )
+            for k in range(max_workers + 1)
+        ]
+        if cached is None or len(curve) > len(cached):
+            self._curves[(cores, batch_size)] = curve
+        return list(curve)
 
     @property
     def cpu_seconds_per_sample(self) -> float:

@@ -32,7 +32,12 @@ log = logging.getLogger(__name__)
 
 _NAME_MAX = 200
 _SAVE_MODEL_EVERY = 5  # reports
+_COALESCE_S = 0.2  # after an event, wait this long for more before deciding
 _SETTLE_S = 1.5  # after a worker-count change: to apply it and start the workers
+_SURPRISE = 0.1  # |log(measured / predicted)| of a report that makes the policy re-decide now
+_STEADY_AFTER = 10  # windows at one allocation; after that the model takes one in _STEADY_EVERY
+_STEADY_EVERY = 5
+_MAIN_CPU_CHANGE = 0.1  # relative change of a job's main-process CPU that calls for a decision
 _EWMA = 0.3  # weight of a new measurement of a job's main-process CPU per sample
 
 
@@ -90,6 +95,7 @@ class Job:
     directive_at: float = 0.0  # when the worker count last changed (clock of the core)
     initial_workers: int = 0  # the count the job registered with (exploration starts there)
     main_cpu_per_sample: float = 0.0  # CPU seconds the training process spends per sample
+    run_length: int = 0  # windows observed in a row at the current worker count
     watchers: set[asyncio.Queue[Directive | None]] = field(default_factory=set)
 
     @property
@@ -138,6 +144,7 @@ class NodeCore:
         self.jobs: dict[str, Job] = {}
         self._revision = 0
         self._wake = asyncio.Event()
+        self._dirty = True  # something the decision depends on changed since the last one
         for rec in store.active_jobs():  # a restart keeps the jobs and what was learned
             model = LoaderModel()
             payload = store.load_model(rec.job_id)
@@ -270,6 +277,7 @@ class NodeCore:
         if (k, b) != (job.record.num_workers, job.record.batch_size):
             job.record.num_workers, job.record.batch_size = k, b
             self.store.update_job(job.job_id, num_workers=k, batch_size=b)
+            self._dirty = True
         self.store.add_report(job.job_id, body)
         # Learn only from steady windows at the allocation the job was told to run: the whole
         # reported window must lie after the change (plus time to apply it and start workers).
@@ -294,18 +302,35 @@ class NodeCore:
                 cpu_s=sum(w["cpu_seconds"] for w in busy) / len(busy) if busy else None,
             )
             # One observation per allocation change and per window, not one per second.
-            same = job.model.observations and job.model.observations[-1].num_workers == k
+            same = bool(job.model.observations) and job.model.observations[-1].num_workers == k
             if same and job.reports % max(int(window), 1):
                 return
+            surprise = same and (
+                abs(math.log(tput / job.model.predict(k, obs.cores, b).samples_per_s)) > _SURPRISE
+            )
+            job.run_length = job.run_length + 1 if same else 0
+            if (
+                same
+                and not surprise
+                and job.run_length > _STEADY_AFTER
+                and job.run_length % _STEADY_EVERY
+            ):
+                return  # an allocation the model knows and predicts well: sample it sparsely
             job.model.update(obs)
             if len(job.model.observations) % _SAVE_MODEL_EVERY == 0:
                 self.store.save_model(job.job_id, job.model.to_dict())
-            self._wake.set()
+            self._dirty = True
+            # Re-decide at once on news (the first window at a new allocation: exploration's
+            # next step waits for it; or a throughput the model did not expect); otherwise
+            # the periodic decision is soon enough.
+            if not same or surprise:
+                self._wake.set()
 
     # ------------------------------------------------------------------ decisions
 
     def decide(self) -> None:
         """Runs the policy and sends every changed directive."""
+        self._dirty = False
         jobs = list(self.jobs.values())
         if not jobs:
             return
@@ -418,17 +443,26 @@ class NodeCore:
                 x = job.tree.main_cpu_percent / 100.0 / rate
                 m = job.main_cpu_per_sample
                 job.main_cpu_per_sample = x if m == 0 else m + _EWMA * (x - m)
+                if m == 0 or abs(job.main_cpu_per_sample / m - 1) > _MAIN_CPU_CHANGE:
+                    self._dirty = True
         return gone
 
     async def run(self, stop: asyncio.Event) -> None:
         """The periodic loop: reap dead jobs and re-decide every period and on new evidence."""
+        last_reap = -math.inf
         while not stop.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.settings.period_s)
+            # Evidence comes in bursts (every job's report within a second): decide once for
+            # the burst. Process trees are measured every period, not on every event.
+            await asyncio.sleep(_COALESCE_S)
             self._wake.clear()
             try:
-                self.reap()
-                self.decide()
+                if self._clock() - last_reap >= self.settings.period_s:
+                    last_reap = self._clock()
+                    self.reap()
+                if self._dirty:  # the decision is a function of the jobs, models and settings
+                    self.decide()
             except Exception:  # the daemon must outlive a bad decision
                 log.exception("node policy loop failed; keeping the last allocation")
 

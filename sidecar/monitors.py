@@ -146,21 +146,53 @@ def _proc(pid: int) -> psutil.Process:
     return p
 
 
+_CHILDREN_TTL_S = 0.5
+_children: tuple[float, dict[int, list[int]]] = (-1.0, {})
+
+
+def _children_map() -> dict[int, list[int]]:
+    """Parent PID -> child PIDs of every process on the node. Reading it means reading every
+    process's ``/proc`` entry, so all the jobs measured within ``_CHILDREN_TTL_S`` share one
+    scan (``Process.children`` scans once per call: once per job)."""
+    global _children
+    now = time.monotonic()
+    if now - _children[0] > _CHILDREN_TTL_S:
+        kids: dict[int, list[int]] = {}
+        for p in psutil.process_iter(["ppid"]):
+            ppid = p.info["ppid"]
+            if ppid is not None:
+                kids.setdefault(ppid, []).append(p.pid)
+        _children = (now, kids)
+        alive = {pid for pids in kids.values() for pid in pids}
+        for pid in [pid for pid in _procs if pid not in alive]:
+            del _procs[pid]  # ended processes (resized-away workers, finished jobs)
+    return _children[1]
+
+
 def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
     """CPU, memory and I/O of ``pids`` and all their descendants."""
     tree: dict[int, psutil.Process] = {}
     alive = False
+    kids = _children_map()
     for pid in pids:
         try:
             root = _proc(pid)
             if root.status() == psutil.STATUS_ZOMBIE:
                 continue
-            alive = True
-            tree[pid] = root
-            for child in root.children(recursive=True):
-                tree.setdefault(child.pid, child)
         except psutil.Error:
             continue
+        alive = True
+        tree[pid] = root
+        todo = list(kids.get(pid, ()))
+        while todo:
+            child = todo.pop()
+            if child in tree:
+                continue
+            try:
+                tree[child] = _proc(child)
+            except psutil.Error:  # gone since the scan
+                continue
+            todo += kids.get(child, ())
     cpu = main = 0.0
     rss = rd = wr = 0
     for pid in tree:

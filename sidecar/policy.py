@@ -115,19 +115,16 @@ def _curve(job: JobView, budget: Budget, high: int) -> tuple[Candidate, ...]:
     assert model is not None
     limit = model.accelerator_limit(job.batch_size)
     cpu = model.cpu_seconds_per_sample
-    out = []
-    for k in range(high + 1):
-        p = model.predict(k, budget.cores, job.batch_size)
-        out.append(
-            Candidate(
-                k,
-                p.samples_per_s,
-                p.relative_std,
-                p.samples_per_s / limit,
-                p.samples_per_s * cpu if k > 0 else 0.0,
-            )
+    return tuple(
+        Candidate(
+            k,
+            p.samples_per_s,
+            p.relative_std,
+            p.samples_per_s / limit,
+            p.samples_per_s * cpu if k > 0 else 0.0,
         )
-    return tuple(out)
+        for k, p in enumerate(model.predict_curve(high, budget.cores, job.batch_size))
+    )
 
 
 def cpu_shares(demands: Sequence[float], workers: Sequence[int], cores: float) -> list[float]:

@@ -57,6 +57,7 @@ CREATE TABLE IF NOT EXISTS settings (
 """
 
 _KEEP_REPORTS = 1000  # per job
+_PRUNE_EVERY = 100  # reports of a job between two prunings
 
 
 @dataclass
@@ -116,6 +117,7 @@ class Store(SqliteState):
 
     def __init__(self, path: str | Path) -> None:
         super().__init__(path, _SCHEMA)
+        self._added: dict[str, int] = {}  # reports added per job since opening
 
     # ------------------------------------------------------------------ jobs
 
@@ -171,17 +173,21 @@ class Store(SqliteState):
     # ------------------------------------------------------------------ reports and models
 
     def add_report(self, job_id: str, body: dict[str, Any]) -> None:
-        """Keeps a report (the most recent 1,000 per job)."""
+        """Keeps a report (the most recent 1,000 per job; older ones are pruned every
+        ``_PRUNE_EVERY`` reports of the job, so a job holds at most that many more)."""
         now = time.time()
         with self._lock:
             self._db.execute(
                 "INSERT INTO reports VALUES (?, ?, ?)", (job_id, now, json.dumps(body))
             )
-            self._db.execute(
-                "DELETE FROM reports WHERE job_id = ? AND at < (SELECT at FROM reports WHERE "
-                "job_id = ? ORDER BY at DESC LIMIT 1 OFFSET ?)",
-                (job_id, job_id, _KEEP_REPORTS),
-            )
+            count = self._added.get(job_id, 0) + 1
+            self._added[job_id] = count
+            if count % _PRUNE_EVERY == 0:
+                self._db.execute(
+                    "DELETE FROM reports WHERE job_id = ? AND at < (SELECT at FROM reports "
+                    "WHERE job_id = ? ORDER BY at DESC LIMIT 1 OFFSET ?)",
+                    (job_id, job_id, _KEEP_REPORTS),
+                )
 
     def save_model(self, job_id: str, payload: dict[str, Any]) -> None:
         """Stores a job's fitted model (``LoaderModel.to_dict()``)."""

@@ -104,6 +104,14 @@ def test_predictions_are_monotone_in_resources(
     assert max(by_workers) <= model.accelerator_limit(32) * (1 + 1e-9)
 
 
+def test_curve_matches_single_predictions() -> None:
+    model = LoaderModel()
+    model.update(*(truth(k, 2, 32, **IO_HEAVY) for k in (1, 2, 4, 8, 16)))
+    curve = model.predict_curve(30, 2.5, 32)
+    assert len(curve) == 31
+    assert curve == [model.predict(k, 2.5, 32) for k in range(31)]
+
+
 def test_exploration_plan_io_bound_then_stops() -> None:
     seen: list[LoaderObservation] = []
     tried = []

@@ -1,0 +1,27 @@
+"""The sidecar's SQLite store: report retention."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import sidecar.store as store_mod
+from sidecar.store import Store
+
+
+def test_reports_are_pruned_to_the_most_recent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_mod, "_KEEP_REPORTS", 10)
+    monkeypatch.setattr(store_mod, "_PRUNE_EVERY", 5)
+    store = Store(tmp_path / "s.db")
+    for i in range(33):
+        store.add_report("a", {"i": i})
+        store.add_report("b", {"i": i})
+    rows = store._exec("SELECT job_id, body FROM reports ORDER BY at")
+    store.close()
+    for job in ("a", "b"):
+        kept = [body for j, body in rows if j == job]
+        assert 10 <= len(kept) < 10 + 5  # pruned every 5 reports to the newest 10
+        assert kept[-1] == '{"i": 32}'  # the newest is always there
