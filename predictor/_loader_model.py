@@ -79,6 +79,9 @@ class LoaderObservation:
     """Mean wall time a worker spends on one batch (``None`` with in-process loading)."""
     cpu_s: float | None = None
     """Mean CPU time a worker spends on one batch."""
+    cpu_wait_s: float | None = None
+    """Of ``fetch_s``: time a worker waited, runnable, for a CPU (run-queue delay: other
+    processes' contention), when the sidecar measures it."""
     io_bytes_per_sample: float | None = None
     """Bytes read from storage per sample, when the sidecar measures it (informational)."""
 
@@ -95,7 +98,7 @@ class LoaderObservation:
             )
         if not 0.0 <= self.idle_share <= 1.0:
             raise PredictorError(f"idle_share={self.idle_share} must be within [0, 1]")
-        for name in ("fetch_s", "cpu_s"):
+        for name in ("fetch_s", "cpu_s", "cpu_wait_s"):
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise PredictorError(f"{name}={v} must be >= 0")
@@ -192,8 +195,8 @@ class LoaderModel:
         else:
             ph.a1, ph.a0 = max(float(np.median(compute / b)), 1e-9), 0.0
         cpu = [o.cpu_s / o.batch_size for o in obs if o.cpu_s is not None and o.num_workers > 0]
-        walls = [
-            (o.fetch_s / o.batch_size, (o.cpu_s or 0.0) / o.batch_size)
+        walls = [  # a worker's wall time per sample without its wait for a CPU, and its CPU
+            ((o.fetch_s - (o.cpu_wait_s or 0.0)) / o.batch_size, (o.cpu_s or 0.0) / o.batch_size)
             for o in obs
             if o.fetch_s is not None and o.num_workers > 0
         ]
@@ -208,7 +211,8 @@ class LoaderModel:
             if o.num_workers > 0 and o.fetch_s is None and o.idle_share > 0.3
         ]
         if walls:
-            # Contention inflates wall time; the least contended observation is closest to t_io.
+            # Contention inflates wall time (beyond the measured run-queue wait, where there is
+            # one): the least contended observation is closest to t_io.
             ph.t_io = max(min(w - c for w, c in walls), 0.0)
         elif bound:
             per_sample = float(min(bound))

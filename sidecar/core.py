@@ -90,6 +90,8 @@ class Job:
     last_report: dict[str, Any] | None = None
     last_report_at: float = 0.0
     tree: ProcessTreeStats | None = None
+    tree_at: float = 0.0  # when ``tree`` was measured (clock of the core)
+    cpu_wait_share: float | None = None  # of its workers' time: waiting for a CPU (None: unknown)
     decision: pol.Decision | None = None
     reports: int = 0
     directive_at: float = 0.0  # when the worker count last changed (clock of the core)
@@ -291,6 +293,7 @@ class NodeCore:
             and (k == 0 or busy)
             and settled
         ):
+            fetch = sum(w["fetch_seconds"] for w in busy) / len(busy) if busy else None
             obs = LoaderObservation(
                 num_workers=k,
                 cores=float(self.settings.cpu_budget),
@@ -298,8 +301,13 @@ class NodeCore:
                 samples_per_s=tput,
                 idle_share=idle,
                 step_s=step,
-                fetch_s=sum(w["fetch_seconds"] for w in busy) / len(busy) if busy else None,
+                fetch_s=fetch,
                 cpu_s=sum(w["cpu_seconds"] for w in busy) / len(busy) if busy else None,
+                cpu_wait_s=(
+                    job.cpu_wait_share * fetch
+                    if fetch is not None and job.cpu_wait_share is not None
+                    else None
+                ),
             )
             # One observation per allocation change and per window, not one per second.
             same = bool(job.model.observations) and job.model.observations[-1].num_workers == k
@@ -433,11 +441,21 @@ class NodeCore:
         """Ends jobs whose processes are all gone; returns their ids."""
         gone = []
         for job in list(self.jobs.values()):
-            job.tree = self._tree_stats(job.record.pids)
+            before, before_at = job.tree, job.tree_at
+            job.tree, job.tree_at = self._tree_stats(job.record.pids), self._clock()
             if not job.tree.alive:
                 gone.append(job.job_id)
                 self._end(job, "ended: its processes are gone")
                 continue
+            if before is not None and job.tree_at > before_at:
+                # the share of time the job's workers waited, runnable, for a CPU
+                was, now = before.run_delay_s, job.tree.run_delay_s
+                waits = [
+                    (now[p] - was[p]) / (job.tree_at - before_at)
+                    for p in job.tree.worker_pids
+                    if p in now and p in was
+                ]
+                job.cpu_wait_share = min(sum(waits) / len(waits), 1.0) if waits else None
             rate = float((job.last_report or {}).get("samples_per_second", 0.0))
             if rate > 0 and job.tree.main_cpu_percent > 0:
                 x = job.tree.main_cpu_percent / 100.0 / rate

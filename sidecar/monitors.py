@@ -25,6 +25,7 @@ __all__ = [
     "NvmlBackend",
     "ProcessTreeStats",
     "process_tree_stats",
+    "run_delay_s",
 ]
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,9 @@ class ProcessTreeStats:
     worker_pids: tuple[int, ...] = field(default_factory=tuple)
     main_cpu_percent: float = 0.0
     """CPU of the registered (training) processes alone, without their loader workers."""
+    run_delay_s: dict[int, float] = field(default_factory=dict)
+    """Per process: seconds it has ever waited, runnable, for a CPU (Linux schedstat; empty
+    where the kernel does not say). Its rate is the CPU contention the process meets."""
 
 
 _procs: dict[int, psutil.Process] = {}  # cache so that cpu_percent() measures between calls
@@ -211,7 +215,18 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
         except psutil.Error:
             continue
     workers = tuple(sorted(p for p in tree if p not in pids))
-    return ProcessTreeStats(tuple(pids), alive, cpu, rss, rd, wr, workers, main)
+    delays = {pid: d for pid in tree if (d := run_delay_s(pid)) is not None}
+    return ProcessTreeStats(tuple(pids), alive, cpu, rss, rd, wr, workers, main, delays)
+
+
+def run_delay_s(pid: int) -> float | None:
+    """Seconds process ``pid``'s main thread has waited on a run queue (``/proc/PID/schedstat``,
+    second field, in ns), or ``None`` where it cannot be read (not Linux, no schedstat, gone)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class NodeMonitor:

@@ -112,6 +112,25 @@ def test_curve_matches_single_predictions() -> None:
     assert curve == [model.predict(k, 2.5, 32) for k in range(31)]
 
 
+def test_run_queue_wait_is_not_taken_for_io() -> None:
+    # CPU-bound workers slowed by other jobs' contention: their wall time per batch includes
+    # a wait for a CPU. Reported, it is not mistaken for I/O (cpu_heavy does no I/O).
+    def contended(k: int, wait: bool) -> LoaderObservation:
+        o = truth(k, 2, 32, **CPU_HEAVY)
+        assert o.fetch_s is not None
+        extra = 0.4 * o.fetch_s  # the run-queue wait other jobs cause
+        return LoaderObservation(
+            **{**o.__dict__, "fetch_s": o.fetch_s + extra, "cpu_wait_s": extra if wait else None}
+        )
+
+    told, blind = LoaderModel(), LoaderModel()
+    told.update(*(contended(k, True) for k in (1, 2, 4)))
+    blind.update(*(contended(k, False) for k in (1, 2, 4)))
+    # per sample: t_cpu = 3 ms, no I/O; without the wait, 40% of the wall time looks like I/O
+    assert told.predict(1, 2, 32).loader_limit == pytest.approx(1 / 0.003, rel=0.05)
+    assert blind.predict(1, 2, 32).loader_limit < 0.8 / 0.003
+
+
 def test_exploration_plan_io_bound_then_stops() -> None:
     seen: list[LoaderObservation] = []
     tried = []

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from sidecar.monitors import ProcessTreeStats, process_tree_stats
+import pytest
+
+from sidecar.monitors import ProcessTreeStats, process_tree_stats, run_delay_s
 
 T = TypeVar("T")
 
@@ -50,3 +53,25 @@ def test_unknown_pid_is_not_alive() -> None:
     pid = 2**22 + 12345  # above Linux's pid_max default
     stats = process_tree_stats([pid])
     assert not stats.alive and stats.worker_pids == ()
+
+
+def test_run_delay_grows_under_contention() -> None:
+    # more CPU-bound processes than CPUs: each waits on a run queue, and schedstat says so
+    n = (os.cpu_count() or 1) * 2 + 1
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(n)
+    ]
+    try:
+        first = run_delay_s(spinners[0].pid)
+        if first is None:
+            pytest.skip("this kernel has no /proc/PID/schedstat")
+        time.sleep(1.0)
+        waited = sum(run_delay_s(p.pid) or 0.0 for p in spinners)
+        assert waited > 0.1  # n spinners on fewer CPUs wait about (n - CPUs) seconds a second
+        stats = process_tree_stats([spinners[0].pid])
+        assert spinners[0].pid in stats.run_delay_s
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()

@@ -1,0 +1,64 @@
+"""NodeCore with a fake clock and fake process trees: what reports teach the models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sidecar.core import NodeCore, PolicySettings
+from sidecar.monitors import ProcessTreeStats
+from sidecar.store import Store
+
+
+class FakeNode:
+    """A job process 100 with workers 201 and 202, each waiting ``wait_share`` of the time for a
+    CPU; a clock the test moves."""
+
+    def __init__(self, wait_share: float) -> None:
+        self.now = 1000.0
+        self.wait_share = wait_share
+
+    def clock(self) -> float:
+        return self.now
+
+    def tree(self, pids: list[int]) -> ProcessTreeStats:
+        delay = {p: self.now * self.wait_share for p in (201, 202)}
+        return ProcessTreeStats(
+            tuple(pids), True, 150.0, 1 << 20, 0, 0, (201, 202), 10.0, {100: 0.0, **delay}
+        )
+
+
+def report(workers: int, tput: float) -> dict[str, object]:
+    return {
+        "num_workers": workers,
+        "batch_size": 32,
+        "samples_per_second": tput,
+        "idle_share": 0.5,
+        "step_seconds": 32 / tput,
+        "window_seconds": 2.0,
+        "workers": [
+            {"pid": 201 + i, "fetch_seconds": 0.2, "cpu_seconds": 0.1, "batches": 10}
+            for i in range(workers)
+        ],
+    }
+
+
+@pytest.mark.parametrize("wait_share", [0.0, 0.25])
+def test_observations_carry_the_workers_run_queue_wait(tmp_path: Path, wait_share: float) -> None:
+    node = FakeNode(wait_share)
+    core = NodeCore(
+        Store(tmp_path / "s.db"),
+        PolicySettings("even", 2, 2, 1.0),
+        tree_stats=node.tree,
+        clock=node.clock,
+    )
+    job = core.register(name="a", limits={}, pids=[100], gpus=[], num_workers=2, batch_size=32)
+    core.reap()
+    node.now += 2.0
+    core.reap()  # two measurements 2 s apart: the wait share is known
+    node.now += 5.0  # past the settling time of the first directive
+    core.report(job, report(2, 300.0))
+    obs = job.model.observations[-1]
+    assert obs.fetch_s == pytest.approx(0.2)
+    assert obs.cpu_wait_s == pytest.approx(wait_share * 0.2)
