@@ -21,6 +21,12 @@ from tests.sidecar.conftest import Sidecar
 
 pytestmark = pytest.mark.integration
 
+# These tests host a gRPC server in this process (a real sidecar in a thread); forking loader
+# workers from a process with gRPC threads can abort them (gRPC does not survive fork()). A real
+# training process holds no gRPC state (the agent's network half is its own process), so there
+# fork is safe; here the workers start from a clean forkserver.
+FORK_SAFE = "forkserver"
+
 
 def wait_for(cond: object, seconds: float = 10.0) -> bool:
     deadline = time.monotonic() + seconds
@@ -47,6 +53,7 @@ def test_loader_registers_reports_and_follows_directives(sidecar: Sidecar) -> No
         num_workers=1,
         sidecar=f"unix://{sidecar.socket}",
         job_name="agent-test",
+        multiprocessing_context=FORK_SAFE,
     )
     it = iter(loader)
     agent = loader.sidecar_agent
@@ -155,6 +162,7 @@ def test_pinned_cpu_sets_reach_the_loader_workers(tmp_path: Path) -> None:
                 max_workers=1,
                 sidecar=f"unix://{s.socket}",
                 job_name=f"pinned-{i}",
+                multiprocessing_context=FORK_SAFE,
             )
             for i in range(2)
         ]
