@@ -21,8 +21,10 @@ It allocates greedily: every job starts at its floor and the next worker goes to
 extra worker raises the node's objective (under that CPU sharing) the most, until none adds
 more than ``min_gain``; then single-worker moves between jobs (or removals) are made while they
 gain, since the shared cores couple the jobs. It is fast: jobs x workers predictions, and a
-few hundred evaluations of the sharing model. A job whose model has fewer than ``warmup``
-observations is explored instead (:func:`predictor.exploration_plan`). A new
+few hundred evaluations of the sharing model. A job with no observation yet, or one whose
+loader reports no worker timings and that has fewer than ``warmup`` observations, is explored
+instead (:func:`predictor.exploration_plan`): a single window with its workers' timings gives
+each worker's I/O and CPU time per sample, from which the model places the job at once. A new
 allocation replaces the previous one only if its predicted objective is higher by
 ``hysteresis`` (no thrashing), or if it only releases workers at no predicted loss.
 """
@@ -244,7 +246,10 @@ def decide(
         low, high = _bounds(job, budget)
         model = job.model
         seen = model.observations if model is not None else ()
-        if len(seen) < warmup:
+        # One window with its workers' timings gives each worker's I/O and CPU per sample:
+        # the model can place the job from there. Without them, explore the curve first.
+        timed = any(o.fetch_s is not None and o.num_workers > 0 for o in seen)
+        if len(seen) < (1 if timed else warmup):
             k = exploration_plan(
                 seen,
                 cores=max(int(budget.cores), 1),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from predictor import LoaderModel
+from predictor import LoaderModel, LoaderObservation
 from sidecar.policy import Budget, JobView, cpu_shares, decide
 from tests.predictor.test_loader_model import CPU_HEAVY, IO_HEAVY, truth
 
@@ -72,13 +72,27 @@ def test_adaptive_respects_budgets_and_floors() -> None:
     assert min(v.num_workers for v in d.values()) >= 1  # nobody starved
 
 
+def untimed(o: LoaderObservation) -> LoaderObservation:
+    """The observation as a loader without worker timings would report it."""
+    return LoaderObservation(**{**o.__dict__, "fetch_s": None, "cpu_s": None})
+
+
 def test_cold_jobs_explore_first() -> None:
     d = decide("adaptive", [JobView("new", 32, 2, model=LoaderModel())], Budget(16, 2))
     assert d["new"].num_workers == 1 and "exploring" in d["new"].reason
     model = LoaderModel()
-    model.update(truth(1, 2, 32, **IO_HEAVY))
+    model.update(untimed(truth(1, 2, 32, **IO_HEAVY)))
     d = decide("adaptive", [JobView("new", 32, 1, model=model)], Budget(16, 2))
-    assert d["new"].num_workers == 2
+    assert d["new"].num_workers == 2 and "exploring" in d["new"].reason
+
+
+def test_one_timed_window_places_the_job() -> None:
+    # the workers' timings of one window give each worker's I/O and CPU per sample: an
+    # I/O-bound loader goes straight to many workers instead of doubling its way there
+    model = LoaderModel()
+    model.update(truth(1, 2, 32, **IO_HEAVY))
+    d = decide("adaptive", [JobView("new", 32, 1, model=model)], Budget(24, 2))
+    assert d["new"].num_workers >= 12 and "exploring" not in d["new"].reason
 
 
 def test_hysteresis_keeps_a_near_optimal_allocation() -> None:
@@ -105,7 +119,7 @@ def test_exploration_starts_from_the_jobs_own_worker_count() -> None:
     )
     assert d["new"].num_workers == 4 and "exploring" in d["new"].reason
     model = LoaderModel()
-    model.update(truth(4, 2, 32, **IO_HEAVY))
+    model.update(untimed(truth(4, 2, 32, **IO_HEAVY)))
     d = decide("adaptive", [JobView("new", 32, 4, model=model, initial_workers=4)], Budget(16, 2))
     assert d["new"].num_workers == 8
 
