@@ -227,6 +227,7 @@ def decide(
     warmup: int = 3,
     min_gain: float = 0.005,
     hysteresis: float = 0.03,
+    release_loss: float = 0.0005,
 ) -> dict[str, Decision]:
     """Worker counts for every job under ``policy`` (``"adaptive"`` or ``"even"``).
 
@@ -317,12 +318,14 @@ def decide(
     objective_old = _objective(current, curves, main_cpu, budget.cores)
     # Workers that add nothing still cost memory and CPU switches: an allocation that only
     # releases workers, at no predicted loss, is taken without waiting for the hysteresis.
+    # "No loss" is strict (release_loss, well below min_gain): workers on a curve that still
+    # rises a little are kept, or repeated small releases would add up to a real loss.
     releases = sum(alloc.values()) < sum(current.values()) and all(
         alloc[j] <= current[j] for j in alloc
     )
     keep = (
         objective_new < objective_old * (1 + hysteresis)
-        and not (releases and objective_new >= objective_old - min_gain)
+        and not (releases and objective_new >= objective_old - release_loss)
         and all(_bounds(j, budget)[0] <= current[j.job_id] for j in planned)
         and sum(current.values()) <= slots
     )

@@ -159,3 +159,13 @@ def test_releasing_idle_workers_skips_the_hysteresis() -> None:
     ]
     d = decide("adaptive", jobs, Budget(24, 2), hysteresis=0.5)
     assert d["gpu"].num_workers == 1 and d["io"].num_workers == 16
+
+
+def test_workers_on_a_rising_curve_are_not_released() -> None:
+    # The greedy stops adding workers to io at 19 (the next adds < min_gain); at 20 the job
+    # is predicted 0.4% better than at 19: that is a loss, so the 20th worker stays (small
+    # releases, decision after decision, would add up to a real loss).
+    jobs = [JobView("io", 32, 20, model=fitted(IO_HEAVY))]
+    assert decide("adaptive", jobs, Budget(30, 2), hysteresis=0.5)["io"].num_workers == 20
+    lenient = decide("adaptive", jobs, Budget(30, 2), hysteresis=0.5, release_loss=0.005)
+    assert lenient["io"].num_workers == 19
