@@ -162,8 +162,8 @@ class LoaderModel:
         self._shape_seen: set[tuple[int, float, int]] = set()
         """Allocations the last shape fit saw."""
         self._added = 0  # observations ever added
-        self._curves: dict[tuple[float, int], list[LoaderPrediction]] = {}  # until the next fit
         self._shape_at = 0  # ... when the shape was last fitted
+        self._curves: dict[tuple[float, int], list[LoaderPrediction]] = {}  # until the next fit
 
     # ------------------------------------------------------------------ fitting
 

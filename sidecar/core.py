@@ -466,7 +466,9 @@ class NodeCore:
         return gone
 
     async def run(self, stop: asyncio.Event) -> None:
-        """The periodic loop: reap dead jobs and re-decide every period and on new evidence."""
+        """The periodic loop: every period, measure the jobs' process trees (reaping dead
+        jobs) and re-decide if anything the decision depends on changed; on news (a new
+        allocation's first window, a surprising throughput), re-decide at once."""
         last_reap = -math.inf
         while not stop.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
