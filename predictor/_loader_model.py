@@ -57,7 +57,7 @@ _SHAPE_REFIT_GROWTH = 1.25  # refit the shape of known allocations after this gr
 _GRID_ETA = (0.3, 0.6, 0.9, 1.2, 1.5)  # the shape fit's coarse grid: share of the cores
 _GRID_KNEE = (1.5, 3.0, 6.0, 12.0, 25.0)  # ... sharpness of a knee
 _GRID_SHARE = (0.05, 0.25, 0.5, 0.75, 0.95)  # ... CPU share of a sample's time
-_GRID_START_MAX_NFEV = 60  # evaluations from the grid's best point
+_MAX_NFEV = 60  # residual evaluations of one shape fit
 _COLD_STD = 0.5  # relative uncertainty reported before there is anything to fit
 
 
@@ -288,24 +288,22 @@ class LoaderModel:
         if fit_cpu_share:
             lo, hi = [*lo, 0.01], [*hi, 1.0]
         # The problem has local minima. When an allocation appears that the last fit did not
-        # see, also start from the best point of a coarse grid (evaluated in one vectorised
-        # pass); otherwise warm-start from the previous fit only (another report of a known
+        # see, start from the best of the previous fit and a coarse grid (evaluated in one
+        # vectorised pass); otherwise from the previous fit (another report of a known
         # allocation moves the optimum little).
         prev = self._phys
-        warm = (prev.eta, prev.p, prev.q, prev.t_cpu / max(prev.t_io + prev.t_cpu, 1e-12))
-        starts: list[tuple[np.ndarray, int | None]] = [(np.clip(warm[: len(lo)], lo, hi), None)]
+        warm = np.clip(
+            (prev.eta, prev.p, prev.q, prev.t_cpu / max(prev.t_io + prev.t_cpu, 1e-12))[: len(lo)],
+            lo,
+            hi,
+        )
+        start = warm
         if multi_start:
             axes = [_GRID_ETA, _GRID_KNEE, _GRID_KNEE] + ([_GRID_SHARE] if fit_cpu_share else [])
-            grid = np.array(list(itertools.product(*axes)))
-            cost = (resid(grid) ** 2).sum(axis=1)
-            # A start far from the optimum can wander for hundreds of evaluations: cap it.
-            starts.append((grid[int(np.argmin(cost))], _GRID_START_MAX_NFEV))
-        best = None
-        for start, cap in starts:
-            fit = least_squares(resid, start, bounds=(lo, hi), max_nfev=cap)
-            if best is None or fit.cost < best.cost:
-                best = fit
-        assert best is not None
+            grid = np.vstack([warm, np.array(list(itertools.product(*axes)))])
+            start = grid[int(np.argmin((resid(grid) ** 2).sum(axis=1)))]
+        # A start far from the optimum can wander for hundreds of evaluations: cap them.
+        best = least_squares(resid, start, bounds=(lo, hi), max_nfev=_MAX_NFEV)
         ph.eta, ph.p, ph.q = (float(v) for v in best.x[:3])
         if fit_cpu_share:
             ph.t_cpu = per * float(best.x[3])
