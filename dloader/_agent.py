@@ -262,7 +262,10 @@ class SidecarAgent:
                 and loader.batch_size_range is not None
                 and (d["batch_size"] != loader.batch_size)
             ):
-                loader.set_batch_size(d["batch_size"])
+                if _data_parallel():  # ranks switch together, at a step they agree on
+                    loader.staged_batch_size = d["batch_size"]
+                else:
+                    loader.set_batch_size(d["batch_size"])
             self._cpus = list(d["cpus"])
             log.info(
                 "dloader: sidecar directive %d applied: %d workers (%s)",
@@ -280,3 +283,10 @@ class SidecarAgent:
             if w.pid:
                 with contextlib.suppress(OSError):  # exited meanwhile, or not permitted
                     os.sched_setaffinity(w.pid, self._cpus)
+
+
+def _data_parallel() -> bool:
+    """Whether this process is one of several ranks of a torch.distributed job."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

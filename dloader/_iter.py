@@ -245,11 +245,24 @@ class ElasticIterator:
         with self._control:
             self._pending_target = num_workers
 
-    def set_batch_size(self, batch_size: int) -> None:
-        """Cuts batches not yet dispatched at ``batch_size`` (an int store: atomic)."""
-        self._batch_size = batch_size
-        if self._stream is not None:
+    def set_batch_size(self, batch_size: int, at_batch: int | None = None) -> None:
+        """Cuts batches not yet dispatched at ``batch_size`` (an int store: atomic), or those
+        from batch ``at_batch`` of this iteration on (not dispatched yet: ValueError)."""
+        if at_batch is not None and self._stream is not None:
+            if at_batch < self._stream.tasks:
+                raise ValueError(
+                    f"at_batch={at_batch} is already dispatched ({self._stream.tasks} batches "
+                    "cut so far)"
+                )
+            self._stream.switch = (at_batch, batch_size)
+        elif self._stream is not None:
             self._stream.batch_size = batch_size
+        self._batch_size = batch_size
+
+    @property
+    def batches_cut(self) -> int:
+        """Batches cut from the sampler so far in this iteration (dispatched or delivered)."""
+        return self._stream.tasks if self._stream is not None else self._send_idx
 
     @property
     def live_workers(self) -> int:

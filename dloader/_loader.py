@@ -130,6 +130,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.min_workers = min_workers
         self.max_workers = max_workers
         self.batch_size_range = batch_size_range
+        self.staged_batch_size: int | None = None
+        """A batch size the sidecar directed while this process is one rank of several: ranks
+        apply it together (``integrations.torchrun.sync_batch_size``), not one by one."""
         self._user_batch_sampler = batch_sampler is not None
         self._is_iterable = isinstance(dataset, IterableDataset)
         self._telemetry = Telemetry(stats_window_s)
@@ -239,12 +242,17 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 return
             it.request_resize(num_workers)
 
-    def set_batch_size(self, batch_size: int) -> None:
+    def set_batch_size(self, batch_size: int, *, at_batch: int | None = None) -> None:
         """Changes the batch size from the next batch not yet dispatched to a worker.
 
         The sample stream stays continuous: no sample is skipped or repeated. Batches already
         dispatched (at most ``prefetch_factor * num_workers``) keep the old size. With
         ``drop_last=True`` only a final batch shorter than the size then current is dropped.
+
+        ``at_batch``: switch exactly at this batch of the current iteration (counted from its
+        start; see :attr:`batches_cut`), which must not be dispatched yet. Data-parallel ranks
+        pass the same index so that they switch in lockstep (see
+        ``integrations.torchrun.sync_batch_size``).
 
         Raises:
             ValueError: the loader uses a user-supplied ``batch_sampler`` or ``batch_size=None``,
@@ -277,9 +285,17 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 )
             it = self._live_iterator()
             if it is not None:
-                it.set_batch_size(batch_size)
+                it.set_batch_size(batch_size, at_batch)
+            self.staged_batch_size = None
 
     # ------------------------------------------------------------------ telemetry and state
+
+    @property
+    def batches_cut(self) -> int:
+        """Batches of the current iteration cut from the sampler so far (yielded, or dispatched
+        to a worker); 0 without a live iterator."""
+        it = self._live_iterator()
+        return it.batches_cut if it is not None else 0
 
     def stats(self) -> LoaderStats:
         """A snapshot of this loader's telemetry; cheap enough to call every step."""

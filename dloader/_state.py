@@ -149,6 +149,8 @@ class IndexStream:
         self.snapshot: dict[str, Any] | None = None
         self.exhausted = False
         self.rebased = False  # a restored sampler absorbed the skip (see start())
+        self.tasks = 0  # tasks cut so far
+        self.switch: tuple[int, int] | None = None  # (task index, batch size from that task)
 
     def start(self) -> None:
         """The first draw: record (or replay) the sampler's randomness, then skip ahead."""
@@ -197,12 +199,16 @@ class IndexStream:
             if self.batched:
                 batch = next(self._it)
                 return batch, len(batch)
+            if self.switch is not None and self.tasks >= self.switch[0]:
+                self.batch_size, self.switch = self.switch[1], None
             bs = self.batch_size
             if bs is None:
+                self.tasks += 1
                 return next(self._it), 1
             batch = list(itertools.islice(self._it, bs))
             if not batch or (self.drop_last and len(batch) < bs):
                 raise StopIteration
+            self.tasks += 1
             return batch, len(batch)
         except StopIteration:
             self.exhausted = True

@@ -20,6 +20,7 @@ Recipe::
         for batch in loader:
             ...train...
             step += 1
+            sync_batch_size(loader)          # takes the sidecar's batch size in lockstep
             if step % EVERY == 0:
                 save_checkpoint(CKPT_ROOT, step, model=model, optimizer=opt, loader=loader,
                                 extra={"step": step, "epoch": epoch})
@@ -39,7 +40,7 @@ import torch.distributed as dist
 
 from dloader import elastic
 
-__all__ = ["checkpoint_dir", "latest_checkpoint", "resume", "save_checkpoint"]
+__all__ = ["checkpoint_dir", "latest_checkpoint", "resume", "save_checkpoint", "sync_batch_size"]
 
 _NAME = re.compile(r"step-(\d+)")
 
@@ -101,3 +102,30 @@ def save_checkpoint(
         for old in done[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def sync_batch_size(loader: Any) -> int | None:
+    """Applies a batch size the node sidecar directed, on every rank at the same batch.
+    Collective: every rank calls it at the same step (once per step is cheap: one small
+    all-gather). Returns the new batch size, or ``None`` when nothing changed.
+
+    Each rank's agent receives the directive on its own time, so a rank that applied it
+    alone would cut different batches than the others (lockstep data parallelism, and with it
+    an exact elastic checkpoint, would be lost). The agent only stages it
+    (``loader.staged_batch_size``); here the ranks agree on it and on the first batch not yet
+    dispatched on any rank, and all switch from that batch.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        staged = loader.staged_batch_size
+        if staged is not None:
+            loader.set_batch_size(staged)
+        return staged
+    mine = (loader.staged_batch_size, loader.batches_cut)
+    views: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(views, mine)
+    staged = {v[0] for v in views}
+    if len(staged) != 1 or None in staged:
+        return None  # not every rank has it yet (or they differ): next step
+    size = staged.pop()
+    loader.set_batch_size(size, at_batch=max(v[1] for v in views))
+    return int(size)

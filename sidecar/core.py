@@ -463,6 +463,7 @@ class NodeCore:
                 job.main_cpu_per_sample = x if m == 0 else m + _EWMA * (x - m)
                 if m == 0 or abs(job.main_cpu_per_sample / m - 1) > _MAIN_CPU_CHANGE:
                     self._dirty = True
+        self.store.flush()  # the period's reports, in one transaction
         return gone
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -117,7 +117,8 @@ class Store(SqliteState):
 
     def __init__(self, path: str | Path) -> None:
         super().__init__(path, _SCHEMA)
-        self._added: dict[str, int] = {}  # reports added per job since opening
+        self._added: dict[str, int] = {}  # reports written per job since opening
+        self._pending: list[tuple[str, float, str]] = []  # reports queued for flush()
 
     # ------------------------------------------------------------------ jobs
 
@@ -173,21 +174,40 @@ class Store(SqliteState):
     # ------------------------------------------------------------------ reports and models
 
     def add_report(self, job_id: str, body: dict[str, Any]) -> None:
-        """Keeps a report (the most recent 1,000 per job; older ones are pruned every
-        ``_PRUNE_EVERY`` reports of the job, so a job holds at most that many more)."""
-        now = time.time()
+        """Queues a report for :meth:`flush`, which writes the queue in one transaction (the
+        sidecar flushes every period: a crash loses at most a period of report history, never
+        a job, a model or a decision). The most recent 1,000 reports per job are kept; older
+        ones are pruned every ``_PRUNE_EVERY`` reports of the job."""
         with self._lock:
-            self._db.execute(
-                "INSERT INTO reports VALUES (?, ?, ?)", (job_id, now, json.dumps(body))
-            )
-            count = self._added.get(job_id, 0) + 1
-            self._added[job_id] = count
-            if count % _PRUNE_EVERY == 0:
-                self._db.execute(
-                    "DELETE FROM reports WHERE job_id = ? AND at < (SELECT at FROM reports "
-                    "WHERE job_id = ? ORDER BY at DESC LIMIT 1 OFFSET ?)",
-                    (job_id, job_id, _KEEP_REPORTS),
-                )
+            self._pending.append((job_id, time.time(), json.dumps(body)))
+
+    def flush(self) -> None:
+        """Writes the queued reports."""
+        with self._lock:
+            rows, self._pending = self._pending, []
+            if not rows:
+                return
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany("INSERT INTO reports VALUES (?, ?, ?)", rows)
+                for job_id in {r[0] for r in rows}:
+                    before = self._added.get(job_id, 0)
+                    after = self._added[job_id] = before + sum(r[0] == job_id for r in rows)
+                    if after // _PRUNE_EVERY > before // _PRUNE_EVERY:
+                        self._db.execute(
+                            "DELETE FROM reports WHERE job_id = ? AND at < (SELECT at FROM "
+                            "reports WHERE job_id = ? ORDER BY at DESC LIMIT 1 OFFSET ?)",
+                            (job_id, job_id, _KEEP_REPORTS),
+                        )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        """Writes the queued reports and closes the database."""
+        self.flush()
+        super().close()
 
     def save_model(self, job_id: str, payload: dict[str, Any]) -> None:
         """Stores a job's fitted model (``LoaderModel.to_dict()``)."""

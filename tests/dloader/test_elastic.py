@@ -149,6 +149,33 @@ def test_set_batch_size_is_continuous() -> None:
     assert len(loader) == 10
 
 
+def test_set_batch_size_at_a_batch_switches_ranks_in_lockstep() -> None:
+    # Two "ranks" with different prefetch depths: switching at the same agreed batch (the
+    # most batches either has cut) gives both the same batch boundaries.
+    loaders = [
+        dloader.DataLoader(D.Range(120), batch_size=4, num_workers=k, prefetch_factor=2)
+        for k in (1, 3)
+    ]
+    its = [iter(x) for x in loaders]
+    seqs: list[list[list[int]]] = [[], []]
+    for seq, it in zip(seqs, its, strict=True):
+        seq += [next(it).tolist() for _ in range(3)]
+    at = max(x.batches_cut for x in loaders)
+    assert at >= 3
+    for x in loaders:
+        x.set_batch_size(10, at_batch=at)
+    for seq, it in zip(seqs, its, strict=True):
+        seq += [b.tolist() for b in it]
+    assert seqs[0] == seqs[1]  # same batches, same order
+    sizes = [len(b) for b in seqs[0]]
+    assert sizes[:at] == [4] * at and sizes[at] == 10
+    assert [i for b in seqs[0] for i in b] == list(range(120))
+    it = iter(loaders[0])
+    next(it)
+    with pytest.raises(ValueError, match="at_batch=0 is already dispatched"):
+        loaders[0].set_batch_size(8, at_batch=0)
+
+
 def test_set_batch_size_in_process_applies_next_batch() -> None:
     loader = dloader.DataLoader(D.Range(20), batch_size=3, drop_last=True)
     it = iter(loader)

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, os.getcwd())
 
 import dloader
-from integrations.torchrun import resume, save_checkpoint
+from integrations.torchrun import resume, save_checkpoint, sync_batch_size
 from tests.dloader.datasets import Range
 
 
@@ -68,6 +68,7 @@ def main() -> None:
             loss.backward()
             opt.step()
             step += 1
+            sync_batch_size(loader)  # the sidecar's batch size, on every rank at the same batch
             save_checkpoint(
                 args.ckpt_dir, step, model=model, optimizer=opt, loader=loader, extra={"step": step}
             )

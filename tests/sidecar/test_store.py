@@ -19,6 +19,11 @@ def test_reports_are_pruned_to_the_most_recent(
     for i in range(33):
         store.add_report("a", {"i": i})
         store.add_report("b", {"i": i})
+        if i % 3 == 2:
+            store.flush()
+    assert len(store._exec("SELECT * FROM reports")) < 2 * 33  # 3 still queued
+    store.close()  # flushes
+    store = Store(tmp_path / "s.db")
     rows = store._exec("SELECT job_id, body FROM reports ORDER BY at")
     store.close()
     for job in ("a", "b"):
