@@ -287,6 +287,6 @@ class SidecarAgent:
 
 def _data_parallel() -> bool:
     """Whether this process is one of several ranks of a torch.distributed job."""
-    import torch.distributed as dist
+    from dloader.elastic import _dist  # imported here: torch.distributed only when needed
 
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return _dist()[1] > 1

@@ -249,9 +249,9 @@ class ElasticIterator:
         """Cuts batches not yet dispatched at ``batch_size`` (an int store: atomic), or those
         from batch ``at_batch`` of this iteration on (not dispatched yet: ValueError)."""
         if at_batch is not None and self._stream is not None:
-            if at_batch < self._stream.tasks:
+            if at_batch < self._send_idx:
                 raise ValueError(
-                    f"at_batch={at_batch} is already dispatched ({self._stream.tasks} batches "
+                    f"at_batch={at_batch} is already dispatched ({self._send_idx} batches "
                     "cut so far)"
                 )
             self._stream.switch = (at_batch, batch_size)
@@ -262,7 +262,7 @@ class ElasticIterator:
     @property
     def batches_cut(self) -> int:
         """Batches cut from the sampler so far in this iteration (dispatched or delivered)."""
-        return self._stream.tasks if self._stream is not None else self._send_idx
+        return self._send_idx
 
     @property
     def live_workers(self) -> int:

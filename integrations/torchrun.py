@@ -115,14 +115,7 @@ def sync_batch_size(loader: Any) -> int | None:
     (``loader.staged_batch_size``); here the ranks agree on it and on the first batch not yet
     dispatched on any rank, and all switch from that batch.
     """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        staged = loader.staged_batch_size
-        if staged is not None:
-            loader.set_batch_size(staged)
-        return staged
-    mine = (loader.staged_batch_size, loader.batches_cut)
-    views: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(views, mine)
+    views = elastic._all_gather((loader.staged_batch_size, loader.batches_cut))
     staged = {v[0] for v in views}
     if len(staged) != 1 or None in staged:
         return None  # not every rank has it yet (or they differ): next step

@@ -11,6 +11,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -190,9 +191,9 @@ class Store(SqliteState):
             self._db.execute("BEGIN")
             try:
                 self._db.executemany("INSERT INTO reports VALUES (?, ?, ?)", rows)
-                for job_id in {r[0] for r in rows}:
+                for job_id, n in Counter(r[0] for r in rows).items():
                     before = self._added.get(job_id, 0)
-                    after = self._added[job_id] = before + sum(r[0] == job_id for r in rows)
+                    after = self._added[job_id] = before + n
                     if after // _PRUNE_EVERY > before // _PRUNE_EVERY:
                         self._db.execute(
                             "DELETE FROM reports WHERE job_id = ? AND at < (SELECT at FROM "
