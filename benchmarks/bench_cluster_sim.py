@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from allocator import Cluster
-from allocator.policies import POLICIES, DpPolicy, make_policy
-from allocator.simulator import SimResult, Simulator
-from allocator.traces import load_apps, read_philly, read_workload
 from benchmarks._common import machine, out_path, table
+from dloader.allocator import Cluster
+from dloader.allocator.policies import POLICIES, DpPolicy, make_policy
+from dloader.allocator.simulator import SimResult, Simulator
+from dloader.allocator.traces import load_apps, read_philly, read_workload
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 POLLUX_H = {1: 0.58, 2: 0.92, 3: 0.61, 4: 0.76}  # Pollux's own policy, OSDI 2021 (avg JCT, h)

@@ -23,10 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from allocator import Cluster, optimize
-from allocator.policies import DpPolicy, JobState, make_policy
-from allocator.traces import AppTrace, load_apps
 from benchmarks._common import machine, out_path, table
+from dloader.allocator import Cluster, optimize
+from dloader.allocator.policies import DpPolicy, JobState, make_policy
+from dloader.allocator.traces import AppTrace, load_apps
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "pollux" / "traces"
 CELLS = [  # (nodes, gpus per node, jobs)

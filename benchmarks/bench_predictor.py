@@ -32,8 +32,14 @@ from typing import Any
 import numpy as np
 
 from benchmarks._common import machine, out_path, table
-from predictor import GradientNoise, LoaderModel, LoaderObservation, ScalingModel, exploration_plan
-from predictor.pollux import (
+from dloader.predictor import (
+    GradientNoise,
+    LoaderModel,
+    LoaderObservation,
+    ScalingModel,
+    exploration_plan,
+)
+from dloader.predictor.pollux import (
     APPLICATIONS,
     read_placements,
     read_scalability,

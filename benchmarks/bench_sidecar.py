@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import machine, out_path, table
-from sidecar.experiment import JobSpec, run_jobs, score, sidecar_process
+from dloader.experiment import JobSpec, run_jobs, score, sidecar_process
 
 JOBS = ("io_heavy", "cpu_heavy", "gpu_bound")
 START_WORKERS = 4

@@ -33,10 +33,10 @@ import grpc
 import psutil
 
 from benchmarks._common import machine, out_path, table
+from dloader.experiment import sidecar_process
+from dloader.sidecar.store import Store
 from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc
-from sidecar.experiment import sidecar_process
-from sidecar.store import Store
 
 CHILDREN = 8  # sleeping processes under each job's registered PID
 

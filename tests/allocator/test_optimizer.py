@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator import AllocatorError, Cluster, JobSpec, optimize, place
-from allocator.optimizer import admit, candidate_counts
+from dloader.allocator import AllocatorError, Cluster, JobSpec, optimize, place
+from dloader.allocator.optimizer import admit, candidate_counts
 
 
 def scaling(peak: float, serial: float, bsz_half: float):

@@ -13,15 +13,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from allocator.cli import parser, serve
-from allocator.core import AllocatorCore, Settings
-from allocator.server import job_request
-from allocator.store import Store
+from dloader.allocator.cli import parser, serve
+from dloader.allocator.core import AllocatorCore, Settings
+from dloader.allocator.server import job_request
+from dloader.allocator.store import Store
+from dloader.sidecar.allocator_link import AllocatorLink
+from dloader.sidecar.core import NodeCore, PolicySettings
+from dloader.sidecar.store import Store as NodeStore
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
-from sidecar.allocator_link import AllocatorLink
-from sidecar.core import NodeCore, PolicySettings
-from sidecar.store import Store as NodeStore
 from tests._daemon import ThreadedDaemon
 
 pytestmark = pytest.mark.integration

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from allocator import AllocatorError, Cluster
-from allocator.policies import POLICIES, JobState, make_policy
-from allocator.sim_cli import main
-from allocator.simulator import Simulator
-from allocator.traces import WorkloadJob, load_apps, read_workload
+from dloader.allocator import AllocatorError, Cluster
+from dloader.allocator.policies import POLICIES, JobState, make_policy
+from dloader.allocator.sim_cli import main
+from dloader.allocator.simulator import Simulator
+from dloader.allocator.traces import WorkloadJob, load_apps, read_workload
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pollux-sim"
 CLUSTER = Cluster.uniform(3, 4)

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, os.getcwd())
 
 import dloader
-from integrations.torchrun import resume, save_checkpoint, sync_batch_size
+from dloader.integrations.torchrun import resume, save_checkpoint, sync_batch_size
 from tests.dloader.datasets import Range
 
 

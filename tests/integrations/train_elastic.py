@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, os.getcwd())
 
 import dloader
-from integrations.torchrun import resume, save_checkpoint
+from dloader.integrations.torchrun import resume, save_checkpoint
 from tests.dloader.datasets import Range
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from predictor import LoaderModel, LoaderObservation, PredictorError, exploration_plan
+from dloader.predictor import LoaderModel, LoaderObservation, PredictorError, exploration_plan
 
 
 def truth(

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictor import (
+from dloader.predictor import (
     GradientNoise,
     PredictorError,
     ScalingModel,
@@ -17,7 +17,7 @@ from predictor import (
     goodput,
     placement_shape,
 )
-from predictor.pollux import read_placements, read_validation
+from dloader.predictor.pollux import read_placements, read_validation
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pollux"
 

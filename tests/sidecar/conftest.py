@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from dloader.sidecar.cli import parser, serve
 from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc
-from sidecar.cli import parser, serve
 from tests._daemon import ThreadedDaemon
 
 

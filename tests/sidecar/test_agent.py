@@ -107,7 +107,7 @@ def test_sidecar_killed_and_restarted(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "sidecar.cli",
+        "dloader.sidecar.cli",
         "--socket",
         sock,
         "--state-dir",

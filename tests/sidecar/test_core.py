@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.core import NodeCore, PolicySettings
-from sidecar.monitors import ProcessTreeStats
-from sidecar.store import Store
+from dloader.sidecar.core import NodeCore, PolicySettings
+from dloader.sidecar.monitors import ProcessTreeStats
+from dloader.sidecar.store import Store
 
 
 class FakeNode:

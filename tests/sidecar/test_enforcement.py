@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cgroups import CgroupWeights, detect
-from sidecar.core import NodeCore, PolicySettings
-from sidecar.policy import cpu_sets
-from sidecar.store import Store
+from dloader.sidecar.cgroups import CgroupWeights, detect
+from dloader.sidecar.core import NodeCore, PolicySettings
+from dloader.sidecar.policy import cpu_sets
+from dloader.sidecar.store import Store
 
 
 def test_cpu_sets_are_disjoint_and_proportional() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dloader.demo import single
-from sidecar.experiment import run_jobs, score, sidecar_process
+from dloader.experiment import run_jobs, score, sidecar_process
 
 pytestmark = pytest.mark.integration
 

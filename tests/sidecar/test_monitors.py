@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import pytest
 
-from sidecar.monitors import ProcessTreeStats, process_tree_stats, run_delay_s
+from dloader.sidecar.monitors import ProcessTreeStats, process_tree_stats, run_delay_s
 
 T = TypeVar("T")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from predictor import LoaderModel, LoaderObservation
-from sidecar.policy import Budget, JobView, cpu_shares, decide
+from dloader.predictor import LoaderModel, LoaderObservation
+from dloader.sidecar.policy import Budget, JobView, cpu_shares, decide
 from tests.predictor.test_loader_model import CPU_HEAVY, IO_HEAVY, truth
 
 GPU_BOUND = dict(t_io=0.001, t_cpu=0.0005, a0=0.04, a1=0.005)

@@ -14,9 +14,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from dloader.sidecar.monitors import GpuInfo, GpuMonitor
+from dloader.sidecar.server import MAX_MESSAGE_BYTES, ListenConfig
 from dloader.v1 import node_pb2 as pb
-from sidecar.monitors import GpuInfo, GpuMonitor
-from sidecar.server import MAX_MESSAGE_BYTES, ListenConfig
 from tests.sidecar.conftest import Sidecar, register
 
 pytestmark = pytest.mark.integration

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-import sidecar.store as store_mod
-from sidecar.store import Store
+import dloader.sidecar.store as store_mod
+from dloader.sidecar.store import Store
 
 
 def test_reports_are_pruned_to_the_most_recent(

@@ -18,9 +18,9 @@ from collections import defaultdict
 
 import grpc
 
+from dloader.sidecar.core import NodeCore
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
-from sidecar.core import NodeCore
 
 __all__ = ["AllocatorLink"]
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.store import SqliteState
+from dloader.sidecar.store import SqliteState
 
 __all__ = ["JobRow", "NodeRow", "Store"]
 

@@ -9,17 +9,17 @@ import os
 import sys
 from pathlib import Path
 
-from allocator.core import AllocatorCore, Settings
-from allocator.policies import POLICIES
-from allocator.server import build_server
-from allocator.store import Store
-from sidecar._config import default_socket, default_state_dir
-from sidecar.cli import run_daemon, stop_on_signals
-from sidecar.server import ListenConfig
+from dloader.allocator.core import AllocatorCore, Settings
+from dloader.allocator.policies import POLICIES
+from dloader.allocator.server import build_server
+from dloader.allocator.store import Store
+from dloader.sidecar._config import default_socket, default_state_dir
+from dloader.sidecar.cli import run_daemon, stop_on_signals
+from dloader.sidecar.server import ListenConfig
 
 __all__ = ["main", "serve"]
 
-log = logging.getLogger("allocator")
+log = logging.getLogger("dloader.allocator")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -14,20 +14,20 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from dloader.sidecar._config import default_socket, default_state_dir
+from dloader.sidecar.allocator_link import AllocatorLink
+from dloader.sidecar.cgroups import CgroupWeights, detect
+from dloader.sidecar.core import NodeCore, PolicySettings
+from dloader.sidecar.errors import SidecarError
+from dloader.sidecar.metrics import Metrics
+from dloader.sidecar.monitors import GpuMonitor, NodeMonitor
+from dloader.sidecar.server import ListenConfig, build_server
+from dloader.sidecar.store import Store
 from dloader.v1 import node_pb2 as pb
-from sidecar._config import default_socket, default_state_dir
-from sidecar.allocator_link import AllocatorLink
-from sidecar.cgroups import CgroupWeights, detect
-from sidecar.core import NodeCore, PolicySettings
-from sidecar.errors import SidecarError
-from sidecar.metrics import Metrics
-from sidecar.monitors import GpuMonitor, NodeMonitor
-from sidecar.server import ListenConfig, build_server
-from sidecar.store import Store
 
 __all__ = ["main", "run_daemon", "serve", "stop_on_signals"]
 
-log = logging.getLogger("sidecar")
+log = logging.getLogger("dloader.sidecar")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -23,12 +23,18 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from allocator.errors import AllocatorError
-from allocator.optimizer import Cluster
-from allocator.policies import POLICIES, JobState, Policy, make_policy
-from allocator.store import Store
-from predictor import GradientNoise, PredictorError, ScalingModel, ScalingParams, ScalingPoint
-from sidecar.errors import AlreadyExists, InvalidArgument, NotFound
+from dloader.allocator.errors import AllocatorError
+from dloader.allocator.optimizer import Cluster
+from dloader.allocator.policies import POLICIES, JobState, Policy, make_policy
+from dloader.allocator.store import Store
+from dloader.predictor import (
+    GradientNoise,
+    PredictorError,
+    ScalingModel,
+    ScalingParams,
+    ScalingPoint,
+)
+from dloader.sidecar.errors import AlreadyExists, InvalidArgument, NotFound
 
 __all__ = [
     "AllocationView",

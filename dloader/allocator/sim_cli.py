@@ -20,15 +20,15 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from allocator.errors import AllocatorError
-from allocator.optimizer import Cluster
-from allocator.policies import POLICIES, make_policy
-from allocator.simulator import SimResult, Simulator
-from allocator.traces import WorkloadJob, load_apps, read_philly, read_workload
+from dloader.allocator.errors import AllocatorError
+from dloader.allocator.optimizer import Cluster
+from dloader.allocator.policies import POLICIES, make_policy
+from dloader.allocator.simulator import SimResult, Simulator
+from dloader.allocator.traces import WorkloadJob, load_apps, read_philly, read_workload
 
 __all__ = ["main"]
 
-log = logging.getLogger("allocator.sim")
+log = logging.getLogger("dloader.allocator.sim")
 
 
 def parser() -> argparse.ArgumentParser:

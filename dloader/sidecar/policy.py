@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from predictor import LoaderModel, exploration_plan
+from dloader.predictor import LoaderModel, exploration_plan
 
 __all__ = ["Budget", "Candidate", "Decision", "JobView", "cpu_sets", "cpu_shares", "decide"]
 

@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 
-from allocator.errors import AllocatorError
-from predictor import GradientNoise, PredictorError, ScalingModel, ScalingPoint
-from predictor.pollux import (
+from dloader.allocator.errors import AllocatorError
+from dloader.predictor import GradientNoise, PredictorError, ScalingModel, ScalingPoint
+from dloader.predictor.pollux import (
     APPLICATIONS,
     EpochStats,
     parse_csv,

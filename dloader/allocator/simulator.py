@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from allocator.errors import AllocatorError
-from allocator.optimizer import Cluster
-from allocator.policies import JobState, Policy
-from allocator.traces import AppTrace, WorkloadJob
+from dloader.allocator.errors import AllocatorError
+from dloader.allocator.optimizer import Cluster
+from dloader.allocator.policies import JobState, Policy
+from dloader.allocator.traces import AppTrace, WorkloadJob
 
 __all__ = ["JobRecord", "SimResult", "Simulator"]
 

@@ -12,16 +12,16 @@
 Every model serialises with ``to_dict()`` / ``from_dict()`` (JSON-compatible, versioned).
 """
 
-from predictor._efficiency import GradientNoise, goodput
-from predictor._loader_model import (
+from dloader.predictor._efficiency import GradientNoise, goodput
+from dloader.predictor._loader_model import (
     Allocation,
     LoaderModel,
     LoaderObservation,
     LoaderPrediction,
     exploration_plan,
 )
-from predictor._scaling import ScalingModel, ScalingParams, ScalingPoint, placement_shape
-from predictor.errors import PredictorError
+from dloader.predictor._scaling import ScalingModel, ScalingParams, ScalingPoint, placement_shape
+from dloader.predictor.errors import PredictorError
 
 __all__ = [
     "Allocation",

@@ -10,8 +10,8 @@
 * :mod:`allocator.service`: the ``ClusterAllocator`` gRPC service and its autoscaler loop.
 """
 
-from allocator.errors import AllocatorError
-from allocator.optimizer import Assignment, Cluster, JobSpec, Plan, optimize, place
+from dloader.allocator.errors import AllocatorError
+from dloader.allocator.optimizer import Assignment, Cluster, JobSpec, Plan, optimize, place
 
 __all__ = [
     "AllocatorError",

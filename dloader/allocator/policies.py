@@ -26,9 +26,9 @@ from typing import Protocol
 
 import numpy as np
 
-from allocator.errors import AllocatorError
-from allocator.optimizer import Cluster, JobSpec, Objective, ThroughputFn, optimize, place
-from predictor import GradientNoise, ScalingModel
+from dloader.allocator.errors import AllocatorError
+from dloader.allocator.optimizer import Cluster, JobSpec, Objective, ThroughputFn, optimize, place
+from dloader.predictor import GradientNoise, ScalingModel
 
 __all__ = [
     "POLICIES",

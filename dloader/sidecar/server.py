@@ -21,16 +21,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from dloader.v1 import node_pb2 as pb
-from dloader.v1 import node_pb2_grpc as pb_grpc
-from sidecar.core import Directive, Job, NodeCore, PolicySettings
-from sidecar.errors import (
+from dloader.sidecar.core import Directive, Job, NodeCore, PolicySettings
+from dloader.sidecar.errors import (
     AlreadyExists,
     InvalidArgument,
     NotFound,
     PermissionDenied,
     SidecarError,
 )
+from dloader.v1 import node_pb2 as pb
+from dloader.v1 import node_pb2_grpc as pb_grpc
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

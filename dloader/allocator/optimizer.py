@@ -48,7 +48,7 @@ from typing import Literal
 
 import numpy as np
 
-from allocator.errors import AllocatorError
+from dloader.allocator.errors import AllocatorError
 
 __all__ = [
     "Assignment",

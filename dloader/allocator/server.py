@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from allocator.core import AllocatorCore, JobRequest, Measurement, Snapshot
+from dloader.allocator.core import AllocatorCore, JobRequest, Measurement, Snapshot
+from dloader.sidecar.server import ListenConfig, start_server
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
-from sidecar.server import ListenConfig, start_server
 
 __all__ = ["AllocatorServicer", "build_server", "snapshot_pb"]
 

@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from dloader.sidecar._config import default_socket
 from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc
-from sidecar._config import default_socket
 
 __all__ = ["main"]
 

@@ -49,7 +49,7 @@ def sidecar_process(
     cmd = [
         sys.executable,
         "-m",
-        "sidecar.cli",
+        "dloader.sidecar.cli",
         "--socket",
         str(sock),
         "--state-dir",

@@ -82,7 +82,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--scaling",
         help="scaling-model parameters as JSON (alpha_c, beta_c, alpha_n, beta_n, alpha_r, "
-        "beta_r, gamma), e.g. from predictor.ScalingModel.to_dict()['params']",
+        "beta_r, gamma), e.g. from dloader.predictor.ScalingModel.to_dict()['params']",
     )
     p.add_argument(
         "--measurements",

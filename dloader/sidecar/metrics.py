@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from sidecar.core import NodeCore
+from dloader.sidecar.core import NodeCore
 
 __all__ = ["Metrics"]
 

@@ -19,12 +19,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from predictor import LoaderModel, LoaderObservation, PredictorError
-from sidecar import policy as pol
-from sidecar.cgroups import CgroupWeights
-from sidecar.errors import InvalidArgument, NotFound, PermissionDenied
-from sidecar.monitors import ProcessTreeStats, process_tree_stats
-from sidecar.store import JobRecord, Store
+from dloader.predictor import LoaderModel, LoaderObservation, PredictorError
+from dloader.sidecar import policy as pol
+from dloader.sidecar.cgroups import CgroupWeights
+from dloader.sidecar.errors import InvalidArgument, NotFound, PermissionDenied
+from dloader.sidecar.monitors import ProcessTreeStats, process_tree_stats
+from dloader.sidecar.store import JobRecord, Store
 
 __all__ = ["Directive", "Job", "NodeCore", "PolicySettings"]
 
