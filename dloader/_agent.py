@@ -23,42 +23,18 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dloader._config import env_float
+from dloader import _env
+from dloader._client import Backoff, Endpoint
 from dloader._iter import PROCESS_START_LOCK
+from dloader._messages import Directive, JobLimits, JobReport, Registration, WorkerReport
 
 if TYPE_CHECKING:
     from dloader._loader import DataLoader
 
-__all__ = ["SidecarAgent", "parse_target"]
+__all__ = ["SidecarAgent"]
 
 
 log = logging.getLogger(__name__)
-
-REPORT_INTERVAL_S = env_float("DLOADER_REPORT_INTERVAL_S", 1.0)
-BACKOFF_MIN_S = 0.5
-BACKOFF_MAX_S = 30.0
-
-
-def parse_target(target: str) -> str:
-    """A gRPC target from ``unix:///path``, ``unix:/path``, a bare socket path or ``host:port``.
-
-    Raises:
-        ValueError: an empty or malformed target.
-    """
-    t = target.strip()
-    if not t:
-        raise ValueError("sidecar target is empty; expected unix:///path/to.sock or host:port")
-    if t.startswith("unix:"):
-        path = t[len("unix:") :].lstrip("/")
-        if not path:
-            raise ValueError(f"sidecar target {target!r} has no socket path")
-        return f"unix:///{path}"
-    if t.startswith("/"):
-        return f"unix://{t}"
-    host, sep, port = t.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"sidecar target {target!r} is neither unix:///path nor host:port")
-    return t
 
 
 class SidecarAgent:
@@ -77,13 +53,19 @@ class SidecarAgent:
         name: str | None = None,
         token: str | None = None,
     ) -> None:
-        self.target = parse_target(target)
+        try:
+            self.endpoint = Endpoint.of(
+                target, token if token is not None else _env.sidecar_token()
+            )
+        except ValueError as exc:
+            raise ValueError(f"sidecar {exc}") from None
+        self.target = self.endpoint.target
         self.name = (
             name
-            or os.environ.get("DLOADER_JOB_NAME")
+            or _env.job_name()
             or (f"{os.path.basename(sys.argv[0]) or 'python'}-{os.getpid()}")
         )
-        self._token = token if token is not None else os.environ.get("DLOADER_SIDECAR_TOKEN")
+        self._report_interval_s = _env.report_interval_s()
         self._loader_ref = weakref.ref(loader)  # the agent must not keep the loader alive
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dloader-sidecar-agent", daemon=True)
@@ -107,21 +89,24 @@ class SidecarAgent:
 
     def _hello(self, loader: DataLoader[Any]) -> dict[str, Any]:
         low, high = loader.batch_size_range or (0, 0)
+        registration = Registration(
+            name=self.name,
+            pids=(os.getpid(),),
+            num_workers=loader.num_workers,
+            batch_size=loader.batch_size or 1,
+            limits=JobLimits(
+                min_workers=loader.min_workers,
+                max_workers=loader.max_workers or 0,
+                min_batch_size=low,
+                max_batch_size=high,
+                may_change_batch_size=loader.batch_size_range is not None,
+            ),
+        )
+        e = self.endpoint
         return {
             "op": "hello",
-            "target": self.target,
-            "token": self._token,
-            "name": self.name,
-            "pid": os.getpid(),
-            "num_workers": loader.num_workers,
-            "batch_size": loader.batch_size or 1,
-            "limits": {
-                "min_workers": loader.min_workers,
-                "max_workers": loader.max_workers or 0,
-                "min_batch_size": low,
-                "max_batch_size": high,
-                "may_change_batch_size": loader.batch_size_range is not None,
-            },
+            "endpoint": {"target": e.target, "token": e.token, "tls_ca": e.tls_ca},
+            "registration": registration.to_json(),
         }
 
     def _spawn(self) -> subprocess.Popen[str]:
@@ -142,7 +127,7 @@ class SidecarAgent:
             )
 
     def _run(self) -> None:
-        backoff = BACKOFF_MIN_S
+        backoff = Backoff()
         while not self._stop.is_set():
             loader = self._loader_ref()
             if loader is None:
@@ -157,15 +142,14 @@ class SidecarAgent:
                 )
                 reader.start()
                 self._report_until_done(proc)
-                backoff = BACKOFF_MIN_S
+                backoff.reset()
             except OSError as exc:
                 self._note_error(f"agent helper failed: {exc}")
             finally:
                 self.connected.clear()
                 self._close_helper()
-            if self._stop.wait(backoff):
+            if self._stop.wait(backoff.next()):
                 break
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _report_until_done(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdin is not None
@@ -177,32 +161,25 @@ class SidecarAgent:
             s = loader.stats()
             del loader
             self._enforce_cpus(s.workers)
-            report = {
-                "op": "report",
-                "timestamp": time.time(),
-                "num_workers": s.num_workers,
-                "batch_size": s.batch_size or 1,
-                "samples_per_second": s.samples_per_s,
-                "idle_share": s.idle_share,
-                "step_seconds": s.step_s,
-                "wait_seconds": s.wait_s,
-                "window_seconds": s.window_s,
-                "samples": s.samples,
-                "workers": [
-                    {
-                        "pid": w.pid or 0,
-                        "fetch_seconds": w.fetch_s,
-                        "cpu_seconds": w.cpu_s,
-                        "batches": w.batches,
-                    }
-                    for w in s.workers
-                ],
-            }
+            report = JobReport(
+                timestamp=time.time(),
+                num_workers=s.num_workers,
+                batch_size=s.batch_size or 1,
+                samples_per_second=s.samples_per_s,
+                idle_share=s.idle_share,
+                step_seconds=s.step_s,
+                wait_seconds=s.wait_s,
+                window_seconds=s.window_s,
+                samples=s.samples,
+                workers=tuple(
+                    WorkerReport(w.pid or 0, w.fetch_s, w.cpu_s, w.batches) for w in s.workers
+                ),
+            )
             try:
-                proc.stdin.write(json.dumps(report) + "\n")
+                proc.stdin.write(json.dumps({"op": "report", "report": report.to_json()}) + "\n")
             except (BrokenPipeError, ValueError):
                 return
-            self._stop.wait(REPORT_INTERVAL_S)
+            self._stop.wait(self._report_interval_s)
 
     def _read(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
@@ -224,7 +201,7 @@ class SidecarAgent:
                     self.connected.clear()
                     self._note_error(str(msg.get("error")))
             elif msg.get("op") == "directive":
-                self._apply(msg)
+                self._apply(Directive.from_json(msg["directive"]))
         self.connected.clear()
 
     def _note_error(self, message: str) -> None:
@@ -249,29 +226,29 @@ class SidecarAgent:
             proc.kill()
             proc.wait()
 
-    def _apply(self, d: dict[str, Any]) -> None:
+    def _apply(self, d: Directive) -> None:
         loader = self._loader_ref()
         if loader is None:
             self._stop.set()
             return
         try:
-            if d["num_workers"] != loader.num_workers:
-                loader.resize(d["num_workers"])
+            if d.num_workers != loader.num_workers:
+                loader.resize(d.num_workers)
             if (
-                d["batch_size"]
+                d.batch_size
                 and loader.batch_size_range is not None
-                and (d["batch_size"] != loader.batch_size)
+                and (d.batch_size != loader.batch_size)
             ):
                 if _data_parallel():  # ranks switch together, at a step they agree on
-                    loader.staged_batch_size = d["batch_size"]
+                    loader.staged_batch_size = d.batch_size
                 else:
-                    loader.set_batch_size(d["batch_size"])
-            self._cpus = list(d["cpus"])
+                    loader.set_batch_size(d.batch_size)
+            self._cpus = list(d.cpus)
             log.info(
                 "dloader: sidecar directive %d applied: %d workers (%s)",
-                d["revision"],
-                d["num_workers"],
-                d["reason"],
+                d.revision,
+                d.num_workers,
+                d.reason,
             )
         except (ValueError, TypeError) as exc:
             log.warning("dloader: sidecar directive %s refused: %s", d, exc)

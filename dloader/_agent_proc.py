@@ -5,10 +5,12 @@ forked DataLoader workers crash), so the training process holds no gRPC state at
 helper holds it: it registers the job, streams the reports it receives on stdin, and writes the
 sidecar's directives to stdout. One JSON object per line both ways:
 
-* stdin: ``{"op": "hello", "target", "token", "name", "pid", "limits", "num_workers",
-  "batch_size"}`` first, then ``{"op": "report", ...}`` about once a second;
+* stdin: ``{"op": "hello", "endpoint": {"target", "token", "tls_ca"}, "registration": ...}``
+  first, then ``{"op": "report", "report": ...}`` about once a second;
 * stdout: ``{"op": "status", "connected", "job_id", "error"}`` on every change of connection,
-  ``{"op": "directive", "num_workers", "batch_size", "cpus", "reason", "revision"}``.
+  ``{"op": "directive", "directive": ...}``.
+
+The payloads are :mod:`dloader._messages` dataclasses in their JSON form.
 
 It exits when stdin closes (the training process is gone), deregistering first.
 """
@@ -25,21 +27,21 @@ from typing import Any
 
 import grpc
 
+from dloader._client import Backoff, Endpoint
+from dloader._messages import Directive, JobReport, Registration
 from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc
 
-BACKOFF_MIN_S = 0.5
-BACKOFF_MAX_S = 30.0
 RPC_TIMEOUT_S = 5.0
 REPORT_WAIT_S = 5.0  # a session with no report for this long is kept alive by the last one
 
 
 class Helper:
-    def __init__(self, hello: dict[str, Any]) -> None:
-        self.hello = hello
-        self.target = hello["target"]
-        self.md = [("authorization", f"Bearer {hello['token']}")] if hello.get("token") else []
-        self.reports: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=100)
+    def __init__(self, endpoint: Endpoint, registration: Registration) -> None:
+        self.endpoint = endpoint
+        self.registration = registration
+        self.md = endpoint.metadata
+        self.reports: queue.Queue[JobReport | None] = queue.Queue(maxsize=100)
         self.stop = threading.Event()
         self.job_id: str | None = None
         self.job_token: str | None = None
@@ -67,19 +69,19 @@ class Helper:
                 continue
             if msg.get("op") == "report":
                 with contextlib.suppress(queue.Full):  # drop reports rather than block
-                    self.reports.put_nowait(msg)
+                    self.reports.put_nowait(JobReport.from_json(msg["report"]))
         self.stop.set()
         with contextlib.suppress(queue.Full):
             self.reports.put_nowait(None)
 
     def run(self) -> None:
         threading.Thread(target=self.read_stdin, daemon=True).start()
-        backoff = BACKOFF_MIN_S
+        backoff = Backoff()
         while not self.stop.is_set():
-            channel = grpc.insecure_channel(self.target)
+            channel = self.endpoint.channel()
             try:
                 self.session(pb_grpc.NodeServiceStub(channel))
-                backoff = BACKOFF_MIN_S
+                backoff.reset()
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
@@ -88,23 +90,14 @@ class Helper:
                 self.status(False, f"{code.name if code else 'ERROR'}: {detail}")
             finally:
                 channel.close()
-            if self.stop.wait(backoff):
+            if self.stop.wait(backoff.next()):
                 break
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
         self.deregister()
 
     def session(self, stub: pb_grpc.NodeServiceStub) -> None:
-        h = self.hello
         if self.job_id is None:
-            lim = h["limits"]
             resp = stub.RegisterJob(
-                pb.RegisterJobRequest(
-                    name=h["name"],
-                    limits=pb.JobLimits(**lim),
-                    pids=[h["pid"]],
-                    num_workers=h["num_workers"],
-                    batch_size=h["batch_size"],
-                ),
+                self.registration.to_pb(),
                 timeout=RPC_TIMEOUT_S,
                 metadata=self.md,
             )
@@ -124,7 +117,7 @@ class Helper:
             watcher.join(RPC_TIMEOUT_S)
 
     def stream(self, over: threading.Event) -> Iterator[pb.JobReport]:
-        last: dict[str, Any] | None = None
+        last: JobReport | None = None
         while not self.stop.is_set() and not over.is_set():
             try:
                 msg = self.reports.get(timeout=REPORT_WAIT_S)
@@ -133,34 +126,12 @@ class Helper:
             if msg is None:
                 return
             last = msg
-            yield pb.JobReport(
-                job_id=self.job_id,
-                token=self.job_token,
-                timestamp=msg["timestamp"],
-                num_workers=msg["num_workers"],
-                batch_size=msg["batch_size"],
-                samples_per_second=msg["samples_per_second"],
-                idle_share=msg["idle_share"],
-                step_seconds=msg["step_seconds"],
-                wait_seconds=msg["wait_seconds"],
-                window_seconds=msg["window_seconds"],
-                samples=msg["samples"],
-                workers=[pb.WorkerReport(**w) for w in msg["workers"]],
-            )
+            yield msg.to_pb(self.job_id or "", self.job_token or "")
 
     def watch(self, watch: Any, over: threading.Event) -> None:
         try:
             for d in watch:
-                self.emit(
-                    {
-                        "op": "directive",
-                        "num_workers": d.num_workers,
-                        "batch_size": d.batch_size,
-                        "cpus": list(d.cpus),
-                        "reason": d.reason,
-                        "revision": d.revision,
-                    }
-                )
+                self.emit({"op": "directive", "directive": Directive.from_pb(d).to_json()})
         except grpc.RpcError:
             pass  # cancelled, or the sidecar went away: the session ends
         finally:
@@ -169,7 +140,7 @@ class Helper:
     def deregister(self) -> None:
         if self.job_id is None:
             return
-        with grpc.insecure_channel(self.target) as channel, contextlib.suppress(grpc.RpcError):
+        with self.endpoint.channel() as channel, contextlib.suppress(grpc.RpcError):
             pb_grpc.NodeServiceStub(channel).DeregisterJob(
                 pb.DeregisterJobRequest(job_id=self.job_id, token=self.job_token),
                 timeout=1.0,
@@ -185,7 +156,11 @@ def main() -> int:
     if hello.get("op") != "hello":
         print(f"dloader agent: expected a hello, got {line!r}", file=sys.stderr)
         return 2
-    Helper(hello).run()
+    e = hello["endpoint"]
+    Helper(
+        Endpoint(e["target"], e.get("token"), e.get("tls_ca")),
+        Registration.from_json(hello["registration"]),
+    ).run()
     return 0
 
 

@@ -1,15 +1,8 @@
-"""Timeouts, intervals and environment variables, in one place.
-
-Environment variables read by dloader (each documented here and in the README):
-
-``DLOADER_POLL_INTERVAL_S``
-    How often (seconds) the main process wakes while waiting for a batch, to apply pending
-    resizes and notice dead workers. Default 0.05.
-"""
+"""The loader's timeouts and intervals, in one place (environment variables: :mod:`._env`)."""
 
 from __future__ import annotations
 
-import os
+from dloader._env import env_float
 
 __all__ = [
     "DEATH_GRACE_S",
@@ -17,22 +10,7 @@ __all__ = [
     "POLL_INTERVAL_S",
     "STATS_WINDOW_S",
     "WORKER_POLL_INTERVAL_S",
-    "env_float",
 ]
-
-
-def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
-    """Reads a float environment variable, with a clear error naming the value when invalid."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
-    if not value > minimum:
-        raise ValueError(f"environment variable {name}={raw!r} must be > {minimum}")
-    return value
 
 
 #: Main-process wake-up interval while waiting for data (resizes, dead-worker detection).

@@ -43,7 +43,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from dloader._config import DEATH_GRACE_S, JOIN_TIMEOUT_S, POLL_INTERVAL_S
 from dloader._state import STATE_VERSION, IndexStream
 from dloader._worker import ITER_END, READY, Fetcher, worker_loop
-from dloader.errors import WorkerDiedError
+from dloader.errors import WorkerDiedError, WorkerStartError
 
 if TYPE_CHECKING:
     from dloader._loader import DataLoader
@@ -386,7 +386,7 @@ class ElasticIterator:
         if self._launch_error is not None:
             exc, self._launch_error = self._launch_error, None
             self._shutdown_workers(graceful=False)
-            raise RuntimeError(f"could not start a DataLoader worker: {exc!r}") from exc
+            raise WorkerStartError(f"could not start a DataLoader worker: {exc!r}") from exc
         if self._launchers:
             self._launchers = [t for t in self._launchers if t.is_alive()]
         died = []

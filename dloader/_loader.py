@@ -3,7 +3,6 @@ resumable state."""
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 import weakref
@@ -13,6 +12,7 @@ from typing import Any, TypeVar
 import torch.utils.data
 from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
 
+from dloader import _env
 from dloader._agent import SidecarAgent
 from dloader._config import STATS_WINDOW_S
 from dloader._iter import ElasticIterator
@@ -142,7 +142,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._last_state: dict[str, Any] | None = None  # position left by a closed iterator
         self._pending_state: dict[str, Any] | None = None
         self._control = threading.Lock()
-        target = sidecar if sidecar is not None else os.environ.get("DLOADER_SIDECAR") or None
+        target = sidecar if sidecar is not None else _env.sidecar_target()
         self.sidecar_agent: SidecarAgent | None = None
         if target is not None:
             self.sidecar_agent = SidecarAgent(self, target, name=job_name)

@@ -1,16 +1,41 @@
-"""Exceptions raised by dloader (one domain exception per subsystem).
+"""The project's exceptions: one hierarchy, rooted at :class:`DLoaderError`.
 
-Errors that torch's DataLoader also raises keep torch's exception type (and message prefix), so
-code written against torch keeps matching them; dloader's own types subclass that type.
+* The library's errors keep torch's exception type where torch's DataLoader raises one
+  (``WorkerDiedError`` is a ``RuntimeError``), so code written against torch keeps matching them.
+* Bad values (arguments, settings, models, traces) are ``ValueError`` subclasses.
+* :class:`RequestError` and its subclasses are what the daemons' cores raise for a request they
+  refuse; each names the offending field and carries the name of its gRPC status code, which the
+  daemons' one interceptor (:mod:`dloader._daemon.server`) maps. This module imports no gRPC.
+
+Every type round-trips through ``pickle`` (a worker or child process can raise it to its parent).
 """
 
 from __future__ import annotations
 
-__all__ = ["DLoaderError", "StateError", "WorkerDiedError"]
+from typing import Any
+
+__all__ = [
+    "AllocatorError",
+    "AlreadyExists",
+    "ConfigError",
+    "DLoaderError",
+    "InvalidArgument",
+    "NotFound",
+    "PermissionDenied",
+    "PredictorError",
+    "RequestError",
+    "StateError",
+    "Unauthenticated",
+    "WorkerDiedError",
+    "WorkerStartError",
+]
 
 
 class DLoaderError(Exception):
-    """Base class for dloader's own errors."""
+    """Base class of every error dloader raises itself."""
+
+
+# ---------------------------------------------------------------------- the library
 
 
 class WorkerDiedError(DLoaderError, RuntimeError):
@@ -20,10 +45,82 @@ class WorkerDiedError(DLoaderError, RuntimeError):
     (``DataLoader worker (pid(s) ...) exited unexpectedly``), followed by the signal or exit code.
     """
 
-    def __init__(self, message: str, pids: tuple[int, ...]) -> None:
+    def __init__(self, message: str, pids: tuple[int, ...] = ()) -> None:
         super().__init__(message)
-        self.pids = pids
+        self.pids = tuple(pids)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.pids))
+
+
+class WorkerStartError(DLoaderError, RuntimeError):
+    """A loader worker process could not be started (it exited or failed before it was ready)."""
 
 
 class StateError(DLoaderError, ValueError):
     """A loader ``state_dict`` cannot be used: wrong version, other dataset, missing fields."""
+
+
+# ---------------------------------------------------------------------- values and settings
+
+
+class ConfigError(DLoaderError, ValueError):
+    """A bad setting: a command-line flag, an environment variable or a stored setting."""
+
+
+class PredictorError(DLoaderError, ValueError):
+    """Invalid input to a throughput model, or a serialised model that cannot be loaded."""
+
+
+class AllocatorError(DLoaderError, ValueError):
+    """Invalid input to the optimizer, a policy, the simulator or its trace files."""
+
+
+# ---------------------------------------------------------------------- requests to a daemon
+
+
+class RequestError(DLoaderError):
+    """A request a daemon refuses; ``field`` names the offending request field.
+
+    ``code`` is the name of the gRPC status code it maps to (``grpc.StatusCode[code]``).
+    """
+
+    code = "INVALID_ARGUMENT"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.field, self.message))
+
+
+class InvalidArgument(RequestError, ValueError):
+    """Malformed or out-of-range input (INVALID_ARGUMENT)."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class NotFound(RequestError):
+    """An unknown job or node (NOT_FOUND)."""
+
+    code = "NOT_FOUND"
+
+
+class AlreadyExists(RequestError):
+    """An id that is already taken (ALREADY_EXISTS)."""
+
+    code = "ALREADY_EXISTS"
+
+
+class PermissionDenied(RequestError):
+    """A caller whose credential does not allow the action (PERMISSION_DENIED)."""
+
+    code = "PERMISSION_DENIED"
+
+
+class Unauthenticated(RequestError):
+    """A caller without a valid credential (UNAUTHENTICATED)."""
+
+    code = "UNAUTHENTICATED"

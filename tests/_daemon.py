@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
+
+
+def free_port() -> int:
+    """A TCP port the OS just gave out on 127.0.0.1 (bound to 0, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class ThreadedDaemon:

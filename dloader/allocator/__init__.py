@@ -10,8 +10,8 @@
 * :mod:`allocator.service`: the ``ClusterAllocator`` gRPC service and its autoscaler loop.
 """
 
-from dloader.allocator.errors import AllocatorError
 from dloader.allocator.optimizer import Assignment, Cluster, JobSpec, Plan, optimize, place
+from dloader.errors import AllocatorError
 
 __all__ = [
     "AllocatorError",

@@ -5,17 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 from pathlib import Path
 
-from dloader.allocator.core import AllocatorCore, Settings
+from dloader._daemon import run_daemon, stop_on_signals
+from dloader._env import default_socket, default_state_dir
+from dloader.allocator.config import STORED_SETTINGS, AllocatorConfig
+from dloader.allocator.core import AllocatorCore
 from dloader.allocator.policies import POLICIES
 from dloader.allocator.server import build_server
 from dloader.allocator.store import Store
-from dloader.sidecar._config import default_socket, default_state_dir
-from dloader.sidecar.cli import run_daemon, stop_on_signals
-from dloader.sidecar.server import ListenConfig
 
 __all__ = ["main", "serve"]
 
@@ -29,17 +28,25 @@ def parser() -> argparse.ArgumentParser:
         "size with a dynamic-programming optimizer, every interval and on each event. Node "
         "sidecars (dloader-sidecar --allocator) register nodes and apply batch sizes; "
         "dloader-launch restarts jobs under torchrun when their GPU count changes; external "
-        "schedulers call the ClusterAllocator gRPC API (proto/dloader/v1/allocator.proto).",
+        "schedulers call the ClusterAllocator gRPC API (proto/dloader/v1/allocator.proto). "
+        "Settings: a flag given here wins over its environment variable, which wins over what "
+        "a Configure call stored, which wins over the default.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(
         "--socket", default=default_socket("allocator.sock"), help="Unix socket (mode 0660)"
     )
     p.add_argument("--state-dir", default=default_state_dir(), help="folder for allocator.db")
-    p.add_argument("--policy", choices=POLICIES, default="goodput-dp", help="allocation policy")
-    p.add_argument("--interval", type=float, default=60.0, help="seconds between decisions")
     p.add_argument(
-        "--restart-cost", type=float, default=30.0, help="default seconds a restart costs a job"
+        "--policy", choices=POLICIES, help="allocation policy (default: stored, else goodput-dp)"
+    )
+    p.add_argument(
+        "--interval", type=float, help="seconds between decisions (default: stored, else 60)"
+    )
+    p.add_argument(
+        "--restart-cost",
+        type=float,
+        help="default seconds a restart costs a job (default: stored, else 30)",
     )
     p.add_argument(
         "--node-timeout",
@@ -48,13 +55,16 @@ def parser() -> argparse.ArgumentParser:
         help="seconds without a node report before its GPUs leave the pool (0: never)",
     )
     p.add_argument(
-        "--dry-run", action="store_true", help="only recommend; never change a job's allocation"
+        "--dry-run",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="only recommend; never change a job's allocation (default: stored, else off)",
     )
     p.add_argument("--listen", metavar="HOST:PORT", help="also listen on TCP (needs --token)")
     p.add_argument(
         "--token",
-        default=os.environ.get("DLOADER_ALLOCATOR_TOKEN"),
-        help="bearer token required on TCP (env: DLOADER_ALLOCATOR_TOKEN)",
+        default=None,
+        help="bearer token required on TCP (default: $DLOADER_ALLOCATOR_TOKEN)",
     )
     p.add_argument("--tls-cert", help="TLS certificate (PEM) for TCP")
     p.add_argument("--tls-key", help="TLS private key (PEM) for TCP")
@@ -66,16 +76,17 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     """Runs the daemon until ``stop`` is set (or SIGTERM/SIGINT)."""
     stop = stop_on_signals(stop)
     store = Store(Path(args.state_dir) / "allocator.db")
-    settings = Settings(args.policy, args.interval, args.dry_run, args.restart_cost)
-    core = AllocatorCore(store, settings, node_timeout_s=args.node_timeout)
-    server, addresses = await build_server(
-        core,
-        ListenConfig.from_args(args),
-    )
+    try:
+        config = AllocatorConfig.resolve(args, store.get_setting(STORED_SETTINGS))
+        core = AllocatorCore(store, config.settings, node_timeout_s=config.node_timeout_s)
+    except BaseException:
+        store.close()
+        raise
+    server, addresses = await build_server(core, config.listen)
     log.info(
         "dloader-allocator listening on %s; state in %s; policy %s%s; %d job(s), %d node(s)",
         ", ".join(addresses),
-        args.state_dir,
+        config.state_dir,
         core.settings.policy,
         " (dry run)" if core.settings.dry_run else "",
         len(core.jobs),
@@ -92,7 +103,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``dloader-allocator``."""
-    return run_daemon("dloader-allocator", serve, parser().parse_args(argv))
+    args = parser().parse_args(argv)
+    return run_daemon("dloader-allocator", serve, args, args.log_level)
 
 
 if __name__ == "__main__":

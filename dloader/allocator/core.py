@@ -20,13 +20,15 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
-from dloader.allocator.errors import AllocatorError
+from dloader.allocator.config import STORED_SETTINGS, Settings
 from dloader.allocator.optimizer import Cluster
-from dloader.allocator.policies import POLICIES, JobState, Policy, make_policy
+from dloader.allocator.policies import JobState, Policy, make_policy
 from dloader.allocator.store import Store
+from dloader.errors import AllocatorError, AlreadyExists, InvalidArgument, NotFound
 from dloader.predictor import (
     GradientNoise,
     PredictorError,
@@ -34,12 +36,14 @@ from dloader.predictor import (
     ScalingParams,
     ScalingPoint,
 )
-from dloader.sidecar.errors import AlreadyExists, InvalidArgument, NotFound
 
 __all__ = [
     "AllocationView",
     "AllocatorCore",
+    "GradientStats",
     "JobRequest",
+    "Measurement",
+    "NodeJobReport",
     "Settings",
     "Snapshot",
 ]
@@ -52,29 +56,54 @@ _MAX_MEASUREMENTS = 2000  # per job; the oldest are dropped beyond
 
 
 @dataclass(frozen=True)
-class Settings:
-    """The allocator's policy and loop."""
+class Measurement:
+    """One measured step of a job (``dloader.v1.Measurement``); validated on creation."""
 
-    policy: str = "goodput-dp"
-    interval_s: float = 60.0
-    dry_run: bool = False
-    restart_s: float = 30.0
-    """Default restart cost of a job that does not state its own."""
+    nodes: int
+    replicas: int
+    local_batch_size: int
+    step_s: float
+    sync_s: float = 0.0
+    """The gradient-synchronisation part of ``step_s`` (0: unknown)."""
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise InvalidArgument("config.policy", f"{self.policy!r} is not one of {POLICIES}")
-        if not 0.1 <= self.interval_s <= 86400:
+        n, r, b = self.nodes, self.replicas, self.local_batch_size
+        if not 1 <= n <= r or b < 1:
             raise InvalidArgument(
-                "config.interval_seconds", f"{self.interval_s} must be within [0.1, 86400]"
+                "measurements",
+                f"nodes={n}, replicas={r}, local_batch_size={b}: need 1 <= nodes <= "
+                "replicas and local_batch_size >= 1",
             )
-        if not 0 <= self.restart_s <= 86400:
+        step, sync = self.step_s, self.sync_s
+        if not (math.isfinite(step) and step > 0 and math.isfinite(sync) and 0 <= sync <= step):
             raise InvalidArgument(
-                "config.restart_seconds", f"{self.restart_s} must be within [0, 86400]"
+                "measurements", f"step_seconds={step}, sync_seconds={sync}: need 0 <= sync <= step"
             )
 
+    @classmethod
+    def from_json(cls, m: list[Any] | dict[str, Any]) -> Measurement:
+        """From stored JSON (a dict, or the older 5-item list)."""
+        return cls(**m) if isinstance(m, dict) else cls(*m)
 
-Measurement = tuple[int, int, int, float, float]  # nodes, replicas, local batch, step s, sync s
+
+@dataclass(frozen=True)
+class GradientStats:
+    """Gradient-noise statistics of a job at ``base_batch_size`` (``dloader.v1.GradientStats``)."""
+
+    base_batch_size: int
+    grad_sqr: float
+    grad_var: float
+
+
+@dataclass(frozen=True)
+class NodeJobReport:
+    """A node's report of one job running on it."""
+
+    job_id: str
+    samples_per_second: float
+    batch_size: int = 0
+    measurements: tuple[Measurement, ...] = ()
+    gradient: GradientStats | None = None
 
 
 @dataclass
@@ -94,7 +123,7 @@ class JobRequest:
     restart_s: float = 0.0
     scaling: dict[str, float] | None = None
     measurements: list[Measurement] = field(default_factory=list)
-    gradient: tuple[int, float, float] | None = None
+    gradient: GradientStats | None = None
 
     def normalised(self, default_restart_s: float) -> JobRequest:
         """Defaults filled in and every field checked (errors name the field)."""
@@ -143,7 +172,10 @@ class JobRequest:
 def _model(req: JobRequest) -> ScalingModel:
     """The job's scaling model: fitted to its measurements (>= 2), else its stated parameters."""
     try:
-        points = [ScalingPoint(n, r, b, s, y or None) for n, r, b, s, y in req.measurements]
+        points = [
+            ScalingPoint(m.nodes, m.replicas, m.local_batch_size, m.step_s, m.sync_s or None)
+            for m in req.measurements
+        ]
     except PredictorError as exc:
         raise InvalidArgument("job.measurements", str(exc)) from None
     if len(points) >= 2:
@@ -169,28 +201,13 @@ def _model(req: JobRequest) -> ScalingModel:
     )
 
 
-def _noise(gradient: tuple[int, float, float] | None, where: str) -> GradientNoise | None:
+def _noise(gradient: GradientStats | None, where: str) -> GradientNoise | None:
     if gradient is None:
         return None
     try:
-        return GradientNoise(*gradient)
+        return GradientNoise(gradient.base_batch_size, gradient.grad_sqr, gradient.grad_var)
     except PredictorError as exc:
         raise InvalidArgument(where, str(exc)) from None
-
-
-def measurement(nodes: int, replicas: int, local: int, step: float, sync: float) -> Measurement:
-    """A validated measurement tuple."""
-    if not 1 <= nodes <= replicas or local < 1:
-        raise InvalidArgument(
-            "measurements",
-            f"nodes={nodes}, replicas={replicas}, local_batch_size={local}: need 1 <= nodes <= "
-            "replicas and local_batch_size >= 1",
-        )
-    if not (math.isfinite(step) and step > 0 and math.isfinite(sync) and 0 <= sync <= step):
-        raise InvalidArgument(
-            "measurements", f"step_seconds={step}, sync_seconds={sync}: need 0 <= sync <= step"
-        )
-    return (nodes, replicas, local, step, sync)
 
 
 @dataclass
@@ -255,12 +272,11 @@ class AllocatorCore:
         node_timeout_s: a node that neither registers nor reports for this long loses its
             GPUs from the pool until it reports again (0: never).
         """
-        if node_timeout_s < 0:
+        if not node_timeout_s >= 0:
             raise ValueError(f"node_timeout_s={node_timeout_s} must be >= 0 (0: never)")
         self.node_timeout_s = node_timeout_s
         self.store = store
-        self.settings = settings  # the daemon's command line wins over a stored Configure
-        store.set_setting("settings", json.dumps(asdict(settings)))
+        self.settings = settings  # resolved against the stored Configure by the config
         self._policy: Policy = make_policy(self.settings.policy)
         self._clock = clock
         self.jobs: dict[str, _Job] = {}
@@ -288,7 +304,6 @@ class AllocatorCore:
         req = req.normalised(self.settings.restart_s)
         if req.job_id in self.jobs or self.store.known_job(req.job_id):
             raise AlreadyExists("job.job_id", f"{req.job_id!r} was already submitted")
-        req.measurements = [measurement(*m) for m in req.measurements]
         job = _Job(req, self._seq + 1, _model(req), _noise(req.gradient, "job.gradient"))
         self._seq += 1
         self.jobs[req.job_id] = job
@@ -314,14 +329,14 @@ class AllocatorCore:
     def update(
         self,
         job_id: str,
-        measurements: list[Measurement],
-        gradient: tuple[int, float, float] | None = None,
+        measurements: Sequence[Measurement],
+        gradient: GradientStats | None = None,
         priority: float = 0.0,
     ) -> None:
         """Adds measurements (refitting the model), replaces gradient statistics or priority."""
         job = self.get(job_id)
         req = job.req
-        new = [measurement(*m) for m in measurements]
+        new = list(measurements)
         noise = _noise(gradient, "gradient") if gradient is not None else job.noise
         if priority:
             if not (math.isfinite(priority) and priority > 0):
@@ -362,7 +377,7 @@ class AllocatorCore:
         self,
         node_id: str,
         free: int,
-        jobs: list[tuple[str, float, int, list[Measurement], tuple[int, float, float] | None]],
+        jobs: Sequence[NodeJobReport],
     ) -> None:
         """A node's usable GPUs and, per job on it, samples/s, batch, measurements, gradient."""
         node = self.nodes.get(node_id)
@@ -370,13 +385,14 @@ class AllocatorCore:
             raise NotFound("node_id", f"node {node_id!r} is not registered")
         if not 0 <= free <= node.gpus:
             raise InvalidArgument("free_gpus", f"{free} must be within [0, {node.gpus}]")
-        for job_id, rate, _batch, meas, grad in jobs:
+        for r in jobs:
+            rate = r.samples_per_second
             if not (math.isfinite(rate) and rate >= 0):
                 raise InvalidArgument("jobs.samples_per_second", f"{rate} must be >= 0")
-            job = self.get(job_id)
+            job = self.get(r.job_id)
             job.samples_per_second = rate
-            if meas or grad is not None:
-                self.update(job_id, meas, grad)
+            if r.measurements or r.gradient is not None:
+                self.update(r.job_id, r.measurements, r.gradient)
         node.last_seen = self._clock()
         if free != node.free or node.silent:
             node.free = free
@@ -399,7 +415,7 @@ class AllocatorCore:
         )
         self.settings = s
         self._policy = make_policy(s.policy)
-        self.store.set_setting("settings", json.dumps(asdict(s)))
+        self.store.set_setting(STORED_SETTINGS, s.to_json())
         log.info("settings: %s", s)
         self._wake.set()
         return s
@@ -551,7 +567,8 @@ def _request_to_json(req: JobRequest) -> bytes:
 
 def _request_from_json(raw: bytes) -> JobRequest:
     d = json.loads(raw)
-    d["measurements"] = [tuple(m) for m in d.get("measurements", [])]
-    if d.get("gradient") is not None:
-        d["gradient"] = tuple(d["gradient"])
+    d["measurements"] = [Measurement.from_json(m) for m in d.get("measurements", [])]
+    g = d.get("gradient")
+    if g is not None:
+        d["gradient"] = GradientStats(**g) if isinstance(g, dict) else GradientStats(*g)
     return JobRequest(**d)

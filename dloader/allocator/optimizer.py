@@ -48,9 +48,11 @@ from typing import Literal
 
 import numpy as np
 
-from dloader.allocator.errors import AllocatorError
+from dloader.errors import AllocatorError
 
 __all__ = [
+    "DEFAULT_HORIZON_S",
+    "DEFAULT_RESTART_S",
     "Assignment",
     "Cluster",
     "JobSpec",
@@ -61,6 +63,11 @@ __all__ = [
     "optimize",
     "place",
 ]
+
+#: Seconds a change of a job's GPU count costs (checkpoint, restart, resume), when not stated.
+DEFAULT_RESTART_S = 30.0
+#: Seconds over which a restart is amortised (see the module docstring).
+DEFAULT_HORIZON_S = 900.0
 
 ThroughputFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """``(gpus, global_batch) -> samples/s``, broadcasting; NaN or <= 0 where infeasible."""
@@ -116,7 +123,7 @@ class JobSpec:
     current_gpus: int = 0
     """GPUs it runs on now (0: waiting)."""
     current_batch: int | None = None
-    restart_s: float = 30.0
+    restart_s: float = DEFAULT_RESTART_S
     """Seconds a change of GPU count costs (checkpoint, restart, resume)."""
 
     def __post_init__(self) -> None:
@@ -262,7 +269,7 @@ def optimize(
     cluster: Cluster,
     *,
     objective: Objective = "goodput",
-    horizon_s: float = 900.0,
+    horizon_s: float = DEFAULT_HORIZON_S,
     fairness: float = 1.0,
 ) -> Plan:
     """Chooses GPU counts and batch sizes maximising the total (good)put speedup.

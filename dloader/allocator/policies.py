@@ -26,8 +26,17 @@ from typing import Protocol
 
 import numpy as np
 
-from dloader.allocator.errors import AllocatorError
-from dloader.allocator.optimizer import Cluster, JobSpec, Objective, ThroughputFn, optimize, place
+from dloader.allocator.optimizer import (
+    DEFAULT_HORIZON_S,
+    DEFAULT_RESTART_S,
+    Cluster,
+    JobSpec,
+    Objective,
+    ThroughputFn,
+    optimize,
+    place,
+)
+from dloader.errors import AllocatorError
 from dloader.predictor import GradientNoise, ScalingModel
 
 __all__ = [
@@ -66,7 +75,7 @@ class JobState:
     """GPUs per node it holds now (empty: waiting)."""
     batch_size: int | None = None
     """Global batch it runs with now."""
-    restart_s: float = 30.0
+    restart_s: float = DEFAULT_RESTART_S
 
     def __post_init__(self) -> None:
         lo, hi = self.batch_range
@@ -196,7 +205,7 @@ class DpPolicy:
         *,
         objective: Objective,
         fixed_batch: bool,
-        horizon_s: float = 900.0,
+        horizon_s: float = DEFAULT_HORIZON_S,
         batch_choices: int = 12,
         accumulate: bool = False,
         fairness: float = 1.0,
@@ -270,7 +279,7 @@ class DpPolicy:
 POLICIES = ("static", "elastic-gpu", "elastic-dp", "goodput-dp")
 
 
-def make_policy(name: str, *, horizon_s: float = 900.0) -> Policy:
+def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S) -> Policy:
     """The policy called ``name`` (one of :data:`POLICIES`)."""
     if name == "static":
         return StaticPolicy()

@@ -1,17 +1,24 @@
 """The gRPC face of the allocator: a thin servicer over :class:`allocator.core.AllocatorCore`.
 
-Same conventions as the node sidecar (:func:`sidecar.server.start_server`): Unix socket by
+The daemons' shared conventions (:func:`dloader._daemon.start_server`): Unix socket by
 default, bearer token on TCP, domain errors mapped to status codes, health and reflection.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import grpc
 
-from dloader.allocator.core import AllocatorCore, JobRequest, Measurement, Snapshot
-from dloader.sidecar.server import ListenConfig, start_server
+from dloader._daemon.server import ListenConfig, start_server
+from dloader.allocator.core import (
+    AllocatorCore,
+    GradientStats,
+    JobRequest,
+    Measurement,
+    NodeJobReport,
+    Snapshot,
+)
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -20,14 +27,15 @@ __all__ = ["AllocatorServicer", "build_server", "snapshot_pb"]
 SERVICE = pb.DESCRIPTOR.services_by_name["ClusterAllocator"].full_name
 
 
-def _measurements(items: list[pb.Measurement]) -> list[Measurement]:
+def _measurements(items: Iterable[pb.Measurement]) -> list[Measurement]:
     return [
-        (m.nodes, m.replicas, m.local_batch_size, m.step_seconds, m.sync_seconds) for m in items
+        Measurement(m.nodes, m.replicas, m.local_batch_size, m.step_seconds, m.sync_seconds)
+        for m in items
     ]
 
 
-def _gradient(msg: pb.GradientStats, present: bool) -> tuple[int, float, float] | None:
-    return (msg.base_batch_size, msg.grad_sqr, msg.grad_var) if present else None
+def _gradient(msg: pb.GradientStats, present: bool) -> GradientStats | None:
+    return GradientStats(msg.base_batch_size, msg.grad_sqr, msg.grad_var) if present else None
 
 
 def job_request(spec: pb.JobSpec) -> JobRequest:
@@ -57,7 +65,7 @@ def job_request(spec: pb.JobSpec) -> JobRequest:
         priority=spec.priority,
         restart_s=spec.restart_seconds,
         scaling=scaling,
-        measurements=_measurements(list(spec.measurements)),
+        measurements=_measurements(spec.measurements),
         gradient=_gradient(spec.gradient, spec.HasField("gradient")),
     )
 
@@ -103,7 +111,7 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
     ) -> pb.UpdateJobResponse:
         self.core.update(
             request.job_id,
-            _measurements(list(request.measurements)),
+            _measurements(request.measurements),
             _gradient(request.gradient, request.HasField("gradient")),
             request.priority,
         )
@@ -128,11 +136,11 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
             request.node_id,
             request.free_gpus,
             [
-                (
+                NodeJobReport(
                     j.job_id,
                     j.samples_per_second,
                     j.batch_size,
-                    _measurements(list(j.measurements)),
+                    tuple(_measurements(j.measurements)),
                     _gradient(j.gradient, j.HasField("gradient")),
                 )
                 for j in request.jobs

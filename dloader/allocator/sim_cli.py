@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from dloader.allocator.errors import AllocatorError
-from dloader.allocator.optimizer import Cluster
+from dloader.allocator.optimizer import DEFAULT_HORIZON_S, DEFAULT_RESTART_S, Cluster
 from dloader.allocator.policies import POLICIES, make_policy
 from dloader.allocator.simulator import SimResult, Simulator
 from dloader.allocator.traces import WorkloadJob, load_apps, read_philly, read_workload
+from dloader.errors import AllocatorError
 
 __all__ = ["main"]
 
@@ -58,10 +58,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=int, default=4, help="GPUs per node")
     p.add_argument("--interval", type=float, default=60.0, help="seconds between decisions")
     p.add_argument(
-        "--restart-delay", type=float, default=30.0, help="seconds a placement change costs"
+        "--restart-delay",
+        type=float,
+        default=DEFAULT_RESTART_S,
+        help="seconds a placement change costs",
     )
     p.add_argument(
-        "--horizon", type=float, default=900.0, help="seconds a restart is amortised over"
+        "--horizon",
+        type=float,
+        default=DEFAULT_HORIZON_S,
+        help="seconds a restart is amortised over",
     )
     p.add_argument(
         "--within-hours", type=float, default=4.0, help="count jobs completed in the first N h"

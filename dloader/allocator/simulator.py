@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dloader.allocator.errors import AllocatorError
-from dloader.allocator.optimizer import Cluster
+from dloader.allocator.optimizer import DEFAULT_RESTART_S, Cluster
 from dloader.allocator.policies import JobState, Policy
 from dloader.allocator.traces import AppTrace, WorkloadJob
+from dloader.errors import AllocatorError
 
 __all__ = ["JobRecord", "SimResult", "Simulator"]
 
@@ -130,7 +130,7 @@ class Simulator:
         cluster: Cluster,
         *,
         interval_s: float = 60.0,
-        restart_s: float = 30.0,
+        restart_s: float = DEFAULT_RESTART_S,
     ) -> None:
         if not interval_s > 0 or restart_s < 0:
             raise AllocatorError(f"{interval_s=} must be > 0 and {restart_s=} >= 0")

@@ -12,11 +12,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dloader.sidecar.store import SqliteState
+from dloader._daemon.store import SETTINGS_TABLE, SqliteState
 
-__all__ = ["JobRow", "NodeRow", "Store"]
+__all__ = ["MIGRATIONS", "JobRow", "NodeRow", "Store"]
 
-_SCHEMA = """
+#: The schema, one migration per version (see :class:`dloader._daemon.SqliteState`).
+MIGRATIONS = (
+    """
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY,
     seq INTEGER NOT NULL,
@@ -45,11 +47,9 @@ CREATE TABLE IF NOT EXISTS decisions (
     reason TEXT NOT NULL,
     dry_run INTEGER NOT NULL
 );
-CREATE TABLE IF NOT EXISTS settings (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
 """
+    + SETTINGS_TABLE,
+)
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Store(SqliteState):
     """The allocator's state database at ``path``."""
 
     def __init__(self, path: str | Path) -> None:
-        super().__init__(path, _SCHEMA)
+        super().__init__(path, MIGRATIONS)
 
     def add_job(self, job_id: str, seq: int, spec: bytes) -> None:
         """Stores a submitted job."""

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 
-from dloader.allocator.errors import AllocatorError
+from dloader.errors import AllocatorError
 from dloader.predictor import GradientNoise, PredictorError, ScalingModel, ScalingPoint
 from dloader.predictor.pollux import (
     APPLICATIONS,

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import grpc
 
+from dloader import _env
+from dloader._client import Backoff, Endpoint
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -45,7 +47,6 @@ __all__ = ["main"]
 log = logging.getLogger("dloader.launch")
 
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,13 +61,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--allocator",
-        default=os.environ.get("DLOADER_ALLOCATOR"),
-        help="allocator target: unix:///path or host:port (env: DLOADER_ALLOCATOR)",
+        default=None,
+        help="allocator target: unix:///path or host:port (default: $DLOADER_ALLOCATOR)",
     )
     p.add_argument(
         "--token",
-        default=os.environ.get("DLOADER_ALLOCATOR_TOKEN"),
-        help="bearer token for a TCP allocator (env: DLOADER_ALLOCATOR_TOKEN)",
+        default=None,
+        help="bearer token for a TCP allocator (default: $DLOADER_ALLOCATOR_TOKEN)",
     )
     p.add_argument("--job-id", required=True, help="unique job id (also the loaders' job_name)")
     p.add_argument("--node-id", default=socket.gethostname(), help="the node this runs on")
@@ -136,15 +137,16 @@ def _spec(args: argparse.Namespace) -> pb.JobSpec:
 class Launcher:
     """Keeps a torchrun process at the job's allocated size."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, allocator: Endpoint) -> None:
         self.args = args
+        self.allocator = allocator
         self.proc: asyncio.subprocess.Process | None = None
         self.gpus = 0
         self.restarts = 0
         self.submitted = False
         self.exit_code: int | None = None
-        self._failures = 0  # consecutive failed connections
-        self._meta = (("authorization", f"Bearer {args.token}"),) if args.token else None
+        self._backoff = Backoff()  # its failures: consecutive failed connections
+        self._meta = allocator.metadata or None
 
     async def _start(self, gpus: int, batch: int) -> None:
         a = self.args
@@ -196,23 +198,21 @@ class Launcher:
         try:
             while True:
                 try:
-                    async with grpc.aio.insecure_channel(self.args.allocator) as channel:
+                    async with self.allocator.aio_channel() as channel:
                         stub = pb_grpc.ClusterAllocatorStub(channel)
                         await self._submit(stub)
                         return await self._session(stub, stop)
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() not in _TRANSIENT:
                         raise
-                    if self._failures == 0:
+                    if self._backoff.failures == 0:
                         log.warning(
                             "job %s: allocator unreachable (%s); keeping %d GPU(s), retrying",
                             self.args.job_id,
                             exc.details(),
                             self.gpus,
                         )
-                    delay = _BACKOFF_S[min(self._failures, len(_BACKOFF_S) - 1)]
-                    self._failures += 1
-                    if await self._wait_offline(stop, delay):
+                    if await self._wait_offline(stop, self._backoff.next()):
                         return 130
         finally:
             await self._stop()
@@ -291,9 +291,9 @@ class Launcher:
                         grpc.aio.Metadata(),
                         "the allocator closed the allocation stream",
                     )
-                if self._failures:
+                if self._backoff.failures:
                     log.info("job %s: allocator back", a.job_id)
-                    self._failures = 0
+                    self._backoff.reset()
                 watch = asyncio.ensure_future(stream.read())
                 await self._follow(snapshot)
         finally:
@@ -325,8 +325,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dloader-launch``."""
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s: %(message)s")
-    if not args.allocator:
+    target = args.allocator or _env.allocator_target()
+    if not target:
         print("dloader-launch: --allocator (or $DLOADER_ALLOCATOR) is required", file=sys.stderr)
+        return 2
+    try:
+        allocator = Endpoint.of(target, args.token or _env.allocator_token())
+    except ValueError as exc:
+        print(f"dloader-launch: --allocator: {exc}", file=sys.stderr)
         return 2
     if not Path(args.script).is_file():
         print(f"dloader-launch: script {args.script!r} does not exist", file=sys.stderr)
@@ -337,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        return await Launcher(args).run(stop)
+        return await Launcher(args, allocator).run(stop)
 
     try:
         return asyncio.run(go())

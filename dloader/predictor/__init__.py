@@ -12,6 +12,7 @@
 Every model serialises with ``to_dict()`` / ``from_dict()`` (JSON-compatible, versioned).
 """
 
+from dloader.errors import PredictorError
 from dloader.predictor._efficiency import GradientNoise, goodput
 from dloader.predictor._loader_model import (
     Allocation,
@@ -21,7 +22,6 @@ from dloader.predictor._loader_model import (
     exploration_plan,
 )
 from dloader.predictor._scaling import ScalingModel, ScalingParams, ScalingPoint, placement_shape
-from dloader.predictor.errors import PredictorError
 
 __all__ = [
     "Allocation",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dloader.predictor.errors import PredictorError
+from dloader.errors import PredictorError
 
 __all__ = ["GradientNoise", "goodput"]
 

@@ -39,8 +39,8 @@ import numpy as np
 from scipy.optimize import least_squares
 from sklearn.linear_model import BayesianRidge
 
+from dloader.errors import PredictorError
 from dloader.predictor._serial import check_payload
-from dloader.predictor.errors import PredictorError
 
 __all__ = [
     "Allocation",

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
+from dloader.errors import PredictorError
 from dloader.predictor._serial import check_payload
-from dloader.predictor.errors import PredictorError
 
 __all__ = ["ScalingModel", "ScalingParams", "ScalingPoint", "placement_shape"]
 

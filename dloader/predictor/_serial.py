@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dloader.predictor.errors import PredictorError
+from dloader.errors import PredictorError
 
 __all__ = ["check_payload"]
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from dloader.errors import PredictorError
 from dloader.predictor._scaling import ScalingPoint, placement_shape
-from dloader.predictor.errors import PredictorError
 
 T = TypeVar("T")
 

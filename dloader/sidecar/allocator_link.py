@@ -18,6 +18,7 @@ from collections import defaultdict
 
 import grpc
 
+from dloader._client import Backoff, Endpoint
 from dloader.sidecar.core import NodeCore
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
@@ -26,8 +27,6 @@ __all__ = ["AllocatorLink"]
 
 log = logging.getLogger(__name__)
 
-_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-
 
 class AllocatorLink:
     """Keeps a node registered with the allocator and applies its batch sizes."""
@@ -35,32 +34,32 @@ class AllocatorLink:
     def __init__(
         self,
         core: NodeCore,
-        target: str,
+        allocator: Endpoint,
         *,
         node_id: str,
         gpus: int,
         address: str = "",
-        token: str | None = None,
         period_s: float = 5.0,
     ) -> None:
         if gpus < 1:
             raise ValueError(f"--gpus={gpus}: the node must offer at least 1 GPU to the allocator")
         self.core = core
-        self.target = target
+        self.endpoint = allocator
+        self.target = allocator.target
         self.node_id = node_id
         self.gpus = gpus
         self.address = address
         self.period_s = period_s
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._metadata = allocator.metadata or None
         self.managed: dict[str, int] = {}  # allocator job id -> its GPUs (all nodes)
         self.connected = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Connects, reports and watches until ``stop``; reconnects with backoff."""
-        failures = 0
+        backoff = Backoff()
         while not stop.is_set():
             try:
-                async with grpc.aio.insecure_channel(self.target) as channel:
+                async with self.endpoint.aio_channel() as channel:
                     stub = pb_grpc.ClusterAllocatorStub(channel)
                     await stub.RegisterNode(
                         pb.RegisterNodeRequest(
@@ -72,18 +71,16 @@ class AllocatorLink:
                     log.info(
                         "registered node %s with the allocator at %s", self.node_id, self.target
                     )
-                    failures = 0
+                    backoff.reset()
                     self.connected.set()
                     await self._serve(stub, stop)
             except (grpc.aio.AioRpcError, OSError) as exc:
                 self.connected.clear()
-                if failures == 0:
+                if backoff.failures == 0:
                     why = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc
                     log.warning("allocator at %s unreachable (%s); retrying", self.target, why)
-                delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
-                failures += 1
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                    await asyncio.wait_for(stop.wait(), timeout=backoff.next())
 
     async def _serve(self, stub: pb_grpc.ClusterAllocatorStub, stop: asyncio.Event) -> None:
         tasks = [
@@ -133,7 +130,7 @@ class AllocatorLink:
         for job in self.core.jobs.values():
             name = job.record.name
             if name in self.managed and job.last_report:
-                rates[name] += float(job.last_report.get("samples_per_second", 0.0))
+                rates[name] += job.last_report.samples_per_second
         return pb.ReportNodeRequest(
             node_id=self.node_id,
             free_gpus=self.gpus,

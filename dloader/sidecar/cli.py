@@ -7,25 +7,23 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
-import socket
 import sys
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
 
-from dloader.sidecar._config import default_socket, default_state_dir
+from dloader._daemon import run_daemon, stop_on_signals
+from dloader._env import default_socket, default_state_dir
 from dloader.sidecar.allocator_link import AllocatorLink
 from dloader.sidecar.cgroups import CgroupWeights, detect
-from dloader.sidecar.core import NodeCore, PolicySettings
-from dloader.sidecar.errors import SidecarError
+from dloader.sidecar.config import STORED_POLICY, SidecarConfig
+from dloader.sidecar.core import NodeCore
 from dloader.sidecar.metrics import Metrics
 from dloader.sidecar.monitors import GpuMonitor, NodeMonitor
-from dloader.sidecar.server import ListenConfig, build_server
+from dloader.sidecar.policy import POLICIES
+from dloader.sidecar.server import build_server
 from dloader.sidecar.store import Store
 from dloader.v1 import node_pb2 as pb
 
-__all__ = ["main", "run_daemon", "serve", "stop_on_signals"]
+__all__ = ["main", "parser", "serve"]
 
 log = logging.getLogger("dloader.sidecar")
 
@@ -37,7 +35,9 @@ def parser() -> argparse.ArgumentParser:
         description="Per-node daemon that divides the node's data-loader resources (worker "
         "processes, CPU) between the training jobs on it, so that their accelerators wait for "
         "data as little as possible. Jobs connect with dloader.DataLoader(sidecar=...) or "
-        "DLOADER_SIDECAR=unix:///path.",
+        "DLOADER_SIDECAR=unix:///path. Settings: a flag given here wins over its environment "
+        "variable, which wins over a policy stored with 'dloaderctl policy set', which wins "
+        "over the default.",
     )
     p.add_argument(
         "--socket",
@@ -51,34 +51,34 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--policy",
-        choices=["adaptive", "even"],
-        default="adaptive",
-        help="how to divide the node (default: %(default)s)",
+        choices=POLICIES,
+        default=None,
+        help="how to divide the node (default: the stored policy, else adaptive)",
     )
     p.add_argument(
         "--worker-budget",
         type=int,
-        default=8 * cpus,
-        help="loader worker processes on the node, all jobs (default: %(default)s)",
+        default=None,
+        help=f"loader worker processes on the node, all jobs (default: stored, else {8 * cpus})",
     )
     p.add_argument(
         "--cpu-budget",
         type=int,
-        default=cpus,
-        help="cores loader work may use, all jobs (default: %(default)s)",
+        default=None,
+        help=f"cores loader work may use, all jobs (default: stored, else {cpus})",
     )
     p.add_argument(
         "--period",
         type=float,
-        default=2.0,
-        help="seconds between policy decisions (default: %(default)s)",
+        default=None,
+        help="seconds between policy decisions (default: stored, else 2)",
     )
     p.add_argument(
         "--listen", metavar="HOST:PORT", default=None, help="also listen on TCP (needs --token)"
     )
     p.add_argument(
         "--token",
-        default=os.environ.get("DLOADER_SIDECAR_TOKEN"),
+        default=None,
         help="bearer token required on TCP (default: $DLOADER_SIDECAR_TOKEN)",
     )
     p.add_argument("--tls-cert", default=None, help="TLS certificate (PEM) for TCP")
@@ -104,17 +104,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--allocator",
         metavar="TARGET",
-        default=os.environ.get("DLOADER_ALLOCATOR"),
+        default=None,
         help="cluster allocator to join (unix:///path or host:port; default: "
         "$DLOADER_ALLOCATOR, else none)",
     )
     p.add_argument(
         "--allocator-token",
-        default=os.environ.get("DLOADER_ALLOCATOR_TOKEN"),
+        default=None,
         help="bearer token for a TCP allocator (default: $DLOADER_ALLOCATOR_TOKEN)",
     )
     p.add_argument(
-        "--node-id", default=socket.gethostname(), help="this node's id for the allocator"
+        "--node-id", default=None, help="this node's id for the allocator (default: host name)"
     )
     p.add_argument(
         "--gpus",
@@ -135,9 +135,14 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     """Runs the daemon until ``stop`` is set (or SIGTERM/SIGINT)."""
     stop = stop_on_signals(stop)
     store = Store(Path(args.state_dir) / "sidecar.db")
-    settings = PolicySettings(args.policy, args.worker_budget, args.cpu_budget, args.period)
+    try:
+        config = SidecarConfig.resolve(args, store.get_setting(STORED_POLICY))
+    except BaseException:
+        store.close()
+        raise
+    settings = config.policy
     cgroup, cgroup_note = None, "off"
-    if args.cgroup_weights:
+    if config.cgroup_weights:
         mount, cgroup_note = detect()
         if mount is None:
             log.warning("cgroup v2 CPU weights unavailable: %s", cgroup_note)
@@ -145,23 +150,23 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         else:
             cgroup = CgroupWeights(mount)
     enforcement = (
-        f"CPU sets: {'on' if args.pin_cpus else 'off'}; cgroup v2 cpu.weight: {cgroup_note}"
+        f"CPU sets: {'on' if config.pin_cpus else 'off'}; cgroup v2 cpu.weight: {cgroup_note}"
     )
-    core = NodeCore(store, settings, pin_cpus=args.pin_cpus, cgroup=cgroup)
+    cpus = sorted(os.sched_getaffinity(0)) if config.pin_cpus else ()
+    core = NodeCore(store, settings, pin_cpus=cpus, cgroup=cgroup)
     node, gpus = NodeMonitor(), GpuMonitor()
     metrics = Metrics()
     link = None
-    if args.allocator:
+    if config.allocator is not None:
         link = AllocatorLink(
             core,
-            args.allocator,
-            node_id=args.node_id,
-            gpus=args.gpus or len(gpus.read()),
-            address=f"unix://{os.path.abspath(args.socket)}",
-            token=args.allocator_token,
+            config.allocator,
+            node_id=config.node_id,
+            gpus=config.gpus or len(gpus.read()),
+            address=f"unix://{os.path.abspath(config.listen.socket or '')}",
         )
-    if args.metrics_port:
-        metrics.serve(args.metrics_port)
+    if config.metrics_port:
+        metrics.serve(config.metrics_port)
     last = {"cpu": 0.0, "rd": 0.0, "wr": 0.0}
 
     def sum_normalized() -> float:
@@ -169,7 +174,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         for job in core.jobs.values():
             if job.model.observations and job.last_report:
                 limit = job.model.accelerator_limit(job.record.batch_size)
-                total += job.last_report["samples_per_second"] / limit if limit > 0 else 0.0
+                total += job.last_report.samples_per_second / limit if limit > 0 else 0.0
         return total
 
     def node_status() -> pb.NodeStatus:
@@ -197,15 +202,11 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
             sum_normalized_throughput=sum_normalized(),
         )
 
-    server, addresses = await build_server(
-        core,
-        node_status,
-        ListenConfig.from_args(args),
-    )
+    server, addresses = await build_server(core, node_status, config.listen)
     log.info(
         "dloader-sidecar listening on %s; state in %s; policy %s",
         ", ".join(addresses),
-        args.state_dir,
+        config.state_dir,
         settings.name,
     )
 
@@ -230,35 +231,10 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     store.close()
 
 
-def stop_on_signals(stop: asyncio.Event | None = None) -> asyncio.Event:
-    """``stop`` (or a new event), set on SIGTERM or SIGINT; call from the running loop."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
-
-
-def run_daemon(
-    prog: str,
-    serve_fn: Callable[[argparse.Namespace], Coroutine[Any, Any, None]],
-    args: argparse.Namespace,
-) -> int:
-    """Runs a daemon's ``serve`` with logging set up; a bad setting exits 2 with its message."""
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        asyncio.run(serve_fn(args))
-    except (ValueError, SidecarError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``dloader-sidecar``."""
-    return run_daemon("dloader-sidecar", serve, parser().parse_args(argv))
+    args = parser().parse_args(argv)
+    return run_daemon("dloader-sidecar", serve, args, args.log_level)
 
 
 if __name__ == "__main__":

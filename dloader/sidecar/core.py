@@ -1,8 +1,11 @@
 """The sidecar's core, free of any transport: jobs, reports, models, decisions, directives.
 
-The gRPC servicer (:mod:`sidecar.server`) only translates messages and calls this object. All
-methods run on one asyncio event loop; the policy (:mod:`sidecar.policy`) and the models
-(:mod:`predictor`) are pure code.
+The gRPC servicer (:mod:`dloader.sidecar.server`) only translates messages
+(:mod:`dloader._messages`) and calls this object. All methods run on one asyncio event loop;
+every decision is the pure policy's (:mod:`dloader.sidecar.policy`: worker counts, CPU sets,
+which report windows teach a model), over the pure models (:mod:`dloader.predictor`). The OS
+is reached through small interfaces given to the constructor: process-tree measurement and
+cgroup weights (a fake of each in tests), and the list of CPUs to divide.
 """
 
 from __future__ import annotations
@@ -11,73 +14,38 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Protocol
 
+from dloader._messages import Directive, JobReport, Registration
+from dloader.errors import InvalidArgument, NotFound, PermissionDenied
 from dloader.predictor import LoaderModel, LoaderObservation, PredictorError
 from dloader.sidecar import policy as pol
-from dloader.sidecar.cgroups import CgroupWeights
-from dloader.sidecar.errors import InvalidArgument, NotFound, PermissionDenied
+from dloader.sidecar.config import STORED_POLICY, PolicySettings
 from dloader.sidecar.monitors import ProcessTreeStats, process_tree_stats
 from dloader.sidecar.store import JobRecord, Store
 
-__all__ = ["Directive", "Job", "NodeCore", "PolicySettings"]
+__all__ = ["CpuWeights", "Directive", "Job", "NodeCore", "PolicySettings"]
 
 log = logging.getLogger(__name__)
 
 _NAME_MAX = 200
 _SAVE_MODEL_EVERY = 5  # reports
 _COALESCE_S = 0.2  # after an event, wait this long for more before deciding
-_SETTLE_S = 1.5  # after a worker-count change: to apply it and start the workers
-_SURPRISE = 0.1  # |log(measured / predicted)| of a report that makes the policy re-decide now
-_STEADY_AFTER = 10  # windows at one allocation; after that the model takes one in _STEADY_EVERY
-_STEADY_EVERY = 5
+_MAX_WORKERS = 4096  # worker processes one loader may report
 _MAIN_CPU_CHANGE = 0.1  # relative change of a job's main-process CPU that calls for a decision
 _EWMA = 0.3  # weight of a new measurement of a job's main-process CPU per sample
 
 
-@dataclass(frozen=True)
-class Directive:
-    """What a job should run with."""
+class CpuWeights(Protocol):
+    """Sets the jobs' relative CPU weights (cgroup v2 ``cpu.weight``: :mod:`.cgroups`)."""
 
-    num_workers: int
-    batch_size: int = 0  # 0: unchanged
-    cpus: tuple[int, ...] = ()
-    reason: str = ""
-    revision: int = 0
-
-
-@dataclass(frozen=True)
-class PolicySettings:
-    """The node policy and its budget."""
-
-    name: str
-    worker_budget: int
-    cpu_budget: int
-    period_s: float
-
-    def __post_init__(self) -> None:
-        if self.name not in ("adaptive", "even"):
-            raise InvalidArgument(
-                "config.name", f"policy {self.name!r} is not one of 'adaptive', 'even'"
-            )
-        if self.worker_budget < 1 or self.worker_budget > 4096:
-            raise InvalidArgument(
-                "config.worker_budget", f"{self.worker_budget} must be within [1, 4096]"
-            )
-        if self.cpu_budget < 1 or self.cpu_budget > 4096:
-            raise InvalidArgument(
-                "config.cpu_budget", f"{self.cpu_budget} must be within [1, 4096]"
-            )
-        if not 0.1 <= self.period_s <= 3600:
-            raise InvalidArgument(
-                "config.period_seconds", f"{self.period_s} must be within [0.1, 3600]"
-            )
+    def apply(self, shares: dict[str, tuple[Sequence[int], float]]) -> None:
+        """``shares``: job id -> (its training PIDs, its CPU share in cores)."""
 
 
 @dataclass
@@ -87,7 +55,7 @@ class Job:
     record: JobRecord
     model: LoaderModel
     directive: Directive
-    last_report: dict[str, Any] | None = None
+    last_report: JobReport | None = None
     last_report_at: float = 0.0
     tree: ProcessTreeStats | None = None
     tree_at: float = 0.0  # when ``tree`` was measured (clock of the core)
@@ -121,25 +89,22 @@ class NodeCore:
         *,
         tree_stats: Callable[[list[int]], ProcessTreeStats] = process_tree_stats,
         clock: Callable[[], float] = time.monotonic,
-        pin_cpus: bool = False,
-        cgroup: CgroupWeights | None = None,
+        pin_cpus: Sequence[int] = (),
+        cgroup: CpuWeights | None = None,
     ) -> None:
         """Args:
         store: the state database.
-        settings: policy and budgets (a stored policy from ``dloaderctl policy set`` wins).
+        settings: policy and budgets (the daemon's settings resolve flags against the stored
+            policy: :mod:`dloader.sidecar.config`).
         tree_stats: how process trees are measured (a fake in tests).
         clock: monotonic seconds.
-        pin_cpus: give jobs disjoint CPU sets for their loader workers, sized by their CPU
-            shares (when the node has at least one CPU per job).
-        cgroup: set each job's cgroup v2 ``cpu.weight`` from its CPU share.
+        pin_cpus: the CPUs to divide into disjoint CPU sets for the jobs' loader workers,
+            sized by their CPU shares (when there is at least one CPU per job); empty: off.
+        cgroup: sets each job's CPU weight from its CPU share.
         """
-        self.pin_cpus = pin_cpus
+        self.pin_cpus = tuple(pin_cpus)
         self.cgroup = cgroup
         self.store = store
-        saved = store.get_setting("policy")
-        if saved:
-            name, workers, cpus, period = saved.split(",")
-            settings = PolicySettings(name, int(workers), int(cpus), float(period))
         self.settings = settings
         self._tree_stats = tree_stats
         self._clock = clock
@@ -167,35 +132,28 @@ class NodeCore:
 
     # ------------------------------------------------------------------ jobs
 
-    def register(
-        self,
-        *,
-        name: str,
-        limits: dict[str, Any],
-        pids: list[int],
-        gpus: list[int],
-        num_workers: int,
-        batch_size: int,
-    ) -> Job:
+    def register(self, reg: Registration) -> Job:
         """Registers a job; validates every field, naming the bad one."""
+        name, limits = reg.name, reg.limits
         if not name or len(name) > _NAME_MAX:
             raise InvalidArgument("name", f"must be 1..{_NAME_MAX} characters, got {len(name)}")
-        lo, hi = limits.get("min_workers", 0), limits.get("max_workers", 0)
+        lo, hi = limits.min_workers, limits.max_workers
         if hi and lo > hi:
             raise InvalidArgument(
                 "limits.min_workers", f"min_workers={lo} is above max_workers={hi}"
             )
-        blo, bhi = limits.get("min_batch_size", 0), limits.get("max_batch_size", 0)
+        blo, bhi = limits.min_batch_size, limits.max_batch_size
         if bhi and blo > bhi:
             raise InvalidArgument(
                 "limits.min_batch_size", f"min_batch_size={blo} is above max_batch_size={bhi}"
             )
-        if not pids:
+        if not reg.pids:
             raise InvalidArgument("pids", "at least one training process id is needed")
-        if num_workers > self.settings.worker_budget * 16:
-            raise InvalidArgument("num_workers", f"{num_workers} is implausibly large")
-        if batch_size < 1:
-            raise InvalidArgument("batch_size", f"{batch_size} must be >= 1")
+        if reg.num_workers > self.settings.worker_budget * 16:
+            raise InvalidArgument("num_workers", f"{reg.num_workers} is implausibly large")
+        if reg.batch_size < 1:
+            raise InvalidArgument("batch_size", f"{reg.batch_size} must be >= 1")
+        pids = list(reg.pids)
         tree = self._tree_stats(pids)
         if not tree.alive:
             raise InvalidArgument("pids", f"no process of {pids} is running on this node")
@@ -203,25 +161,27 @@ class NodeCore:
             uuid.uuid4().hex[:12],
             name,
             secrets.token_hex(16),
-            dict(limits),
-            list(pids),
-            list(gpus),
-            num_workers,
-            batch_size,
+            limits,
+            pids,
+            list(reg.gpus),
+            reg.num_workers,
+            reg.batch_size,
             time.time(),
         )
         self.store.add_job(rec)
         job = Job(
             rec,
             LoaderModel(),
-            Directive(num_workers, batch_size, reason="registered"),
+            Directive(reg.num_workers, reg.batch_size, reason="registered"),
             last_report_at=self._clock(),
             tree=tree,
             directive_at=self._clock(),
-            initial_workers=num_workers,
+            initial_workers=reg.num_workers,
         )
         self.jobs[rec.job_id] = job
-        log.info("job %s (%s) registered: pids %s, %d workers", rec.job_id, name, pids, num_workers)
+        log.info(
+            "job %s (%s) registered: pids %s, %d workers", rec.job_id, name, pids, reg.num_workers
+        )
         self.decide()
         return job
 
@@ -260,79 +220,67 @@ class NodeCore:
 
     # ------------------------------------------------------------------ reports
 
-    def report(self, job: Job, body: dict[str, Any]) -> None:
+    def report(self, job: Job, r: JobReport) -> None:
         """Takes one report of ``job``'s loader (already authenticated)."""
-        k = int(body.get("num_workers", 0))
-        b = int(body.get("batch_size", 0))
+        k, b = r.num_workers, r.batch_size
         if b < 1:
             raise InvalidArgument("batch_size", f"{b} must be >= 1")
-        tput = _finite("samples_per_second", body.get("samples_per_second", 0.0), 0, 1e9)
-        idle = _finite("idle_share", body.get("idle_share", 0.0), 0, 1)
-        step = _finite("step_seconds", body.get("step_seconds", 0.0), 0, 86400)
-        window = _finite("window_seconds", body.get("window_seconds", 0.0), 0, 86400)
-        workers = body.get("workers", [])
-        for i, w in enumerate(workers):
-            _finite(f"workers[{i}].fetch_seconds", w.get("fetch_seconds", 0.0), 0, 86400)
-            _finite(f"workers[{i}].cpu_seconds", w.get("cpu_seconds", 0.0), 0, 86400)
-        job.last_report, job.last_report_at = body, self._clock()
+        if not 0 <= k <= _MAX_WORKERS:
+            raise InvalidArgument("num_workers", f"{k} must be within [0, {_MAX_WORKERS}]")
+        tput = _finite("samples_per_second", r.samples_per_second, 0, 1e9)
+        idle = _finite("idle_share", r.idle_share, 0, 1)
+        step = _finite("step_seconds", r.step_seconds, 0, 86400)
+        window = _finite("window_seconds", r.window_seconds, 0, 86400)
+        if len(r.workers) > _MAX_WORKERS:
+            raise InvalidArgument("workers", f"{len(r.workers)} entries: at most {_MAX_WORKERS}")
+        for i, w in enumerate(r.workers):
+            _finite(f"workers[{i}].fetch_seconds", w.fetch_seconds, 0, 86400)
+            _finite(f"workers[{i}].cpu_seconds", w.cpu_seconds, 0, 86400)
+        job.last_report, job.last_report_at = r, self._clock()
         job.reports += 1
         if (k, b) != (job.record.num_workers, job.record.batch_size):
             job.record.num_workers, job.record.batch_size = k, b
             self.store.update_job(job.job_id, num_workers=k, batch_size=b)
             self._dirty = True
-        self.store.add_report(job.job_id, body)
-        # Learn only from steady windows at the allocation the job was told to run: the whole
-        # reported window must lie after the change (plus time to apply it and start workers).
-        busy = [w for w in workers if w.get("batches", 0) > 0]
-        settled = self._clock() - job.directive_at >= window + _SETTLE_S
-        if (
-            tput > 0
-            and step > 0
-            and window >= 1.0
-            and k == job.directive.num_workers
-            and (k == 0 or busy)
-            and settled
-        ):
-            fetch = sum(w["fetch_seconds"] for w in busy) / len(busy) if busy else None
-            obs = LoaderObservation(
-                num_workers=k,
-                cores=float(self.settings.cpu_budget),
-                batch_size=b,
-                samples_per_s=tput,
-                idle_share=idle,
-                step_s=step,
-                fetch_s=fetch,
-                cpu_s=sum(w["cpu_seconds"] for w in busy) / len(busy) if busy else None,
-                cpu_wait_s=(
-                    job.cpu_wait_share * fetch
-                    if fetch is not None and job.cpu_wait_share is not None
-                    else None
-                ),
-            )
-            # One observation per allocation change and per window, not one per second.
-            same = bool(job.model.observations) and job.model.observations[-1].num_workers == k
-            if same and job.reports % max(int(window), 1):
-                return
-            surprise = same and (
-                abs(math.log(tput / job.model.predict(k, obs.cores, b).samples_per_s)) > _SURPRISE
-            )
-            job.run_length = job.run_length + 1 if same else 0
-            if (
-                same
-                and not surprise
-                and job.run_length > _STEADY_AFTER
-                and job.run_length % _STEADY_EVERY
-            ):
-                return  # an allocation the model knows and predicts well: sample it sparsely
-            job.model.update(obs)
-            if len(job.model.observations) % _SAVE_MODEL_EVERY == 0:
-                self.store.save_model(job.job_id, job.model.to_dict())
-            self._dirty = True
-            # Re-decide at once on news (the first window at a new allocation: exploration's
-            # next step waits for it; or a throughput the model did not expect); otherwise
-            # the periodic decision is soon enough.
-            if not same or surprise:
-                self._wake.set()
+        self.store.add_report(job.job_id, r.to_json())
+        if not (tput > 0 and step > 0):
+            return
+        busy = [w for w in r.workers if w.batches > 0]
+        fetch = sum(w.fetch_seconds for w in busy) / len(busy) if busy else None
+        obs = LoaderObservation(
+            num_workers=k,
+            cores=float(self.settings.cpu_budget),
+            batch_size=b,
+            samples_per_s=tput,
+            idle_share=idle,
+            step_s=step,
+            fetch_s=fetch,
+            cpu_s=sum(w.cpu_seconds for w in busy) / len(busy) if busy else None,
+            cpu_wait_s=(
+                job.cpu_wait_share * fetch
+                if fetch is not None and job.cpu_wait_share is not None
+                else None
+            ),
+        )
+        gate = pol.learning_gate(
+            job.model,
+            obs,
+            window_s=window,
+            directed_workers=job.directive.num_workers,
+            busy_workers=len(busy),
+            since_directive_s=self._clock() - job.directive_at,
+            reports=job.reports,
+            run_length=job.run_length,
+        )
+        job.run_length = gate.run_length
+        if not gate.observe:
+            return
+        job.model.update(obs)
+        if len(job.model.observations) % _SAVE_MODEL_EVERY == 0:
+            self.store.save_model(job.job_id, job.model.to_dict())
+        self._dirty = True
+        if gate.redecide_now:
+            self._wake.set()
 
     # ------------------------------------------------------------------ decisions
 
@@ -347,8 +295,8 @@ class NodeCore:
                 j.job_id,
                 j.record.batch_size,
                 j.directive.num_workers,
-                j.record.limits.get("min_workers", 0),
-                j.record.limits.get("max_workers", 0),
+                j.record.limits.min_workers,
+                j.record.limits.max_workers,
                 j.model,
                 j.initial_workers,
                 j.main_cpu_per_sample,
@@ -393,7 +341,7 @@ class NodeCore:
             self.cgroup.apply({j.job_id: (j.record.pids, shares[j.job_id]) for j in jobs})
         if not self.pin_cpus:
             return
-        sets = pol.cpu_sets(shares, sorted(os.sched_getaffinity(0))[:cores])
+        sets = pol.cpu_sets(shares, sorted(self.pin_cpus)[:cores])
         for job in jobs:
             cpus = sets.get(job.job_id, ())
             if cpus and cpus != job.directive.cpus:
@@ -420,10 +368,10 @@ class NodeCore:
         """
         job = self.get(job_id)
         limits = job.record.limits
-        if not limits.get("may_change_batch_size"):
+        if not limits.may_change_batch_size:
             return False
-        lo = limits.get("min_batch_size") or 1
-        hi = limits.get("max_batch_size") or batch_size
+        lo = limits.min_batch_size or 1
+        hi = limits.max_batch_size or batch_size
         b = min(max(batch_size, lo), hi)
         if b == (job.directive.batch_size or job.record.batch_size):
             return True
@@ -456,7 +404,7 @@ class NodeCore:
                     if p in now and p in was
                 ]
                 job.cpu_wait_share = min(sum(waits) / len(waits), 1.0) if waits else None
-            rate = float((job.last_report or {}).get("samples_per_second", 0.0))
+            rate = job.last_report.samples_per_second if job.last_report else 0.0
             if rate > 0 and job.tree.main_cpu_percent > 0:
                 x = job.tree.main_cpu_percent / 100.0 / rate
                 m = job.main_cpu_per_sample
@@ -502,11 +450,9 @@ class NodeCore:
             job.watchers.discard(q)
 
     def set_policy(self, settings: PolicySettings) -> None:
-        """Switches policy or budget; re-decides at once."""
+        """Switches policy or budget (kept across restarts unless a flag says otherwise);
+        re-decides at once."""
         self.settings = settings
-        self.store.set_setting(
-            "policy",
-            f"{settings.name},{settings.worker_budget},{settings.cpu_budget},{settings.period_s}",
-        )
+        self.store.set_setting(STORED_POLICY, settings.to_json())
         log.info("policy set to %s", settings)
         self.decide()

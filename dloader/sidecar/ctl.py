@@ -14,7 +14,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from dloader.sidecar._config import default_socket
+from dloader import _env
+from dloader._client import Endpoint
+from dloader.sidecar.policy import POLICIES
 from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc
 
@@ -22,10 +24,10 @@ __all__ = ["main"]
 
 
 def _stub(args: argparse.Namespace) -> tuple[pb_grpc.NodeServiceStub, list[tuple[str, str]]]:
-    target = args.target or f"unix://{args.socket}"
-    channel = grpc.insecure_channel(target)
-    md = [("authorization", f"Bearer {args.token}")] if args.token else []
-    return pb_grpc.NodeServiceStub(channel), md
+    endpoint = Endpoint.of(
+        args.target or f"unix://{args.socket}", args.token or _env.sidecar_token(), args.tls_ca
+    )
+    return pb_grpc.NodeServiceStub(endpoint.channel()), list(endpoint.metadata)
 
 
 def jobs_table(jobs: list[pb.JobStatus], title: str = "jobs") -> Table:
@@ -168,11 +170,18 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--socket",
-        default=default_socket(),
+        default=_env.default_socket(),
         help="the sidecar's Unix socket (default: %(default)s)",
     )
     p.add_argument("--target", default=None, help="host:port instead of the socket (TCP)")
-    p.add_argument("--token", default=None, help="bearer token for TCP")
+    p.add_argument(
+        "--token", default=None, help="bearer token for TCP (default: $DLOADER_SIDECAR_TOKEN)"
+    )
+    p.add_argument(
+        "--tls-ca",
+        default=None,
+        help="CA certificate (PEM) for TLS on TCP (default: $DLOADER_TLS_CA)",
+    )
     p.add_argument("--timeout", type=float, default=5.0, help="RPC timeout, seconds")
     sub = p.add_subparsers(dest="command", required=True)
     j = sub.add_parser("jobs", help="the registered jobs")
@@ -183,7 +192,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="the node: CPU, disk, GPUs, policy")
     pol = sub.add_parser("policy", help="get or set the node policy")
     pol.add_argument("action", choices=["get", "set"])
-    pol.add_argument("name", nargs="?", choices=["adaptive", "even"])
+    pol.add_argument("name", nargs="?", choices=POLICIES)
     pol.add_argument("--worker-budget", type=int, default=None)
     pol.add_argument("--cpu-budget", type=int, default=None)
     pol.add_argument("--period", type=float, default=None)
@@ -205,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         return int(commands[args.command](args, console))
+    except ValueError as exc:  # a bad --target, --tls-ca, ...
+        print(f"dloaderctl: {exc}", file=sys.stderr)
+        return 2
     except grpc.RpcError as exc:
         print(
             f"dloaderctl: {exc.code().name}: {exc.details()} (sidecar at "

@@ -48,9 +48,9 @@ class Metrics:
             g.clear()
         for job in core.jobs.values():
             lab = (job.job_id, job.record.name)
-            r = job.last_report or {}
-            self.tput.labels(*lab).set(r.get("samples_per_second", 0.0))
-            self.idle.labels(*lab).set(r.get("idle_share", 0.0))
+            r = job.last_report
+            self.tput.labels(*lab).set(r.samples_per_second if r else 0.0)
+            self.idle.labels(*lab).set(r.idle_share if r else 0.0)
             self.workers.labels(*lab).set(job.record.num_workers)
             self.batch.labels(*lab).set(job.record.batch_size)
             self.cpu.labels(*lab).set(job.tree.cpu_percent if job.tree else 0.0)

@@ -31,12 +31,44 @@ allocation replaces the previous one only if its predicted objective is higher b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dloader.predictor import LoaderModel, exploration_plan
+from dloader.errors import InvalidArgument
+from dloader.predictor import LoaderModel, LoaderObservation, exploration_plan
 
-__all__ = ["Budget", "Candidate", "Decision", "JobView", "cpu_sets", "cpu_shares", "decide"]
+__all__ = [
+    "POLICIES",
+    "Budget",
+    "Candidate",
+    "Decision",
+    "JobView",
+    "Learning",
+    "check_policy",
+    "cpu_sets",
+    "cpu_shares",
+    "decide",
+    "learning_gate",
+]
+
+#: The node policies.
+POLICIES = ("adaptive", "even")
+
+SETTLE_S = 1.5
+"""After a worker-count change: time to apply it and start the workers before a window counts."""
+SURPRISE = 0.1
+"""``|log(measured / predicted)|`` of a window that makes the policy re-decide at once."""
+STEADY_AFTER = 10
+"""Windows at one allocation after which the model takes only one in ``STEADY_EVERY``."""
+STEADY_EVERY = 5
+
+
+def check_policy(name: str, field: str = "policy") -> str:
+    """``name`` if it is a node policy; else :class:`InvalidArgument` naming ``field``."""
+    if name not in POLICIES:
+        raise InvalidArgument(field, f"{name!r} is not one of {', '.join(POLICIES)}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -232,10 +264,10 @@ def decide(
     """Worker counts for every job under ``policy`` (``"adaptive"`` or ``"even"``).
 
     Raises:
-        ValueError: an unknown policy or an empty budget.
+        InvalidArgument: an unknown policy (a ``ValueError``).
+        ValueError: an empty budget.
     """
-    if policy not in ("adaptive", "even"):
-        raise ValueError(f"policy={policy!r} is not one of 'adaptive', 'even'")
+    check_policy(policy)
     if budget.workers < 0 or not budget.cores > 0:
         raise ValueError(f"budget {budget} needs workers >= 0 and cores > 0")
     if policy == "even" or not jobs:
@@ -353,3 +385,57 @@ def decide(
             share[jid],
         )
     return out
+
+
+@dataclass(frozen=True)
+class Learning:
+    """What to do with one report window of a job (:func:`learning_gate`)."""
+
+    observe: bool
+    """Feed the window to the job's model."""
+    run_length: int
+    """Windows observed in a row at the job's current worker count, after this one."""
+    redecide_now: bool
+    """News (the first window at a new allocation, or a throughput the model did not expect):
+    decide at once rather than at the next period."""
+
+
+def learning_gate(
+    model: LoaderModel,
+    obs: LoaderObservation,
+    *,
+    window_s: float,
+    directed_workers: int,
+    busy_workers: int,
+    since_directive_s: float,
+    reports: int,
+    run_length: int,
+) -> Learning:
+    """Whether a report window teaches the model something.
+
+    Only steady windows at the allocation the job was told to run count: the whole window must
+    lie after the last change plus ``SETTLE_S``, and (with workers) some worker must have
+    delivered a batch. One observation per window, not one per report. An allocation the model
+    knows and predicts well (within ``SURPRISE``) is sampled one window in ``STEADY_EVERY``
+    after ``STEADY_AFTER``.
+    """
+    k = obs.num_workers
+    usable = (
+        obs.samples_per_s > 0
+        and obs.step_s > 0
+        and window_s >= 1.0
+        and k == directed_workers
+        and (k == 0 or busy_workers > 0)
+        and since_directive_s >= window_s + SETTLE_S
+    )
+    if not usable:
+        return Learning(False, run_length, False)
+    same = bool(model.observations) and model.observations[-1].num_workers == k
+    if same and reports % max(int(window_s), 1):
+        return Learning(False, run_length, False)
+    predicted = model.predict(k, obs.cores, obs.batch_size).samples_per_s if same else 0.0
+    surprise = same and (predicted <= 0 or abs(math.log(obs.samples_per_s / predicted)) > SURPRISE)
+    run = run_length + 1 if same else 0
+    if same and not surprise and run > STEADY_AFTER and run % STEADY_EVERY:
+        return Learning(False, run, False)
+    return Learning(True, run, not same or surprise)

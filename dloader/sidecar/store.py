@@ -8,17 +8,20 @@ One file in the state directory (WAL mode). A restarted sidecar reads it back: r
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JobRecord", "SqliteState", "Store"]
+from dloader._daemon.store import SETTINGS_TABLE, SqliteState
+from dloader._messages import JobLimits
 
-_SCHEMA = """
+__all__ = ["MIGRATIONS", "JobRecord", "Store"]
+
+#: The schema, one migration per version (see :class:`dloader._daemon.SqliteState`).
+MIGRATIONS = (
+    """
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
@@ -51,11 +54,9 @@ CREATE TABLE IF NOT EXISTS decisions (
     cpus TEXT NOT NULL,
     reason TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS settings (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
 """
+    + SETTINGS_TABLE,
+)
 
 _KEEP_REPORTS = 1000  # per job
 _PRUNE_EVERY = 100  # reports of a job between two prunings
@@ -68,7 +69,7 @@ class JobRecord:
     job_id: str
     name: str
     token: str
-    limits: dict[str, Any]
+    limits: JobLimits
     pids: list[int]
     gpus: list[int]
     num_workers: int
@@ -76,48 +77,11 @@ class JobRecord:
     registered_at: float
 
 
-class SqliteState:
-    """A thread-safe SQLite file in WAL mode with a ``settings (key, value)`` table.
-
-    The daemons' stores derive from it; ``schema`` must create the ``settings`` table.
-    """
-
-    def __init__(self, path: str | Path, schema: str) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(schema)
-        except sqlite3.DatabaseError as exc:
-            raise ValueError(f"state database {self.path} is not usable: {exc}") from None
-
-    def close(self) -> None:
-        """Closes the database."""
-        with self._lock:
-            self._db.close()
-
-    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
-
-    def get_setting(self, key: str) -> str | None:
-        """A stored setting."""
-        rows = self._exec("SELECT value FROM settings WHERE key = ?", (key,))
-        return rows[0][0] if rows else None
-
-    def set_setting(self, key: str, value: str) -> None:
-        """Stores a setting."""
-        self._exec("INSERT OR REPLACE INTO settings VALUES (?, ?)", (key, value))
-
-
 class Store(SqliteState):
     """The sidecar's state database at ``path``."""
 
     def __init__(self, path: str | Path) -> None:
-        super().__init__(path, _SCHEMA)
+        super().__init__(path, MIGRATIONS)
         self._added: dict[str, int] = {}  # reports written per job since opening
         self._pending: list[tuple[str, float, str]] = []  # reports queued for flush()
 
@@ -131,7 +95,7 @@ class Store(SqliteState):
                 job.job_id,
                 job.name,
                 job.token,
-                json.dumps(job.limits),
+                json.dumps(asdict(job.limits)),
                 json.dumps(job.pids),
                 json.dumps(job.gpus),
                 job.num_workers,
@@ -162,7 +126,7 @@ class Store(SqliteState):
                 r[0],
                 r[1],
                 r[2],
-                json.loads(r[3]),
+                JobLimits.from_json(json.loads(r[3])),
                 json.loads(r[4]),
                 json.loads(r[5]),
                 r[6],

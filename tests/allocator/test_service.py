@@ -13,16 +13,20 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dloader._client import Endpoint
+from dloader._messages import JobLimits, Registration
 from dloader.allocator.cli import parser, serve
-from dloader.allocator.core import AllocatorCore, Settings
+from dloader.allocator.config import Settings
+from dloader.allocator.core import AllocatorCore
 from dloader.allocator.server import job_request
 from dloader.allocator.store import Store
 from dloader.sidecar.allocator_link import AllocatorLink
-from dloader.sidecar.core import NodeCore, PolicySettings
+from dloader.sidecar.config import PolicySettings
+from dloader.sidecar.core import NodeCore
 from dloader.sidecar.store import Store as NodeStore
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
-from tests._daemon import ThreadedDaemon
+from tests._daemon import ThreadedDaemon, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -221,9 +225,10 @@ def test_watch_streams_each_decision_for_a_job(alloc: Allocator) -> None:
 
 
 def test_tcp_needs_the_token(tmp_path: Path) -> None:
-    a = Allocator(tmp_path, "--listen", "127.0.0.1:47623", "--token", "t0ken")
+    port = free_port()
+    a = Allocator(tmp_path, "--listen", f"127.0.0.1:{port}", "--token", "t0ken")
     try:
-        stub = pb_grpc.ClusterAllocatorStub(grpc.insecure_channel("127.0.0.1:47623"))
+        stub = pb_grpc.ClusterAllocatorStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
         with pytest.raises(grpc.RpcError) as err:
             stub.GetAllocations(pb.GetAllocationsRequest(), timeout=5)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -240,26 +245,13 @@ def test_sidecar_link_registers_reports_and_directs_batch_sizes(
 ) -> None:
     async def scenario() -> None:
         core = NodeCore(NodeStore(tmp_path / "node.db"), PolicySettings("even", 8, 2, 60.0))
-        limits = {
-            "min_workers": 1,
-            "max_workers": 1,
-            "min_batch_size": 1,
-            "max_batch_size": 64,
-            "may_change_batch_size": True,
-        }
-        pid = [os.getpid()]
-        rank0 = core.register(
-            name="train-x", limits=limits, pids=pid, gpus=[], num_workers=1, batch_size=4
-        ).job_id
-        fixed = core.register(
-            name="train-y",
-            limits={"max_workers": 1},
-            pids=pid,
-            gpus=[],
-            num_workers=1,
-            batch_size=8,
-        ).job_id
-        link = AllocatorLink(core, f"unix://{alloc.socket}", node_id="n0", gpus=4, period_s=0.2)
+        limits = JobLimits(1, 1, 1, 64, may_change_batch_size=True)
+        pid = (os.getpid(),)
+        rank0 = core.register(Registration("train-x", pid, 1, 4, limits)).job_id
+        fixed = core.register(Registration("train-y", pid, 1, 8, JobLimits(max_workers=1))).job_id
+        link = AllocatorLink(
+            core, Endpoint.of(f"unix://{alloc.socket}"), node_id="n0", gpus=4, period_s=0.2
+        )
         stop = asyncio.Event()
         task = asyncio.create_task(link.run(stop))
         await asyncio.wait_for(link.connected.wait(), 10)

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 import dloader
-from dloader._agent import parse_target
+from dloader._client import parse_target
 from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc
 from tests.dloader import datasets as D
@@ -41,9 +41,11 @@ def test_parse_target() -> None:
     assert parse_target("unix:///tmp/s.sock") == "unix:///tmp/s.sock"
     assert parse_target("/tmp/s.sock") == "unix:///tmp/s.sock"
     assert parse_target("localhost:7000") == "localhost:7000"
-    for bad in ("", "unix://", "nohost", "host:port"):
-        with pytest.raises(ValueError, match="sidecar target"):
+    for bad in ("", "unix://", "nohost", "host:port", "host:99999"):
+        with pytest.raises(ValueError, match="target"):
             parse_target(bad)
+    with pytest.raises(ValueError, match="sidecar target 'nohost'"):
+        dloader.DataLoader(D.Range(4), sidecar="nohost")
 
 
 def test_loader_registers_reports_and_follows_directives(sidecar: Sidecar) -> None:

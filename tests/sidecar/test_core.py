@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dloader.sidecar.core import NodeCore, PolicySettings
+from dloader._messages import JobReport, Registration, WorkerReport
+from dloader.sidecar.config import PolicySettings
+from dloader.sidecar.core import NodeCore
 from dloader.sidecar.monitors import ProcessTreeStats
 from dloader.sidecar.store import Store
 
@@ -29,19 +31,19 @@ class FakeNode:
         )
 
 
-def report(workers: int, tput: float) -> dict[str, object]:
-    return {
-        "num_workers": workers,
-        "batch_size": 32,
-        "samples_per_second": tput,
-        "idle_share": 0.5,
-        "step_seconds": 32 / tput,
-        "window_seconds": 2.0,
-        "workers": [
-            {"pid": 201 + i, "fetch_seconds": 0.2, "cpu_seconds": 0.1, "batches": 10}
-            for i in range(workers)
-        ],
-    }
+def report(workers: int, tput: float) -> JobReport:
+    return JobReport(
+        timestamp=0.0,
+        num_workers=workers,
+        batch_size=32,
+        samples_per_second=tput,
+        idle_share=0.5,
+        step_seconds=32 / tput,
+        wait_seconds=0.0,
+        window_seconds=2.0,
+        samples=0,
+        workers=tuple(WorkerReport(201 + i, 0.2, 0.1, 10) for i in range(workers)),
+    )
 
 
 @pytest.mark.parametrize("wait_share", [0.0, 0.25])
@@ -53,7 +55,7 @@ def test_observations_carry_the_workers_run_queue_wait(tmp_path: Path, wait_shar
         tree_stats=node.tree,
         clock=node.clock,
     )
-    job = core.register(name="a", limits={}, pids=[100], gpus=[], num_workers=2, batch_size=32)
+    job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
     core.reap()
     node.now += 2.0
     core.reap()  # two measurements 2 s apart: the wait share is known

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from dloader._messages import Registration
 from dloader.sidecar.cgroups import CgroupWeights, detect
-from dloader.sidecar.core import NodeCore, PolicySettings
+from dloader.sidecar.config import PolicySettings
+from dloader.sidecar.core import NodeCore
 from dloader.sidecar.policy import cpu_sets
 from dloader.sidecar.store import Store
 
@@ -29,11 +31,10 @@ def test_cpu_sets_are_disjoint_and_proportional() -> None:
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 def test_core_pins_each_job_to_its_own_cpus(tmp_path: Path) -> None:
-    core = NodeCore(Store(tmp_path / "s.db"), PolicySettings("adaptive", 8, 2, 1.0), pin_cpus=True)
+    cpus = sorted(os.sched_getaffinity(0))
+    core = NodeCore(Store(tmp_path / "s.db"), PolicySettings("adaptive", 8, 2, 1.0), pin_cpus=cpus)
     ids = [
-        core.register(
-            name=n, limits={}, pids=[os.getpid()], gpus=[], num_workers=2, batch_size=32
-        ).job_id
+        core.register(Registration(n, pids=(os.getpid(),), num_workers=2, batch_size=32)).job_id
         for n in ("a", "b")
     ]
     core.decide()

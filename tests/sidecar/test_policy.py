@@ -106,7 +106,7 @@ def test_hysteresis_keeps_a_near_optimal_allocation() -> None:
 
 
 def test_bad_policy_and_budget() -> None:
-    with pytest.raises(ValueError, match="policy='greedy'"):
+    with pytest.raises(ValueError, match="policy: 'greedy' is not one of"):
         decide("greedy", [], Budget(4, 2))
     with pytest.raises(ValueError, match="cores > 0"):
         decide("even", [], Budget(4, 0))

@@ -14,9 +14,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from dloader._daemon import MAX_MESSAGE_BYTES, ListenConfig
 from dloader.sidecar.monitors import GpuInfo, GpuMonitor
-from dloader.sidecar.server import MAX_MESSAGE_BYTES, ListenConfig
 from dloader.v1 import node_pb2 as pb
+from tests._daemon import free_port
 from tests.sidecar.conftest import Sidecar, register
 
 pytestmark = pytest.mark.integration
@@ -176,9 +177,10 @@ def test_health_reflection_and_socket_mode(sidecar: Sidecar) -> None:
 def test_tcp_needs_a_token(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="TCP needs --token"):
         ListenConfig(tcp="127.0.0.1:0")
-    s = Sidecar(tmp_path, "--listen", "127.0.0.1:47613", "--token", "s3cret")
+    port = free_port()
+    s = Sidecar(tmp_path, "--listen", f"127.0.0.1:{port}", "--token", "s3cret")
     try:
-        with grpc.insecure_channel("127.0.0.1:47613") as ch:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             from dloader.v1 import node_pb2_grpc as pb_grpc
 
             stub = pb_grpc.NodeServiceStub(ch)

@@ -1,0 +1,215 @@
+"""The gRPC server both daemons run, with one set of conventions.
+
+* one interceptor maps :class:`dloader.errors.RequestError` to its status code (its ``code``:
+  INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, UNAUTHENTICATED); anything
+  else becomes INTERNAL with a logged traceback, and the daemon carries on;
+* over TCP every call must carry ``authorization: Bearer <token>`` (UNAUTHENTICATED otherwise);
+  TLS when a certificate and key are given;
+* standard gRPC health checking and reflection;
+* messages above ``MAX_MESSAGE_BYTES`` are refused (RESOURCE_EXHAUSTED).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from dloader.errors import ConfigError, RequestError
+
+__all__ = ["MAX_MESSAGE_BYTES", "ErrorInterceptor", "ListenConfig", "start_server"]
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 1 << 20  # reports are ~1 KB; anything near this is not a report
+_UNAUTHENTICATED = "missing or wrong 'authorization: Bearer <token>' metadata"
+
+
+async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, method: str) -> None:
+    if isinstance(exc, RequestError):
+        await context.abort(grpc.StatusCode[exc.code], str(exc))
+    log.exception("internal error in %s", method)
+    await context.abort(
+        grpc.StatusCode.INTERNAL,
+        f"internal error in {method}: {type(exc).__name__} (see the daemon's log)",
+    )
+
+
+def _guarded(inner: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
+    """A unary-response behaviour (request or request stream in) with errors mapped."""
+
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await inner(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort_for(exc, context, method)
+
+    return call
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Maps exceptions from the servicer to status codes; optionally checks a bearer token."""
+
+    def __init__(self, token: str | None = None) -> None:
+        self._token = token
+
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], details: Any
+    ) -> Any:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method
+        token = self._token
+        if token is not None:
+            meta = dict(details.invocation_metadata or ())
+            given = meta.get("authorization", "")
+            if not secrets.compare_digest(given, f"Bearer {token}"):
+                return _reject(handler)
+
+        serde = (handler.request_deserializer, handler.response_serializer)
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                _guarded(handler.unary_unary, method), *serde
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                _guarded(handler.stream_unary, method), *serde
+            )
+        if handler.unary_stream:
+            inner_us = handler.unary_stream
+
+            async def us(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                try:
+                    async for item in inner_us(request, context):
+                        yield item
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as exc:
+                    await _abort_for(exc, context, method)
+
+            return grpc.unary_stream_rpc_method_handler(us, *serde)
+        return handler
+
+
+def _reject(handler: Any) -> Any:
+    async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
+
+    async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
+        yield None  # pragma: no cover
+
+    kw = dict(
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(deny, **kw)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(deny, **kw)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(deny_stream, **kw)
+    return grpc.stream_stream_rpc_method_handler(deny_stream, **kw)
+
+
+@dataclass(frozen=True)
+class ListenConfig:
+    """Where a daemon listens."""
+
+    socket: str | None = None
+    """Unix socket path (the default transport)."""
+    tcp: str | None = None
+    """``host:port``: needs ``token``."""
+    token: str | None = None
+    """Bearer token every TCP call must carry."""
+    tls_cert: str | None = None
+    """PEM certificate for TCP (with ``tls_key``): TLS instead of plain TCP."""
+    tls_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.socket is None and self.tcp is None:
+            raise ConfigError("listen on a Unix socket (--socket) or TCP (--listen)")
+        if self.tcp is not None and not self.token:
+            raise ConfigError(f"--listen {self.tcp}: TCP needs --token")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        if self.tcp is not None:
+            host, sep, port = self.tcp.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+                raise ConfigError(
+                    f"--listen {self.tcp!r}: expected HOST:PORT with a port in 0..65535 "
+                    "(0: any free port, logged at start)"
+                )
+
+
+def _server_credentials(cert: str, key: str) -> grpc.ServerCredentials:
+    try:
+        with open(cert, "rb") as c, open(key, "rb") as k:
+            return grpc.ssl_server_credentials([(k.read(), c.read())])
+    except OSError as exc:
+        raise ConfigError(f"--tls-cert {cert!r} / --tls-key {key!r}: {exc}") from None
+
+
+async def start_server(
+    register: Callable[[grpc.aio.Server], None],
+    service_names: Sequence[str],
+    listen: ListenConfig,
+) -> tuple[grpc.aio.Server, list[str]]:
+    """A started server with dloader's conventions, and the addresses it listens on.
+
+    ``register`` adds the servicers; the server gets the error interceptor (and the token check
+    on TCP), the message size cap, health checking (``SERVING`` for each of ``service_names``)
+    and reflection; it listens on the Unix socket (mode 0660) and/or TCP (TLS if configured).
+    """
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", 4 * MAX_MESSAGE_BYTES),
+    ]
+    server = grpc.aio.server(
+        interceptors=[ErrorInterceptor(listen.token if listen.tcp else None)], options=options
+    )
+    register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in service_names:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(
+        (
+            *service_names,
+            reflection.SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        ),
+        server,
+    )
+    addresses = []
+    if listen.socket:
+        path = os.path.abspath(listen.socket)
+        if os.path.exists(path):
+            os.unlink(path)  # a stale socket from a killed daemon
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        server.add_insecure_port(f"unix://{path}")
+        addresses.append(f"unix://{path}")
+    if listen.tcp:
+        if listen.tls_cert:
+            creds = _server_credentials(listen.tls_cert, listen.tls_key or "")
+            port = server.add_secure_port(listen.tcp, creds)
+        else:
+            port = server.add_insecure_port(listen.tcp)
+        if port == 0:
+            raise ConfigError(f"--listen {listen.tcp!r}: cannot bind (address in use?)")
+        addresses.append(f"{listen.tcp.rpartition(':')[0]}:{port}")
+    await server.start()
+    if listen.socket:
+        os.chmod(os.path.abspath(listen.socket), 0o660)
+    return server, addresses

@@ -1,0 +1,72 @@
+"""The daemons' SQLite base: one file in WAL mode, a lock, a settings table, a schema version.
+
+The schema is a list of migrations: ``migrations[i]`` takes the file from version ``i`` to
+``i + 1`` (``PRAGMA user_version``), in one transaction. A new file runs them all; a file from
+an older dloader runs the ones it lacks; a file from a newer dloader is refused with an error
+naming the file and both versions, never half-read. Files written before versioning (version 0)
+have the tables of the first migration, which uses ``CREATE TABLE IF NOT EXISTS``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dloader.errors import ConfigError
+
+__all__ = ["SETTINGS_TABLE", "SqliteState"]
+
+#: Every store has this table (create it in the first migration).
+SETTINGS_TABLE = "CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+
+
+class SqliteState:
+    """A thread-safe SQLite file in WAL mode, brought to the latest schema by ``migrations``."""
+
+    def __init__(self, path: str | Path, migrations: Sequence[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self.schema_version = self._migrate(migrations)
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"state database {self.path} is not usable: {exc}") from None
+
+    def _migrate(self, migrations: Sequence[str]) -> int:
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version > len(migrations):
+            self._db.close()
+            raise ConfigError(
+                f"state database {self.path} has schema version {version}, newer than this "
+                f"dloader's {len(migrations)}: upgrade dloader, or use another --state-dir"
+            )
+        for v in range(version, len(migrations)):
+            # executescript commits first; the migration and its version bump are one transaction
+            self._db.executescript(
+                f"BEGIN;\n{migrations[v]}\nPRAGMA user_version = {v + 1};\nCOMMIT;"
+            )
+        return len(migrations)
+
+    def close(self) -> None:
+        """Closes the database."""
+        with self._lock:
+            self._db.close()
+
+    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def get_setting(self, key: str) -> str | None:
+        """A stored setting."""
+        rows = self._exec("SELECT value FROM settings WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
+
+    def set_setting(self, key: str, value: str) -> None:
+        """Stores a setting."""
+        self._exec("INSERT OR REPLACE INTO settings VALUES (?, ?)", (key, value))

@@ -1,0 +1,116 @@
+"""Every environment variable dloader reads, in one place (the README lists the same table).
+
+=============================  ==========================================================
+``DLOADER_POLL_INTERVAL_S``    how often (s) a waiting trainer wakes to apply resizes and
+                               notice dead workers (default 0.05; read at import)
+``DLOADER_SIDECAR``            the node sidecar a loader joins: ``unix:///path.sock`` or
+                               ``host:port`` (default: none)
+``DLOADER_SIDECAR_TOKEN``      bearer token for a sidecar on TCP (the daemon's ``--token``
+                               default and the clients')
+``DLOADER_JOB_NAME``           the job's name at the sidecar (default: script-PID)
+``DLOADER_REPORT_INTERVAL_S``  seconds between a loader's reports to the sidecar (default 1)
+``DLOADER_ALLOCATOR``          the cluster allocator (``--allocator`` default of the sidecar
+                               and the launcher)
+``DLOADER_ALLOCATOR_TOKEN``    bearer token for an allocator on TCP
+``DLOADER_TLS_CA``             PEM file of the CA that signed the daemons' TLS certificates;
+                               clients use TLS on TCP when it is set
+``XDG_RUNTIME_DIR``            default socket folder: ``$XDG_RUNTIME_DIR/dloader``
+``XDG_STATE_HOME``             default state folder: ``$XDG_STATE_HOME/dloader``
+=============================  ==========================================================
+
+Values are read when asked for (so a daemon's settings are built from the environment of the
+moment), except ``DLOADER_POLL_INTERVAL_S``, which the loader reads once at import. A bad value
+raises :class:`dloader.errors.ConfigError` naming the variable and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from dloader.errors import ConfigError
+
+__all__ = [
+    "allocator_target",
+    "allocator_token",
+    "default_socket",
+    "default_state_dir",
+    "env_float",
+    "env_str",
+    "job_name",
+    "report_interval_s",
+    "sidecar_target",
+    "sidecar_token",
+    "tls_ca",
+]
+
+
+def env_str(name: str) -> str | None:
+    """A string variable; unset or empty is ``None``."""
+    return os.environ.get(name) or None
+
+
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    """A float variable (``default`` when unset), which must be finite and > ``minimum``."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={raw!r} is not a number") from None
+    if not (math.isfinite(value) and value > minimum):
+        raise ConfigError(
+            f"environment variable {name}={raw!r} must be a finite number > {minimum}"
+        )
+    return value
+
+
+def sidecar_target() -> str | None:
+    """``DLOADER_SIDECAR``."""
+    return env_str("DLOADER_SIDECAR")
+
+
+def sidecar_token() -> str | None:
+    """``DLOADER_SIDECAR_TOKEN``."""
+    return env_str("DLOADER_SIDECAR_TOKEN")
+
+
+def job_name() -> str | None:
+    """``DLOADER_JOB_NAME``."""
+    return env_str("DLOADER_JOB_NAME")
+
+
+def report_interval_s() -> float:
+    """``DLOADER_REPORT_INTERVAL_S`` (default 1.0)."""
+    return env_float("DLOADER_REPORT_INTERVAL_S", 1.0)
+
+
+def allocator_target() -> str | None:
+    """``DLOADER_ALLOCATOR``."""
+    return env_str("DLOADER_ALLOCATOR")
+
+
+def allocator_token() -> str | None:
+    """``DLOADER_ALLOCATOR_TOKEN``."""
+    return env_str("DLOADER_ALLOCATOR_TOKEN")
+
+
+def tls_ca() -> str | None:
+    """``DLOADER_TLS_CA``."""
+    return env_str("DLOADER_TLS_CA")
+
+
+def default_socket(name: str = "sidecar.sock") -> str:
+    """``$XDG_RUNTIME_DIR/dloader/<name>``, else ``/tmp/dloader-<uid>/<name>``."""
+    runtime = env_str("XDG_RUNTIME_DIR")
+    if runtime:
+        return str(Path(runtime) / "dloader" / name)
+    return f"/tmp/dloader-{os.getuid()}/{name}"
+
+
+def default_state_dir() -> str:
+    """``$XDG_STATE_HOME/dloader``, else ``~/.local/state/dloader``."""
+    base = env_str("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(base) / "dloader")

@@ -1,0 +1,200 @@
+"""The messages that cross a process boundary between a loader and its sidecar, defined once.
+
+A loader's agent (training process) -> its helper process (JSON lines on a pipe) -> the
+sidecar's servicer (gRPC) -> the sidecar's core: each message is one frozen dataclass here,
+with one conversion per transport (``to_json``/``from_json`` for the pipe, ``to_pb``/
+``from_pb`` for gRPC). Nothing on the far side reads a dict.
+
+No gRPC or protobuf at import: the training process imports this module, and ``to_pb``/
+``from_pb`` import the generated messages when they are first called (in the helper and the
+sidecar).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Directive", "JobLimits", "JobReport", "Registration", "WorkerReport"]
+
+
+def _pb() -> Any:
+    from dloader.v1 import node_pb2
+
+    return node_pb2
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """What the job's owner allows the sidecar to choose (0: no limit stated)."""
+
+    min_workers: int = 0
+    max_workers: int = 0
+    min_batch_size: int = 0
+    max_batch_size: int = 0
+    may_change_batch_size: bool = False
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JobLimits:
+        """From :func:`dataclasses.asdict` output (the pipe and the sidecar's store)."""
+        return cls(**d)
+
+    def to_pb(self) -> Any:
+        """As a ``dloader.v1.JobLimits``."""
+        return _pb().JobLimits(**asdict(self))
+
+    @classmethod
+    def from_pb(cls, m: Any) -> JobLimits:
+        """From a ``dloader.v1.JobLimits``."""
+        return cls(
+            m.min_workers,
+            m.max_workers,
+            m.min_batch_size,
+            m.max_batch_size,
+            m.may_change_batch_size,
+        )
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """One loader worker over the report's window."""
+
+    pid: int
+    fetch_seconds: float
+    """Mean wall time per batch."""
+    cpu_seconds: float
+    """Mean CPU time per batch."""
+    batches: int
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """One loader's telemetry over a recent window (``dloader.LoaderStats``, as sent)."""
+
+    timestamp: float
+    num_workers: int
+    batch_size: int
+    samples_per_second: float
+    idle_share: float
+    step_seconds: float
+    wait_seconds: float
+    window_seconds: float
+    samples: int
+    workers: tuple[WorkerReport, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """As a JSON-compatible dict (the agent -> helper pipe, the sidecar's store)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JobReport:
+        """From :meth:`to_json` output."""
+        d = dict(d)
+        d["workers"] = tuple(WorkerReport(**w) for w in d.get("workers", ()))
+        return cls(**d)
+
+    def to_pb(self, job_id: str, token: str) -> Any:
+        """As a ``dloader.v1.JobReport`` of ``job_id``."""
+        pb = _pb()
+        d = asdict(self)
+        d["workers"] = [pb.WorkerReport(**w) for w in d["workers"]]
+        return pb.JobReport(job_id=job_id, token=token, **d)
+
+    @classmethod
+    def from_pb(cls, m: Any) -> JobReport:
+        """From a ``dloader.v1.JobReport`` (its job id and token are the servicer's to check)."""
+        return cls(
+            timestamp=m.timestamp,
+            num_workers=m.num_workers,
+            batch_size=m.batch_size,
+            samples_per_second=m.samples_per_second,
+            idle_share=m.idle_share,
+            step_seconds=m.step_seconds,
+            wait_seconds=m.wait_seconds,
+            window_seconds=m.window_seconds,
+            samples=m.samples,
+            workers=tuple(
+                WorkerReport(w.pid, w.fetch_seconds, w.cpu_seconds, w.batches) for w in m.workers
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A job joining a sidecar."""
+
+    name: str
+    pids: tuple[int, ...]
+    num_workers: int
+    batch_size: int
+    limits: JobLimits = field(default_factory=JobLimits)
+    gpus: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """As a JSON-compatible dict (the agent -> helper pipe)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Registration:
+        """From :meth:`to_json` output."""
+        d = dict(d)
+        d["pids"] = tuple(d.get("pids", ()))
+        d["gpus"] = tuple(d.get("gpus", ()))
+        d["limits"] = JobLimits.from_json(d.get("limits", {}))
+        return cls(**d)
+
+    def to_pb(self) -> Any:
+        """As a ``dloader.v1.RegisterJobRequest``."""
+        return _pb().RegisterJobRequest(
+            name=self.name,
+            pids=list(self.pids),
+            gpus=list(self.gpus),
+            num_workers=self.num_workers,
+            batch_size=self.batch_size,
+            limits=self.limits.to_pb(),
+        )
+
+    @classmethod
+    def from_pb(cls, m: Any) -> Registration:
+        """From a ``dloader.v1.RegisterJobRequest``."""
+        return cls(
+            name=m.name,
+            pids=tuple(m.pids),
+            gpus=tuple(m.gpus),
+            num_workers=m.num_workers,
+            batch_size=m.batch_size,
+            limits=JobLimits.from_pb(m.limits),
+        )
+
+
+@dataclass(frozen=True)
+class Directive:
+    """What the sidecar tells a job to run with."""
+
+    num_workers: int
+    batch_size: int = 0
+    """0: unchanged."""
+    cpus: tuple[int, ...] = ()
+    """CPU set for the loader workers; empty: unchanged."""
+    reason: str = ""
+    revision: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """As a JSON-compatible dict (the helper -> agent pipe)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Directive:
+        """From :meth:`to_json` output."""
+        d = dict(d)
+        d["cpus"] = tuple(d.get("cpus", ()))
+        return cls(**d)
+
+    def to_pb(self, job_id: str) -> Any:
+        """As a ``dloader.v1.Directive`` for ``job_id``."""
+        return _pb().Directive(job_id=job_id, **{**asdict(self), "cpus": list(self.cpus)})
+
+    @classmethod
+    def from_pb(cls, m: Any) -> Directive:
+        """From a ``dloader.v1.Directive``."""
+        return cls(m.num_workers, m.batch_size, tuple(m.cpus), m.reason, m.revision)

@@ -1,0 +1,106 @@
+"""The allocator's settings: one frozen object, built in one place.
+
+Precedence, the same for both daemons: **a flag given on the command line > its environment
+variable > what the daemon stored at run time** (``Configure``) **> the built-in default**.
+A ``Configure`` call (policy, interval, restart cost, dry run) survives a restart unless the
+operator's command line says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass
+
+from dloader import _env
+from dloader._daemon.server import ListenConfig
+from dloader.allocator.optimizer import DEFAULT_RESTART_S
+from dloader.allocator.policies import POLICIES
+from dloader.errors import ConfigError, InvalidArgument
+
+__all__ = ["STORED_SETTINGS", "AllocatorConfig", "Settings"]
+
+log = logging.getLogger(__name__)
+
+#: The settings key under which ``Configure`` is stored.
+STORED_SETTINGS = "settings"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The allocator's policy and loop (what ``Configure`` changes)."""
+
+    policy: str = "goodput-dp"
+    interval_s: float = 60.0
+    """Seconds between periodic decisions."""
+    dry_run: bool = False
+    """Only recommend: never change a job's allocation."""
+    restart_s: float = DEFAULT_RESTART_S
+    """Default restart cost of a job that does not state its own."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise InvalidArgument("config.policy", f"{self.policy!r} is not one of {POLICIES}")
+        if not (math.isfinite(self.interval_s) and 0.1 <= self.interval_s <= 86400):
+            raise InvalidArgument(
+                "config.interval_seconds", f"{self.interval_s} must be within [0.1, 86400]"
+            )
+        if not (math.isfinite(self.restart_s) and 0 <= self.restart_s <= 86400):
+            raise InvalidArgument(
+                "config.restart_seconds", f"{self.restart_s} must be within [0, 86400]"
+            )
+
+    def to_json(self) -> str:
+        """As stored."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: str) -> Settings:
+        """From :meth:`to_json`."""
+        try:
+            return cls(**json.loads(raw))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"stored settings {raw!r} are unreadable: {exc}") from None
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """Everything ``dloader-allocator`` runs with."""
+
+    listen: ListenConfig
+    state_dir: str
+    settings: Settings
+    node_timeout_s: float = 60.0
+    """A node silent this long leaves the pool until it reports again (0: never)."""
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        t = self.node_timeout_s
+        if not (math.isfinite(t) and 0 <= t <= 86400):
+            raise ConfigError(f"--node-timeout {t}: expected seconds within [0, 86400] (0: never)")
+
+    @classmethod
+    def resolve(cls, args: argparse.Namespace, stored: str | None) -> AllocatorConfig:
+        """The settings from the parsed flags (``None``: not given), the environment and the
+        stored ``Configure``, by the module's precedence rule."""
+        base = Settings.from_json(stored) if stored else Settings()
+        settings = Settings(
+            args.policy if args.policy is not None else base.policy,
+            args.interval if args.interval is not None else base.interval_s,
+            args.dry_run if args.dry_run is not None else base.dry_run,
+            args.restart_cost if args.restart_cost is not None else base.restart_s,
+        )
+        if stored:
+            log.info(
+                "settings %s: stored by Configure, with the command line's flags over it", settings
+            )
+        token = args.token or _env.allocator_token()
+        return cls(
+            listen=ListenConfig(args.socket, args.listen, token, args.tls_cert, args.tls_key),
+            state_dir=args.state_dir,
+            settings=settings,
+            node_timeout_s=args.node_timeout,
+            log_level=args.log_level,
+        )

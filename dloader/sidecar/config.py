@@ -1,0 +1,139 @@
+"""The sidecar's settings: one frozen object, built in one place.
+
+Precedence, the same for both daemons: **a flag given on the command line > its environment
+variable > what the daemon stored at run time** (``dloaderctl policy set``) **> the built-in
+default**. So a policy set at run time survives a restart, unless the operator's command line
+says otherwise; either way the daemon logs which source won.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import socket
+from dataclasses import asdict, dataclass
+
+from dloader import _env
+from dloader._client import Endpoint
+from dloader._daemon.server import ListenConfig
+from dloader.errors import ConfigError, InvalidArgument
+from dloader.sidecar.policy import check_policy
+
+__all__ = ["STORED_POLICY", "PolicySettings", "SidecarConfig"]
+
+log = logging.getLogger(__name__)
+
+#: The settings key under which ``dloaderctl policy set`` is stored.
+STORED_POLICY = "policy"
+
+_DEFAULT_PERIOD_S = 2.0
+_WORKERS_PER_CPU = 8  # default worker budget per usable CPU
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """The node policy and its budget."""
+
+    name: str
+    """``adaptive`` or ``even``."""
+    worker_budget: int
+    """Loader worker processes on the node, all jobs together."""
+    cpu_budget: int
+    """Cores loader work may use, all jobs together."""
+    period_s: float
+    """Seconds between periodic decisions."""
+
+    def __post_init__(self) -> None:
+        check_policy(self.name, "config.name")
+        if not 1 <= self.worker_budget <= 4096:
+            raise InvalidArgument(
+                "config.worker_budget", f"{self.worker_budget} must be within [1, 4096]"
+            )
+        if not 1 <= self.cpu_budget <= 4096:
+            raise InvalidArgument(
+                "config.cpu_budget", f"{self.cpu_budget} must be within [1, 4096]"
+            )
+        if not (math.isfinite(self.period_s) and 0.1 <= self.period_s <= 3600):
+            raise InvalidArgument(
+                "config.period_seconds", f"{self.period_s} must be within [0.1, 3600]"
+            )
+
+    def to_json(self) -> str:
+        """As stored."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: str) -> PolicySettings:
+        """From :meth:`to_json` (or the older ``name,workers,cpus,period`` form)."""
+        try:
+            if raw.startswith("{"):
+                return cls(**json.loads(raw))
+            name, workers, cpus, period = raw.split(",")
+            return cls(name, int(workers), int(cpus), float(period))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"stored policy {raw!r} is unreadable: {exc}") from None
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    """Everything ``dloader-sidecar`` runs with."""
+
+    listen: ListenConfig
+    state_dir: str
+    policy: PolicySettings
+    metrics_port: int = 0
+    """Prometheus metrics on 127.0.0.1:PORT (0: off)."""
+    pin_cpus: bool = False
+    cgroup_weights: bool = False
+    allocator: Endpoint | None = None
+    """The cluster allocator to join (None: none)."""
+    node_id: str = ""
+    gpus: int = 0
+    """GPUs offered to the allocator (0: the GPUs NVML sees)."""
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port {self.metrics_port}: expected 0..65535")
+        if self.gpus < 0:
+            raise ConfigError(f"--gpus {self.gpus}: expected >= 0")
+
+    @classmethod
+    def resolve(cls, args: argparse.Namespace, stored_policy: str | None) -> SidecarConfig:
+        """The settings from the parsed flags (``None``: not given), the environment and the
+        stored policy, by the module's precedence rule."""
+        cpus = len(os.sched_getaffinity(0))
+        stored = PolicySettings.from_json(stored_policy) if stored_policy else None
+        defaults = PolicySettings("adaptive", _WORKERS_PER_CPU * cpus, cpus, _DEFAULT_PERIOD_S)
+        base = stored or defaults
+        policy = PolicySettings(
+            args.policy if args.policy is not None else base.name,
+            args.worker_budget if args.worker_budget is not None else base.worker_budget,
+            args.cpu_budget if args.cpu_budget is not None else base.cpu_budget,
+            args.period if args.period is not None else base.period_s,
+        )
+        if stored is not None:
+            log.info(
+                "policy %s: stored by dloaderctl, with the command line's flags over it", policy
+            )
+        token = args.token or _env.sidecar_token()
+        allocator = args.allocator or _env.allocator_target()
+        return cls(
+            listen=ListenConfig(args.socket, args.listen, token, args.tls_cert, args.tls_key),
+            state_dir=args.state_dir,
+            policy=policy,
+            metrics_port=args.metrics_port,
+            pin_cpus=args.pin_cpus,
+            cgroup_weights=args.cgroup_weights,
+            allocator=(
+                Endpoint.of(allocator, args.allocator_token or _env.allocator_token())
+                if allocator
+                else None
+            ),
+            node_id=args.node_id or socket.gethostname(),
+            gpus=args.gpus,
+            log_level=args.log_level,
+        )
