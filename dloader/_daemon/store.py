@@ -32,10 +32,14 @@ class SqliteState:
         self._lock = threading.Lock()
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise ConfigError(f"state database {self.path} cannot be opened: {exc}") from None
+        try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self.schema_version = self._migrate(migrations)
         except sqlite3.DatabaseError as exc:
+            self._db.close()
             raise ConfigError(f"state database {self.path} is not usable: {exc}") from None
 
     def _migrate(self, migrations: Sequence[str]) -> int:
@@ -47,10 +51,15 @@ class SqliteState:
                 f"dloader's {len(migrations)}: upgrade dloader, or use another --state-dir"
             )
         for v in range(version, len(migrations)):
-            # executescript commits first; the migration and its version bump are one transaction
-            self._db.executescript(
-                f"BEGIN;\n{migrations[v]}\nPRAGMA user_version = {v + 1};\nCOMMIT;"
-            )
+            # the migration and its version bump are one transaction: all or nothing
+            try:
+                self._db.executescript(
+                    f"BEGIN;\n{migrations[v]}\nPRAGMA user_version = {v + 1};\nCOMMIT;"
+                )
+            except sqlite3.DatabaseError:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
         return len(migrations)
 
     def close(self) -> None:

@@ -1,12 +1,10 @@
 """``dloader-sim``: replay a workload under cluster policies and compare them.
 
-Examples::
+Examples (the Pollux traces, workloads 1-4 and the Philly arrivals ship with the package)::
 
-    dloader-sim --workload ../shared/data/pollux/workloads/workload-1.csv \\
-        --traces ../shared/data/pollux/traces --policy goodput-dp --out results.json
-    dloader-sim --workload W.csv --traces T --policy all --out cmp.json --plot cmp.png
-    dloader-sim --philly ../shared/data/philly/philly.csv --philly-jobs 1000 \\
-        --traces T --nodes 512 --policy goodput-dp --out philly.json
+    dloader-sim --workload 1 --policy goodput-dp --out results.json
+    dloader-sim --workload jobs.csv --traces traces/ --policy all --out cmp.json --plot cmp.png
+    dloader-sim --philly --philly-jobs 1000 --time-scale 30 --nodes 512 --out philly.json
 """
 
 from __future__ import annotations
@@ -23,7 +21,15 @@ from pathlib import Path
 from dloader.allocator.optimizer import DEFAULT_HORIZON_S, DEFAULT_RESTART_S, Cluster
 from dloader.allocator.policies import POLICIES, make_policy
 from dloader.allocator.simulator import SimResult, Simulator
-from dloader.allocator.traces import WorkloadJob, load_apps, read_philly, read_workload
+from dloader.allocator.traces import (
+    PACKAGED_PHILLY,
+    PACKAGED_TRACES,
+    WorkloadJob,
+    load_apps,
+    packaged_workload,
+    read_philly,
+    read_workload,
+)
 from dloader.errors import AllocatorError
 
 __all__ = ["main"]
@@ -41,10 +47,24 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", type=Path, help="workload CSV: name,time,application,...")
-    src.add_argument("--philly", type=Path, help="Philly CSV (timestamp,duration,num_gpus,...)")
+    src.add_argument(
+        "--workload",
+        help="workload CSV (name,time,application,num_replicas,batch_size), or 1-4 for the "
+        "Pollux workload shipped with the package",
+    )
+    src.add_argument(
+        "--philly",
+        type=Path,
+        nargs="?",
+        const=PACKAGED_PHILLY,
+        help="Philly arrivals CSV (timestamp,duration,num_gpus,...; .gz too); without a path: "
+        "the copy shipped with the package",
+    )
     p.add_argument(
-        "--traces", type=Path, required=True, help="Pollux traces/ folder (one per application)"
+        "--traces",
+        type=Path,
+        default=PACKAGED_TRACES,
+        help="Pollux traces/ folder, one subfolder per application (default: shipped copy)",
     )
     p.add_argument(
         "--policy",
@@ -164,7 +184,8 @@ def plot(path: Path, results: Sequence[SimResult]) -> None:
 
 def _workload(args: argparse.Namespace) -> tuple[list[WorkloadJob], dict]:
     if args.workload is not None:
-        jobs = read_workload(args.workload)
+        w = args.workload
+        jobs = read_workload(packaged_workload(int(w)) if w.isdigit() else Path(w))
         return jobs, load_apps(args.traces, sorted({j.application for j in jobs}))
     apps = load_apps(args.traces)
     jobs = read_philly(

@@ -19,6 +19,7 @@ predictions while outcomes come from the measurements.
 from __future__ import annotations
 
 import csv
+import gzip
 import math
 import random
 from collections import defaultdict
@@ -43,13 +44,30 @@ from dloader.predictor.pollux import (
 )
 
 __all__ = [
+    "PACKAGED_PHILLY",
+    "PACKAGED_TRACES",
     "POLLUX_CONSTANTS",
     "AppTrace",
     "WorkloadJob",
     "load_apps",
+    "packaged_workload",
     "read_philly",
     "read_workload",
 ]
+
+_DATA = Path(__file__).resolve().parent / "data"
+#: The Pollux traces shipped with the package (Apache-2.0; see ``data/NOTICE.md``).
+PACKAGED_TRACES = _DATA / "pollux" / "traces"
+#: The Philly arrivals shipped with the package (CC-BY-4.0; see ``data/NOTICE.md``).
+PACKAGED_PHILLY = _DATA / "philly" / "philly.csv.gz"
+
+
+def packaged_workload(number: int) -> Path:
+    """Pollux workload ``number`` (1-4), shipped with the package."""
+    if number not in (1, 2, 3, 4):
+        raise AllocatorError(f"workload {number}: the package ships workloads 1-4")
+    return _DATA / "pollux" / "workloads" / f"workload-{number}.csv"
+
 
 #: Per-application constants of the Pollux study: (max epochs, largest local batch or None).
 POLLUX_CONSTANTS: dict[str, tuple[int, int | None]] = {
@@ -322,7 +340,7 @@ def read_philly(
         raise AllocatorError(f"{num_jobs=} must be >= 1 and {time_scale=} > 0")
     rows = []
     try:
-        with p.open(newline="") as f:
+        with gzip.open(p, "rt", newline="") if p.suffix == ".gz" else p.open(newline="") as f:
             for row in csv.DictReader(f):
                 try:
                     t = datetime.fromisoformat(row["timestamp"]).timestamp()

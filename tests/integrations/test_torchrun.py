@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # torchrun restarts
 
 SCRIPT = Path(__file__).with_name("train_elastic.py")
 ROOT = Path(__file__).resolve().parents[2]

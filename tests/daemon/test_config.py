@@ -1,0 +1,77 @@
+"""One precedence rule for both daemons: flag > environment > stored at run time > default."""
+
+from __future__ import annotations
+
+import pytest
+
+from dloader.allocator.cli import parser as allocator_parser
+from dloader.allocator.config import AllocatorConfig, Settings
+from dloader.errors import ConfigError
+from dloader.sidecar.cli import parser as sidecar_parser
+from dloader.sidecar.config import PolicySettings, SidecarConfig
+
+
+def sidecar(*flags: str, stored: str | None = None) -> SidecarConfig:
+    return SidecarConfig.resolve(
+        sidecar_parser().parse_args(["--socket", "/tmp/x.sock", *flags]), stored
+    )
+
+
+def allocator(*flags: str, stored: str | None = None) -> AllocatorConfig:
+    args = allocator_parser().parse_args(["--socket", "/tmp/a.sock", *flags])
+    return AllocatorConfig.resolve(args, stored)
+
+
+def test_sidecar_stored_policy_beats_defaults_and_flags_beat_stored() -> None:
+    stored = PolicySettings("even", 5, 1, 3.0).to_json()
+    assert sidecar().policy.name == "adaptive"
+    assert sidecar(stored=stored).policy == PolicySettings("even", 5, 1, 3.0)
+    p = sidecar("--policy", "adaptive", "--period", "0.5", stored=stored).policy
+    assert p == PolicySettings("adaptive", 5, 1, 0.5)
+    # the older stored form is still read
+    assert sidecar(stored="even,6,2,1.0").policy == PolicySettings("even", 6, 2, 1.0)
+
+
+def test_allocator_stored_settings_beat_defaults_and_flags_beat_stored() -> None:
+    stored = Settings("elastic-dp", 30.0, True, 10.0).to_json()
+    assert allocator().settings == Settings()
+    assert allocator(stored=stored).settings == Settings("elastic-dp", 30.0, True, 10.0)
+    got = allocator("--no-dry-run", "--policy", "static", stored=stored).settings
+    assert got == Settings("static", 30.0, False, 10.0)
+
+
+def test_environment_gives_tokens_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DLOADER_SIDECAR_TOKEN", "from-env")
+    monkeypatch.setenv("DLOADER_ALLOCATOR", "unix:///tmp/alloc.sock")
+    c = sidecar("--listen", "127.0.0.1:0")
+    assert c.listen.token == "from-env"
+    assert c.allocator is not None and c.allocator.target == "unix:///tmp/alloc.sock"
+    assert sidecar("--listen", "127.0.0.1:0", "--token", "flag").listen.token == "flag"
+    monkeypatch.setenv("DLOADER_ALLOCATOR_TOKEN", "a-env")
+    assert allocator("--listen", "127.0.0.1:0").listen.token == "a-env"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--listen", "127.0.0.1:99999", "--token", "t"), "port in 0..65535"),
+        (("--listen", "nohost", "--token", "t"), "expected HOST:PORT"),
+        (("--listen", "127.0.0.1:0"), "TCP needs --token"),
+        (("--tls-cert", "c.pem"), "go together"),
+        (("--metrics-port", "70000"), "--metrics-port 70000"),
+        (("--period", "nan"), "config.period_seconds"),
+        (("--worker-budget", "0"), "config.worker_budget"),
+    ],
+)
+def test_bad_sidecar_settings_name_the_value(flags: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        sidecar(*flags)
+
+
+def test_bad_allocator_settings_name_the_value() -> None:
+    with pytest.raises(ConfigError, match="--node-timeout nan"):
+        allocator("--node-timeout", "nan")
+    with pytest.raises(ValueError, match=r"config\.interval_seconds"):
+        allocator("--interval", "inf")
+    with pytest.raises(ConfigError, match="stored settings"):
+        allocator(stored="{not json")

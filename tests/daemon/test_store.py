@@ -1,0 +1,74 @@
+"""The daemons' SQLite base: schema versions and migrations."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from dloader._daemon.store import SETTINGS_TABLE, SqliteState
+from dloader.allocator.store import MIGRATIONS as ALLOCATOR_MIGRATIONS
+from dloader.allocator.store import Store as AllocatorStore
+from dloader.errors import ConfigError
+from dloader.sidecar.store import MIGRATIONS as SIDECAR_MIGRATIONS
+from dloader.sidecar.store import Store as SidecarStore
+
+V1 = "CREATE TABLE IF NOT EXISTS things (id INTEGER PRIMARY KEY);\n" + SETTINGS_TABLE
+V2 = "ALTER TABLE things ADD COLUMN name TEXT NOT NULL DEFAULT '';"
+
+
+def version(path: Path) -> int:
+    with sqlite3.connect(path) as db:
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+
+def test_new_file_gets_every_migration(tmp_path: Path) -> None:
+    s = SqliteState(tmp_path / "a.db", [V1, V2])
+    s._exec("INSERT INTO things (id, name) VALUES (1, 'x')")
+    s.close()
+    assert version(tmp_path / "a.db") == 2
+
+
+def test_older_file_is_migrated_in_place(tmp_path: Path) -> None:
+    s = SqliteState(tmp_path / "a.db", [V1])
+    s._exec("INSERT INTO things (id) VALUES (7)")
+    s.set_setting("k", "v")
+    s.close()
+    s = SqliteState(tmp_path / "a.db", [V1, V2])
+    assert s._exec("SELECT id, name FROM things") == [(7, "")]
+    assert s.get_setting("k") == "v"
+    s.close()
+    assert version(tmp_path / "a.db") == 2
+
+
+def test_a_file_from_a_newer_dloader_is_refused_by_name(tmp_path: Path) -> None:
+    SqliteState(tmp_path / "a.db", [V1, V2]).close()
+    with pytest.raises(
+        ConfigError, match=r"a\.db has schema version 2, newer than this dloader's 1"
+    ):
+        SqliteState(tmp_path / "a.db", [V1])
+
+
+def test_a_failed_migration_leaves_the_file_at_its_version(tmp_path: Path) -> None:
+    SqliteState(tmp_path / "a.db", [V1]).close()
+    with pytest.raises(ConfigError, match="not usable"):
+        SqliteState(tmp_path / "a.db", [V1, "ALTER TABLE nowhere ADD COLUMN x TEXT;"])
+    assert version(tmp_path / "a.db") == 1
+
+
+@pytest.mark.parametrize(
+    ("store", "migrations"),
+    [(SidecarStore, SIDECAR_MIGRATIONS), (AllocatorStore, ALLOCATOR_MIGRATIONS)],
+)
+def test_daemon_stores_are_versioned_and_read_unversioned_files(
+    tmp_path: Path, store: type, migrations: tuple[str, ...]
+) -> None:
+    # a file written before versioning: the tables exist, user_version is 0
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        db.executescript(migrations[0])
+    assert version(tmp_path / "old.db") == 0
+    s = store(tmp_path / "old.db")
+    assert s.schema_version == len(migrations)
+    s.close()
+    assert version(tmp_path / "old.db") == len(migrations)

@@ -1,0 +1,211 @@
+"""The package's import arrows, read from the source with ``ast`` (no import is executed).
+
+Components, lowest first (README "Layout" draws the same picture):
+
+* ``errors``: :mod:`dloader.errors`, the one exception hierarchy;
+* ``api``: the generated gRPC messages (``dloader.v1``) and what every client shares
+  (``_env``, ``_client``, ``_messages``);
+* ``pure``: decision code, plain values in and out: the predictor's models, the node policy,
+  the cluster optimizer and policies. No I/O, no clocks, no processes;
+* ``readers``: trace file readers (``dloader.predictor.pollux``);
+* ``library``: the in-process DataLoader and what it needs; imports no daemon;
+* ``daemon``: the daemons' shared foundation (``dloader._daemon``);
+* ``sidecar``, ``allocator``: the two daemons; neither imports the other;
+* ``integrations``: launchers and framework adapters, over the library and the API;
+* ``apps``: the demo and the experiment harness, which may use everything.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "dloader"
+
+PURE = {
+    "dloader.predictor",
+    "dloader.predictor._efficiency",
+    "dloader.predictor._loader_model",
+    "dloader.predictor._scaling",
+    "dloader.predictor._serial",
+    "dloader.sidecar.policy",
+    "dloader.allocator.optimizer",
+    "dloader.allocator.policies",
+}
+
+ALLOWED = {
+    "errors": set(),
+    "api": {"errors"},
+    "pure": {"errors"},
+    "readers": {"errors", "pure"},
+    "library": {"errors", "api"},
+    "daemon": {"errors", "api"},
+    "sidecar": {"errors", "api", "pure", "daemon"},
+    "allocator": {"errors", "api", "pure", "readers", "daemon"},
+    "integrations": {"errors", "api", "library"},
+    "apps": {"errors", "api", "pure", "readers", "library", "daemon", "sidecar", "allocator"},
+}
+
+#: Standard or third-party modules that pure decision code must not import (I/O, clocks,
+#: processes, sockets, RPC, hardware).
+IMPURE = {
+    "asyncio",
+    "grpc",
+    "os",
+    "pathlib",
+    "psutil",
+    "pynvml",
+    "random",
+    "shutil",
+    "socket",
+    "sqlite3",
+    "subprocess",
+    "sys",
+    "threading",
+    "time",
+    "torch",
+}
+
+
+def component(module: str) -> str:
+    """The component a module of the package belongs to."""
+    if module in PURE:
+        return "pure"
+    parts = module.split(".")
+    if module == "dloader.errors":
+        return "errors"
+    if module.startswith("dloader.v1") or module in (
+        "dloader._env",
+        "dloader._client",
+        "dloader._messages",
+    ):
+        return "api"
+    if module == "dloader.predictor.pollux":
+        return "readers"
+    if module in ("dloader.demo", "dloader.experiment"):
+        return "apps"
+    if len(parts) >= 2 and parts[1] in ("sidecar", "allocator", "integrations"):
+        return parts[1]
+    if len(parts) >= 2 and parts[1] == "_daemon":
+        return "daemon"
+    return "library"
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(ROOT).with_suffix("")
+        name = ".".join(rel.parts)
+        if name.endswith("__init__"):
+            name = name.rsplit(".", 1)[0]
+        out[name] = path
+    return out
+
+
+def imports(path: Path, module: str, *, top_level_only: bool = False) -> set[str]:
+    """Modules imported by the file (absolute names; ``TYPE_CHECKING`` blocks skipped)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST, depth: int) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            nested = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if top_level_only and nested:
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                # ``from x import y``: y may be a module or a name in x (resolve() decides)
+                found.update(f"{base}.{a.name}" for a in child.names)
+            visit(child, depth + 1)
+
+    visit(tree, 0)
+    return found
+
+
+def resolve(name: str, known: dict[str, Path]) -> str | None:
+    """The package module ``name`` refers to (``from x import y`` may name a function)."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+MODULES = modules()
+
+
+def test_the_package_has_its_components() -> None:
+    for name in ("dloader._daemon", "dloader.sidecar", "dloader.allocator", "dloader.predictor"):
+        assert name in MODULES
+    # one namespace: the only package installed is dloader (tests and benchmarks are not)
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert packages <= {"dloader", "tests", "benchmarks"}, packages
+    assert 'include = ["dloader*"]' in (ROOT / "pyproject.toml").read_text()
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down(module: str) -> None:
+    mine = component(module)
+    wrong = []
+    for name in imports(MODULES[module], module):
+        target = resolve(name, MODULES) if name.startswith("dloader") else None
+        if target is None:
+            continue
+        theirs = component(target)
+        if theirs != mine and theirs not in ALLOWED[mine]:
+            wrong.append(f"{module} ({mine}) imports {target} ({theirs})")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("module", sorted(PURE))
+def test_pure_code_does_no_io(module: str) -> None:
+    bad = {name for name in imports(MODULES[module], module) if name.split(".")[0] in IMPURE}
+    assert not bad, f"{module} is decision code but imports {sorted(bad)}"
+
+
+def test_no_import_cycles() -> None:
+    graph = {
+        m: {
+            t
+            for n in imports(p, m, top_level_only=True)
+            if n.startswith("dloader") and (t := resolve(n, MODULES)) not in (None, m)
+        }
+        for m, p in MODULES.items()
+    }
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def walk(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycle = [*stack[stack.index(t) :], t]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if t not in state:
+                walk(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            walk(m)
+
+
+def test_the_checker_catches_a_wrong_arrow(tmp_path: Path) -> None:
+    """The arrows test can fail: a library module importing the sidecar is a wrong arrow."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from dloader.sidecar.core import NodeCore\n")
+    (found,) = imports(bad, "dloader._bad")
+    target = resolve(found, MODULES)
+    assert target == "dloader.sidecar.core"
+    assert component(target) not in ALLOWED[component("dloader._bad")]
