@@ -8,10 +8,12 @@ The public surface of the in-process library:
 * :class:`ElasticDistributedSampler`: a ``DistributedSampler`` whose epoch continues under a
   new world size; :mod:`dloader.elastic`: checkpoints of model, optimizer and data position.
 * :class:`LoaderStats`, :class:`WorkerStats`: the telemetry snapshot types.
-* :mod:`dloader.errors`: the exceptions.
+* :mod:`dloader.errors`: the project's one exception hierarchy.
 
 Names are imported on first use, so that ``import dloader.v1`` (the gRPC messages, used by the
-sidecar agent's helper process) does not import torch.
+sidecar agent's helper process) and the daemons (:mod:`dloader.sidecar`,
+:mod:`dloader.allocator`, installed with the ``[sidecar]`` and ``[allocator]`` extras) do not
+import torch.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from dloader.errors import DLoaderError, StateError, WorkerDiedError
+from dloader.errors import DLoaderError, StateError, WorkerDiedError, WorkerStartError
 
 if TYPE_CHECKING:
     from dloader._elastic_sampler import ElasticDistributedSampler
@@ -33,6 +35,7 @@ __all__ = [
     "LoaderStats",
     "StateError",
     "WorkerDiedError",
+    "WorkerStartError",
     "WorkerStats",
 ]
 

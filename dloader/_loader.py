@@ -132,7 +132,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.batch_size_range = batch_size_range
         self.staged_batch_size: int | None = None
         """A batch size the sidecar directed while this process is one rank of several: ranks
-        apply it together (``integrations.torchrun.sync_batch_size``), not one by one."""
+        apply it together (``dloader.integrations.torchrun.sync_batch_size``), not one by one."""
         self._user_batch_sampler = batch_sampler is not None
         self._is_iterable = isinstance(dataset, IterableDataset)
         self._telemetry = Telemetry(stats_window_s)
@@ -252,7 +252,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         ``at_batch``: switch exactly at this batch of the current iteration (counted from its
         start; see :attr:`batches_cut`), which must not be dispatched yet. Data-parallel ranks
         pass the same index so that they switch in lockstep (see
-        ``integrations.torchrun.sync_batch_size``).
+        ``dloader.integrations.torchrun.sync_batch_size``).
 
         Raises:
             ValueError: the loader uses a user-supplied ``batch_sampler`` or ``batch_size=None``,

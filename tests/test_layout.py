@@ -18,6 +18,8 @@ Components, lowest first (README "Layout" draws the same picture):
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -209,3 +211,19 @@ def test_the_checker_catches_a_wrong_arrow(tmp_path: Path) -> None:
     target = resolve(found, MODULES)
     assert target == "dloader.sidecar.core"
     assert component(target) not in ALLOWED[component("dloader._bad")]
+
+
+def _imported_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    return set(out.stdout.split())
+
+
+def test_daemons_do_not_import_torch_and_the_loader_not_grpc() -> None:
+    daemons = _imported_after("import dloader.sidecar.cli, dloader.allocator.cli")
+    assert "torch" not in daemons
+    library = _imported_after("from dloader import DataLoader")
+    assert "torch" in library
+    assert not {"grpc", "sklearn", "scipy", "psutil", "dloader.sidecar"} & library

@@ -1,13 +1,14 @@
 """The cluster-level elastic GPU allocator.
 
-* :mod:`allocator.optimizer`: the dynamic-programming optimizer (GPU count and batch size per
-  job) and node packing. Pure code.
-* :mod:`allocator.policies`: the policies (``static``, ``elastic-gpu``, ``elastic-dp``,
-  ``goodput-dp``) over plain job states, shared by the simulator and the live service.
-* :mod:`allocator.traces`: application behaviour from the Pollux traces (the simulator's truth)
-  and workload readers.
-* :mod:`allocator.simulator`: the trace-driven simulator behind ``dloader-sim``.
-* :mod:`allocator.service`: the ``ClusterAllocator`` gRPC service and its autoscaler loop.
+* :mod:`.optimizer`: the dynamic-programming optimizer (GPU count and batch size per job)
+  and node packing. Pure code.
+* :mod:`.policies`: the policies (``static``, ``elastic-gpu``, ``elastic-dp``, ``goodput-dp``)
+  over plain job states, shared by the simulator and the live service. Pure code.
+* :mod:`.traces`: application behaviour from the Pollux traces (the simulator's truth) and
+  workload readers; the traces ship with the package (``data/``, see ``data/NOTICE.md``).
+* :mod:`.simulator`: the trace-driven simulator behind ``dloader-sim``.
+* :mod:`.core`, :mod:`.server`: the ``ClusterAllocator`` service and its autoscaler loop;
+  :mod:`.config`: its settings.
 """
 
 from dloader.allocator.optimizer import Assignment, Cluster, JobSpec, Plan, optimize, place

@@ -1,7 +1,7 @@
 """The live allocator, transport-free: jobs, nodes and the autoscaler loop around a policy.
 
 Every ``interval_s`` and soon after each event (a job submitted or completed, a node registered
-or its free GPUs changed) the loop runs the policy (:mod:`allocator.policies`, the same code the
+or its free GPUs changed) the loop runs the policy (:mod:`.policies`, the same code the
 simulator runs) over the active jobs in submission order and the nodes' usable GPUs. A decision
 bumps the version, is logged with each changed job's reason (SQLite and the log) and goes to
 every watcher. In dry-run mode the decision is published as a recommendation and nothing is

@@ -12,7 +12,7 @@
 The paper's two policies keep every local batch within GPU memory (no gradient accumulation), as
 in its model; so a fixed-batch job needs at least ``batch / largest local batch`` GPUs.
 
-Throughput predictions come from each job's :class:`predictor.ScalingModel`, with gradient
+Throughput predictions come from each job's :class:`dloader.predictor.ScalingModel`, with gradient
 accumulation where a local batch exceeds what a GPU holds (see :func:`throughput_fn`).
 """
 

@@ -1,4 +1,4 @@
-"""The gRPC face of the allocator: a thin servicer over :class:`allocator.core.AllocatorCore`.
+"""The gRPC face of the allocator: a thin servicer over :class:`.core.AllocatorCore`.
 
 The daemons' shared conventions (:func:`dloader._daemon.start_server`): Unix socket by
 default, bearer token on TCP, domain errors mapped to status codes, health and reflection.

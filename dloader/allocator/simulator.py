@@ -2,7 +2,7 @@
 
 Every ``interval_s`` the policy (the same code the live service runs) sees the active jobs and
 decides placements and batch sizes; then each job advances by the interval on its measured
-behaviour (:class:`allocator.traces.AppTrace`): a change of placement first costs
+behaviour (:class:`dloader.allocator.traces.AppTrace`): a change of placement first costs
 ``restart_s`` seconds (checkpoint, restart, resume), a batch-size change alone costs nothing
 (dloader applies it live). Jobs complete mid-interval at the exact moment their progress reaches
 the target. Jobs submitted between two decisions wait for the next.

@@ -12,7 +12,7 @@ Pollux study's own simulator did:
 * **when it is done**: after ``max_epochs`` epochs' worth of progress at the initial batch.
 
 Each trace also carries the scaling model the policies use (the predictor's
-:class:`~predictor.ScalingModel`, fitted to the same measurements), so decisions rest on
+:class:`~dloader.predictor.ScalingModel`, fitted to the same measurements), so decisions rest on
 predictions while outcomes come from the measurements.
 """
 
@@ -122,7 +122,7 @@ class AppTrace:
         max_epochs: int,
         max_local_bsz: int | None = None,
     ) -> AppTrace:
-        """Builds the trace from parsed measurements (see :mod:`predictor.pollux`)."""
+        """Builds the trace from parsed measurements (see :mod:`dloader.predictor.pollux`)."""
         if not placements or not validation:
             raise AllocatorError(f"application {name!r}: no placement or validation data")
         groups: dict[tuple[int, ...], dict[int, list[tuple[float, float]]]] = defaultdict(

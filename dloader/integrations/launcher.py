@@ -9,7 +9,7 @@ The launcher submits the job, watches its allocation and runs
 ``torchrun --standalone --nproc-per-node=K script ...`` with ``K`` the job's GPUs on this node.
 When ``K`` changes, it stops torchrun (SIGTERM, then SIGKILL after ``--grace``) and starts it
 again with the new ``K``; the script resumes from its last elastic checkpoint
-(:func:`integrations.torchrun.resume`), so no sample is lost or repeated. With ``K = 0`` the
+(:func:`dloader.integrations.torchrun.resume`), so no sample is lost or repeated. With ``K = 0`` the
 job waits. When the script exits by itself the job is completed (or failed) at the allocator.
 Batch-size changes do not restart anything: the node sidecar applies them to the running
 loaders (the script's ``dloader.DataLoader(..., job_name=JOB_ID, batch_size_range=...)``).

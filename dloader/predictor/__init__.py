@@ -7,7 +7,7 @@
   synchronisation with overlap, fitted with scipy.
 * :class:`GradientNoise`: statistical efficiency of a batch size from gradient noise;
   :func:`goodput`.
-* :mod:`predictor.pollux`: readers for the Pollux traces (I/O kept out of the models).
+* :mod:`dloader.predictor.pollux`: readers for the Pollux traces (I/O kept out of the models).
 
 Every model serialises with ``to_dict()`` / ``from_dict()`` (JSON-compatible, versioned).
 """

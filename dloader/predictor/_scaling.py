@@ -16,7 +16,7 @@ synchronisation times can be added as a second set of residuals (``sync_weight``
 traces they make step-time predictions worse (their sync timings are noisy: 2-node placements
 synchronise slower than 4-node ones), so the default weight is 0.
 
-No I/O here: inputs are plain values (see :mod:`predictor.pollux` to read the Pollux traces).
+No I/O here: inputs are plain values (:mod:`.pollux` reads the Pollux traces).
 """
 
 from __future__ import annotations

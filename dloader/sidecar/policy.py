@@ -23,7 +23,7 @@ more than ``min_gain``; then single-worker moves between jobs (or removals) are 
 gain, since the shared cores couple the jobs. It is fast: jobs x workers predictions, and a
 few hundred evaluations of the sharing model. A job with no observation yet, or one whose
 loader reports no worker timings and that has fewer than ``warmup`` observations, is explored
-instead (:func:`predictor.exploration_plan`): a single window with its workers' timings gives
+instead (:func:`~dloader.predictor.exploration_plan`): one window with its workers' timings gives
 each worker's I/O and CPU time per sample, from which the model places the job at once. A new
 allocation replaces the previous one only if its predicted objective is higher by
 ``hysteresis`` (no thrashing), or if it only releases workers at no predicted loss.
