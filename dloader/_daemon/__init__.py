@@ -12,7 +12,7 @@ Neither daemon imports the other; both import this package. Clients use
 :mod:`dloader._client`.
 """
 
-from dloader._daemon.run import run_daemon, stop_on_signals
+from dloader._daemon.run import add_daemon_arguments, run_daemon, shut_down, stop_on_signals
 from dloader._daemon.server import MAX_MESSAGE_BYTES, ErrorInterceptor, ListenConfig, start_server
 from dloader._daemon.store import SqliteState
 
@@ -21,7 +21,9 @@ __all__ = [
     "ErrorInterceptor",
     "ListenConfig",
     "SqliteState",
+    "add_daemon_arguments",
     "run_daemon",
+    "shut_down",
     "start_server",
     "stop_on_signals",
 ]

@@ -2,16 +2,62 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
+import grpc
+
+from dloader._env import default_socket, default_state_dir
 from dloader.errors import DLoaderError
 
-__all__ = ["run_daemon", "stop_on_signals"]
+__all__ = ["add_daemon_arguments", "run_daemon", "shut_down", "stop_on_signals"]
+
+#: Seconds in-flight calls get to finish when a daemon stops.
+GRACE_S = 2.0
+
+
+def add_daemon_arguments(
+    p: argparse.ArgumentParser, *, socket_name: str, state_file: str, token_env: str
+) -> None:
+    """The flags every daemon has: where it listens, its state, TCP with token and TLS, logs."""
+    p.add_argument(
+        "--socket",
+        default=default_socket(socket_name),
+        help="Unix socket to listen on, mode 0660 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=default_state_dir(),
+        help=f"folder for {state_file} (default: %(default)s)",
+    )
+    p.add_argument(
+        "--listen", metavar="HOST:PORT", default=None, help="also listen on TCP (needs --token)"
+    )
+    p.add_argument(
+        "--token", default=None, help=f"bearer token required on TCP (default: ${token_env})"
+    )
+    p.add_argument("--tls-cert", default=None, help="TLS certificate (PEM) for TCP")
+    p.add_argument("--tls-key", default=None, help="TLS private key (PEM) for TCP")
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="(default: %(default)s)",
+    )
+
+
+async def shut_down(server: grpc.aio.Server, tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Stops serving (in-flight calls get ``GRACE_S``), then cancels the daemon's tasks."""
+    await server.stop(grace=GRACE_S)
+    tasks = list(tasks)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def stop_on_signals(stop: asyncio.Event | None = None) -> asyncio.Event:

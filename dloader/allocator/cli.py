@@ -8,8 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from dloader._daemon import run_daemon, stop_on_signals
-from dloader._env import default_socket, default_state_dir
+from dloader._daemon import add_daemon_arguments, run_daemon, shut_down, stop_on_signals
 from dloader.allocator.config import STORED_SETTINGS, AllocatorConfig
 from dloader.allocator.core import AllocatorCore
 from dloader.allocator.policies import POLICIES
@@ -31,12 +30,13 @@ def parser() -> argparse.ArgumentParser:
         "schedulers call the ClusterAllocator gRPC API (proto/dloader/v1/allocator.proto). "
         "Settings: a flag given here wins over its environment variable, which wins over what "
         "a Configure call stored, which wins over the default.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument(
-        "--socket", default=default_socket("allocator.sock"), help="Unix socket (mode 0660)"
+    add_daemon_arguments(
+        p,
+        socket_name="allocator.sock",
+        state_file="allocator.db",
+        token_env="DLOADER_ALLOCATOR_TOKEN",
     )
-    p.add_argument("--state-dir", default=default_state_dir(), help="folder for allocator.db")
     p.add_argument(
         "--policy", choices=POLICIES, help="allocation policy (default: stored, else goodput-dp)"
     )
@@ -52,7 +52,8 @@ def parser() -> argparse.ArgumentParser:
         "--node-timeout",
         type=float,
         default=60.0,
-        help="seconds without a node report before its GPUs leave the pool (0: never)",
+        help="seconds without a node report before its GPUs leave the pool (0: never; "
+        "default: %(default)s)",
     )
     p.add_argument(
         "--dry-run",
@@ -60,15 +61,6 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="only recommend; never change a job's allocation (default: stored, else off)",
     )
-    p.add_argument("--listen", metavar="HOST:PORT", help="also listen on TCP (needs --token)")
-    p.add_argument(
-        "--token",
-        default=None,
-        help="bearer token required on TCP (default: $DLOADER_ALLOCATOR_TOKEN)",
-    )
-    p.add_argument("--tls-cert", help="TLS certificate (PEM) for TCP")
-    p.add_argument("--tls-key", help="TLS private key (PEM) for TCP")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
 
@@ -95,9 +87,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     task = asyncio.create_task(core.run(stop))
     await stop.wait()
     log.info("shutting down")
-    await server.stop(grace=2.0)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await shut_down(server, [task])
     store.close()
 
 

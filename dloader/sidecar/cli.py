@@ -10,8 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from dloader._daemon import run_daemon, stop_on_signals
-from dloader._env import default_socket, default_state_dir
+from dloader._daemon import add_daemon_arguments, run_daemon, shut_down, stop_on_signals
 from dloader.sidecar.allocator_link import AllocatorLink
 from dloader.sidecar.cgroups import CgroupWeights, detect
 from dloader.sidecar.config import STORED_POLICY, SidecarConfig
@@ -39,15 +38,8 @@ def parser() -> argparse.ArgumentParser:
         "variable, which wins over a policy stored with 'dloaderctl policy set', which wins "
         "over the default.",
     )
-    p.add_argument(
-        "--socket",
-        default=default_socket(),
-        help="Unix socket to listen on, mode 0660 (default: %(default)s)",
-    )
-    p.add_argument(
-        "--state-dir",
-        default=default_state_dir(),
-        help="folder for the SQLite state (default: %(default)s)",
+    add_daemon_arguments(
+        p, socket_name="sidecar.sock", state_file="sidecar.db", token_env="DLOADER_SIDECAR_TOKEN"
     )
     p.add_argument(
         "--policy",
@@ -73,16 +65,6 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds between policy decisions (default: stored, else 2)",
     )
-    p.add_argument(
-        "--listen", metavar="HOST:PORT", default=None, help="also listen on TCP (needs --token)"
-    )
-    p.add_argument(
-        "--token",
-        default=None,
-        help="bearer token required on TCP (default: $DLOADER_SIDECAR_TOKEN)",
-    )
-    p.add_argument("--tls-cert", default=None, help="TLS certificate (PEM) for TCP")
-    p.add_argument("--tls-key", default=None, help="TLS private key (PEM) for TCP")
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -121,12 +103,6 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="GPUs this node offers the allocator (default: the GPUs NVML sees)",
-    )
-    p.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="(default: %(default)s)",
     )
     return p
 
@@ -222,10 +198,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         tasks.append(asyncio.create_task(link.run(stop)))
     await stop.wait()
     log.info("shutting down")
-    await server.stop(grace=2.0)
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await shut_down(server, tasks)
     for job in core.jobs.values():
         store.save_model(job.job_id, job.model.to_dict())
     store.close()
