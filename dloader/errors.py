@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "MAX_MESSAGE_CHARS",
     "AllocatorError",
     "AlreadyExists",
     "ConfigError",
@@ -28,7 +29,21 @@ __all__ = [
     "Unauthenticated",
     "WorkerDiedError",
     "WorkerStartError",
+    "shown",
 ]
+
+#: A request error's message is cut to this many characters (it travels in a gRPC trailer).
+MAX_MESSAGE_CHARS = 1024
+
+
+def shown(value: object, limit: int = 64) -> str:
+    """``repr(value)``, cut to about ``limit`` characters: what an error may echo of a value a
+    client sent (a 16 KB id must not come back in a trailer, nor forge a log line)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, (str, bytes)) else ""
+    return f"{text[:limit]}...{size}"
 
 
 class DLoaderError(Exception):
@@ -88,6 +103,7 @@ class RequestError(DLoaderError):
     code = "INVALID_ARGUMENT"
 
     def __init__(self, field: str, message: str) -> None:
+        field, message = field[:100], message[:MAX_MESSAGE_CHARS]
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message

@@ -3,8 +3,10 @@
 * one interceptor maps :class:`dloader.errors.RequestError` to its status code (its ``code``:
   INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, UNAUTHENTICATED); anything
   else becomes INTERNAL with a logged traceback, and the daemon carries on;
-* over TCP every call must carry ``authorization: Bearer <token>`` (UNAUTHENTICATED otherwise);
-  TLS when a certificate and key are given;
+* a call that arrives over TCP must carry ``authorization: Bearer <token>`` (UNAUTHENTICATED
+  otherwise); TLS when a certificate and key are given. A call on the Unix socket needs no
+  token: the socket's file mode and folder guard it, so ``--token`` with ``--listen`` never
+  locks a local operator out;
 * standard gRPC health checking and reflection;
 * messages above ``MAX_MESSAGE_BYTES`` are refused (RESOURCE_EXHAUSTED).
 """
@@ -22,7 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from dloader.errors import ConfigError, RequestError
+from dloader.errors import MAX_MESSAGE_CHARS, ConfigError, RequestError
 
 __all__ = ["MAX_MESSAGE_BYTES", "ErrorInterceptor", "ListenConfig", "start_server"]
 
@@ -34,7 +36,7 @@ _UNAUTHENTICATED = "missing or wrong 'authorization: Bearer <token>' metadata"
 
 async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, method: str) -> None:
     if isinstance(exc, RequestError):
-        await context.abort(grpc.StatusCode[exc.code], str(exc))
+        await context.abort(grpc.StatusCode[exc.code], str(exc)[: MAX_MESSAGE_CHARS + 100])
     log.exception("internal error in %s", method)
     await context.abort(
         grpc.StatusCode.INTERNAL,
@@ -42,25 +44,22 @@ async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, meth
     )
 
 
-def _guarded(inner: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
-    """A unary-response behaviour (request or request stream in) with errors mapped."""
-
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await inner(request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await _abort_for(exc, context, method)
-
-    return call
+def _over_tcp(context: grpc.aio.ServicerContext) -> bool:
+    return context.peer().startswith(("ipv4:", "ipv6:"))
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Maps exceptions from the servicer to status codes; optionally checks a bearer token."""
+    """Maps exceptions from the servicer to status codes; checks the bearer token on TCP."""
 
     def __init__(self, token: str | None = None) -> None:
-        self._token = token
+        self._expected = f"Bearer {token}".encode() if token else None
+
+    def _authorised(self, context: grpc.aio.ServicerContext) -> bool:
+        if self._expected is None or not _over_tcp(context):
+            return True
+        given = dict(context.invocation_metadata() or ()).get("authorization", "")
+        raw = given.encode() if isinstance(given, str) else bytes(given)
+        return secrets.compare_digest(raw, self._expected)
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: Any
@@ -69,57 +68,46 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = details.method
-        token = self._token
-        if token is not None:
-            meta = dict(details.invocation_metadata or ())
-            given = meta.get("authorization", "")
-            if not secrets.compare_digest(given, f"Bearer {token}"):
-                return _reject(handler)
-
         serde = (handler.request_deserializer, handler.response_serializer)
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                _guarded(handler.unary_unary, method), *serde
-            )
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                _guarded(handler.stream_unary, method), *serde
-            )
-        if handler.unary_stream:
-            inner_us = handler.unary_stream
 
-            async def us(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        def guarded(inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+            async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                if not self._authorised(context):
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
                 try:
-                    async for item in inner_us(request, context):
+                    return await inner(request, context)
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as exc:
+                    await _abort_for(exc, context, method)
+
+            return call
+
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(guarded(handler.unary_unary), *serde)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(guarded(handler.stream_unary), *serde)
+
+        def streaming(
+            inner: Callable[..., AsyncIterator[Any]],
+        ) -> Callable[..., AsyncIterator[Any]]:
+            async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                if not self._authorised(context):
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
+                try:
+                    async for item in inner(request, context):
                         yield item
                 except grpc.aio.AbortError:
                     raise
                 except Exception as exc:
                     await _abort_for(exc, context, method)
 
-            return grpc.unary_stream_rpc_method_handler(us, *serde)
-        return handler
+            return call
 
-
-def _reject(handler: Any) -> Any:
-    async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
-
-    async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
-        yield None  # pragma: no cover
-
-    kw = dict(
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(deny, **kw)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(deny, **kw)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(deny_stream, **kw)
-    return grpc.stream_stream_rpc_method_handler(deny_stream, **kw)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), *serde)
+        # stream-stream: gRPC reflection
+        return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), *serde)
 
 
 @dataclass(frozen=True)

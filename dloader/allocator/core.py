@@ -28,7 +28,7 @@ from dloader.allocator.config import STORED_SETTINGS, Settings
 from dloader.allocator.optimizer import Cluster
 from dloader.allocator.policies import JobState, Policy, make_policy
 from dloader.allocator.store import Store
-from dloader.errors import AllocatorError, AlreadyExists, InvalidArgument, NotFound
+from dloader.errors import AllocatorError, AlreadyExists, InvalidArgument, NotFound, shown
 from dloader.predictor import (
     GradientNoise,
     PredictorError,
@@ -129,7 +129,9 @@ class JobRequest:
         """Defaults filled in and every field checked (errors name the field)."""
         jid = self.job_id
         if not jid or len(jid) > _ID_MAX or not jid.isprintable() or jid.strip() != jid:
-            raise InvalidArgument("job.job_id", f"{jid!r} must be 1-{_ID_MAX} printable characters")
+            raise InvalidArgument(
+                "job.job_id", f"{shown(jid)} must be 1-{_ID_MAX} printable characters"
+            )
         if self.batch_size < 1:
             raise InvalidArgument("job.batch_size", f"{self.batch_size} must be >= 1")
         lo_g = self.min_gpus or 1
@@ -303,7 +305,7 @@ class AllocatorCore:
         """Queues a job; returns its id and its position among jobs not yet running."""
         req = req.normalised(self.settings.restart_s)
         if req.job_id in self.jobs or self.store.known_job(req.job_id):
-            raise AlreadyExists("job.job_id", f"{req.job_id!r} was already submitted")
+            raise AlreadyExists("job.job_id", f"{shown(req.job_id)} was already submitted")
         job = _Job(req, self._seq + 1, _model(req), _noise(req.gradient, "job.gradient"))
         self._seq += 1
         self.jobs[req.job_id] = job
@@ -323,7 +325,7 @@ class AllocatorCore:
         """An active job, or NOT_FOUND."""
         job = self.jobs.get(job_id)
         if job is None:
-            raise NotFound("job_id", f"no active job {job_id!r}")
+            raise NotFound("job_id", f"no active job {shown(job_id)}")
         return job
 
     def update(
@@ -365,7 +367,9 @@ class AllocatorCore:
     def register_node(self, node_id: str, gpus: int, address: str = "") -> None:
         """Adds a node (or updates its GPU count)."""
         if not node_id or len(node_id) > _ID_MAX or not node_id.isprintable():
-            raise InvalidArgument("node_id", f"{node_id!r} must be 1-{_ID_MAX} printable chars")
+            raise InvalidArgument(
+                "node_id", f"{shown(node_id)} must be 1-{_ID_MAX} printable chars"
+            )
         if not 1 <= gpus <= 1024:
             raise InvalidArgument("gpus", f"{gpus} must be within [1, 1024]")
         self.nodes[node_id] = _Node(gpus, gpus, address, self._clock())
@@ -382,7 +386,7 @@ class AllocatorCore:
         """A node's usable GPUs and, per job on it, samples/s, batch, measurements, gradient."""
         node = self.nodes.get(node_id)
         if node is None:
-            raise NotFound("node_id", f"node {node_id!r} is not registered")
+            raise NotFound("node_id", f"node {shown(node_id)} is not registered")
         if not 0 <= free <= node.gpus:
             raise InvalidArgument("free_gpus", f"{free} must be within [0, {node.gpus}]")
         for r in jobs:

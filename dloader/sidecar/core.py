@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from dloader._messages import Directive, JobReport, Registration
-from dloader.errors import InvalidArgument, NotFound, PermissionDenied
+from dloader.errors import InvalidArgument, NotFound, PermissionDenied, shown
 from dloader.predictor import LoaderModel, LoaderObservation, PredictorError
 from dloader.sidecar import policy as pol
 from dloader.sidecar.config import STORED_POLICY, PolicySettings
@@ -75,7 +75,9 @@ class Job:
 
 def _finite(name: str, value: float, low: float = 0.0, high: float = math.inf) -> float:
     if not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
-        raise InvalidArgument(name, f"{value!r} must be a finite number within [{low}, {high}]")
+        raise InvalidArgument(
+            name, f"{shown(value)} must be a finite number within [{low}, {high}]"
+        )
     return float(value)
 
 
@@ -135,8 +137,10 @@ class NodeCore:
     def register(self, reg: Registration) -> Job:
         """Registers a job; validates every field, naming the bad one."""
         name, limits = reg.name, reg.limits
-        if not name or len(name) > _NAME_MAX:
-            raise InvalidArgument("name", f"must be 1..{_NAME_MAX} characters, got {len(name)}")
+        if not name or len(name) > _NAME_MAX or not name.isprintable():
+            raise InvalidArgument(
+                "name", f"{shown(name)}: must be 1..{_NAME_MAX} printable characters (no newline)"
+            )
         lo, hi = limits.min_workers, limits.max_workers
         if hi and lo > hi:
             raise InvalidArgument(
@@ -189,16 +193,16 @@ class NodeCore:
         """The job ``job_id`` if ``token`` is its token."""
         job = self.jobs.get(job_id)
         if job is None:
-            raise NotFound("job_id", f"no job {job_id!r} on this node")
-        if not secrets.compare_digest(job.record.token, token):
-            raise PermissionDenied("token", f"the token does not authorise job {job_id!r}")
+            raise NotFound("job_id", f"no job {shown(job_id)} on this node")
+        if not secrets.compare_digest(job.record.token.encode(), token.encode()):
+            raise PermissionDenied("token", f"the token does not authorise job {shown(job_id)}")
         return job
 
     def get(self, job_id: str) -> Job:
         """A job by id (for operators)."""
         job = self.jobs.get(job_id)
         if job is None:
-            raise NotFound("job_id", f"no job {job_id!r} on this node")
+            raise NotFound("job_id", f"no job {shown(job_id)} on this node")
         return job
 
     def report_age(self, job: Job) -> float:

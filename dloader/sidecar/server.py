@@ -13,7 +13,7 @@ import grpc
 
 from dloader._daemon.server import ListenConfig, start_server
 from dloader._messages import JobReport, Registration
-from dloader.errors import NotFound, PermissionDenied
+from dloader.errors import NotFound, PermissionDenied, shown
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import Job, NodeCore
 from dloader.v1 import node_pb2 as pb
@@ -50,7 +50,7 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
             elif report.job_id != job.job_id:
                 raise PermissionDenied(
                     "job_id",
-                    f"a report for job {report.job_id!r} on the "
+                    f"a report for job {shown(report.job_id)} on the "
                     f"stream of job {job.job_id!r} is refused",
                 )
             if job.job_id not in self.core.jobs:

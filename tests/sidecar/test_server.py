@@ -190,8 +190,38 @@ def test_tcp_needs_a_token(tmp_path: Path) -> None:
                 pb.ListJobsRequest(), timeout=5, metadata=[("authorization", "Bearer s3cret")]
             )
             assert list(ok.jobs) == []
+            # reflection (a stream-stream method) is behind the token too
+            refl = reflection_pb2_grpc.ServerReflectionStub(ch)
+            with pytest.raises(grpc.RpcError) as err:
+                list(
+                    refl.ServerReflectionInfo(
+                        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+                    )
+                )
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # the token is for TCP: the local operator on the Unix socket is not locked out
+        assert list(s.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs) == []
     finally:
         s.stop()
+
+
+def test_hostile_ids_tokens_and_names_get_clear_short_errors(sidecar: Sidecar) -> None:
+    job = register(sidecar.stub, os.getpid())
+    # a non-ASCII token is refused as a wrong token, not an internal error
+    code, _ = code_of(
+        sidecar.stub.DeregisterJob,
+        pb.DeregisterJobRequest(job_id=job.job_id, token="t\u00f6ken\u2603"),
+        timeout=5,
+    )
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    # a 16 KB id is not echoed back whole (the trailer would not fit)
+    code, details = code_of(sidecar.stub.Explain, pb.ExplainRequest(job_id="x" * 16384), timeout=5)
+    assert (
+        code == grpc.StatusCode.NOT_FOUND and len(details) < 300 and "16384 characters" in details
+    )
+    # a name with a newline would forge log lines
+    code, details = code_of(register, sidecar.stub, os.getpid(), name="ok\nFAKE log line")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("name:")
 
 
 def test_restart_restores_jobs_and_models(tmp_path: Path) -> None:
