@@ -10,15 +10,11 @@ import sys
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
-import grpc
-
+from dloader._daemon.server import Serving
 from dloader._env import default_socket, default_state_dir
 from dloader.errors import DLoaderError
 
 __all__ = ["add_daemon_arguments", "run_daemon", "shut_down", "stop_on_signals"]
-
-#: Seconds in-flight calls get to finish when a daemon stops.
-GRACE_S = 2.0
 
 
 def add_daemon_arguments(
@@ -51,9 +47,9 @@ def add_daemon_arguments(
     )
 
 
-async def shut_down(server: grpc.aio.Server, tasks: Iterable[asyncio.Task[Any]]) -> None:
-    """Stops serving (in-flight calls get ``GRACE_S``), then cancels the daemon's tasks."""
-    await server.stop(grace=GRACE_S)
+async def shut_down(serving: Serving, tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Stops serving (in-flight calls get a grace period), then cancels the daemon's tasks."""
+    await serving.stop()
     tasks = list(tasks)
     for t in tasks:
         t.cancel()
@@ -80,7 +76,7 @@ def run_daemon(
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(serve(config))
-    except (ValueError, DLoaderError) as exc:
+    except (ValueError, DLoaderError, OSError) as exc:  # bad settings, paths or files
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     return 0

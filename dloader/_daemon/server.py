@@ -24,9 +24,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from dloader._daemon.paths import SocketClaim
 from dloader.errors import MAX_MESSAGE_CHARS, ConfigError, RequestError
 
-__all__ = ["MAX_MESSAGE_BYTES", "ErrorInterceptor", "ListenConfig", "start_server"]
+__all__ = ["MAX_MESSAGE_BYTES", "ErrorInterceptor", "ListenConfig", "Serving", "start_server"]
+
+#: Seconds in-flight calls get to finish when a daemon stops.
+GRACE_S = 2.0
 
 log = logging.getLogger(__name__)
 
@@ -148,16 +152,34 @@ def _server_credentials(cert: str, key: str) -> grpc.ServerCredentials:
         raise ConfigError(f"--tls-cert {cert!r} / --tls-key {key!r}: {exc}") from None
 
 
+@dataclass
+class Serving:
+    """A started server, the addresses it listens on, and its claim on the Unix socket."""
+
+    server: grpc.aio.Server
+    addresses: list[str]
+    claim: SocketClaim | None
+
+    async def stop(self) -> None:
+        """Stops serving (in-flight calls get ``GRACE_S``) and gives the socket up."""
+        try:
+            await self.server.stop(grace=GRACE_S)
+        finally:
+            if self.claim is not None:
+                self.claim.release()
+
+
 async def start_server(
     register: Callable[[grpc.aio.Server], None],
     service_names: Sequence[str],
     listen: ListenConfig,
-) -> tuple[grpc.aio.Server, list[str]]:
-    """A started server with dloader's conventions, and the addresses it listens on.
+) -> Serving:
+    """A started server with dloader's conventions.
 
     ``register`` adds the servicers; the server gets the error interceptor (and the token check
     on TCP), the message size cap, health checking (``SERVING`` for each of ``service_names``)
-    and reflection; it listens on the Unix socket (mode 0660) and/or TCP (TLS if configured).
+    and reflection; it listens on the Unix socket (mode 0660, claimed first: see
+    :class:`~dloader._daemon.paths.SocketClaim`) and/or TCP (TLS if configured).
     """
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -181,23 +203,28 @@ async def start_server(
         server,
     )
     addresses = []
-    if listen.socket:
-        path = os.path.abspath(listen.socket)
-        if os.path.exists(path):
-            os.unlink(path)  # a stale socket from a killed daemon
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        server.add_insecure_port(f"unix://{path}")
-        addresses.append(f"unix://{path}")
-    if listen.tcp:
-        if listen.tls_cert:
-            creds = _server_credentials(listen.tls_cert, listen.tls_key or "")
-            port = server.add_secure_port(listen.tcp, creds)
-        else:
-            port = server.add_insecure_port(listen.tcp)
-        if port == 0:
-            raise ConfigError(f"--listen {listen.tcp!r}: cannot bind (address in use?)")
-        addresses.append(f"{listen.tcp.rpartition(':')[0]}:{port}")
-    await server.start()
-    if listen.socket:
-        os.chmod(os.path.abspath(listen.socket), 0o660)
-    return server, addresses
+    claim = SocketClaim(listen.socket) if listen.socket else None
+    try:
+        if claim is not None:
+            server.add_insecure_port(f"unix://{claim.path}")
+            addresses.append(f"unix://{claim.path}")
+        if listen.tcp:
+            try:
+                if listen.tls_cert:
+                    creds = _server_credentials(listen.tls_cert, listen.tls_key or "")
+                    port = server.add_secure_port(listen.tcp, creds)
+                else:
+                    port = server.add_insecure_port(listen.tcp)
+            except RuntimeError:  # grpc's "Failed to bind"
+                port = 0
+            if port == 0:
+                raise ConfigError(f"--listen {listen.tcp!r}: cannot bind (address in use?)")
+            addresses.append(f"{listen.tcp.rpartition(':')[0]}:{port}")
+        await server.start()
+        if claim is not None:
+            os.chmod(claim.path, 0o660)
+    except BaseException:
+        if claim is not None:
+            claim.release()
+        raise
+    return Serving(server, addresses, claim)

@@ -1,5 +1,10 @@
 """The daemons' SQLite base: one file in WAL mode, a lock, a settings table, a schema version.
 
+The file is the daemon user's alone: its folder 0700 (an existing folder must be the user's and
+not writable by others), the file and its WAL 0600. A file that exists but is empty (0 bytes:
+truncated, or never written) is refused, not silently started afresh; the error says how to
+start afresh on purpose (move the file away).
+
 The schema is a list of migrations: ``migrations[i]`` takes the file from version ``i`` to
 ``i + 1`` (``PRAGMA user_version``), in one transaction. A new file runs them all; a file from
 an older dloader runs the ones it lacks; a file from a newer dloader is refused with an error
@@ -15,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dloader._daemon.paths import own_folder, private_file
 from dloader.errors import ConfigError
 
 __all__ = ["SETTINGS_TABLE", "SqliteState"]
@@ -28,7 +34,12 @@ class SqliteState:
 
     def __init__(self, path: str | Path, migrations: Sequence[str]) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        own_folder(self.path.parent, mode=0o700, what="state")
+        if self.path.exists() and self.path.is_file() and self.path.stat().st_size == 0:
+            raise ConfigError(
+                f"state database {self.path} is empty (0 bytes): truncated or never written. "
+                f"To start afresh on purpose, move it away (mv {self.path} {self.path}.empty)"
+            )
         self._lock = threading.Lock()
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -40,7 +51,11 @@ class SqliteState:
             self.schema_version = self._migrate(migrations)
         except sqlite3.DatabaseError as exc:
             self._db.close()
-            raise ConfigError(f"state database {self.path} is not usable: {exc}") from None
+            raise ConfigError(
+                f"state database {self.path} is not usable: {exc}. To start afresh, move it "
+                f"away (mv {self.path} {self.path}.broken); its content is kept there"
+            ) from None
+        private_file(self.path)
 
     def _migrate(self, migrations: Sequence[str]) -> int:
         version = int(self._db.execute("PRAGMA user_version").fetchone()[0])

@@ -74,10 +74,10 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     except BaseException:
         store.close()
         raise
-    server, addresses = await build_server(core, config.listen)
+    serving = await build_server(core, config.listen)
     log.info(
         "dloader-allocator listening on %s; state in %s; policy %s%s; %d job(s), %d node(s)",
-        ", ".join(addresses),
+        ", ".join(serving.addresses),
         config.state_dir,
         core.settings.policy,
         " (dry run)" if core.settings.dry_run else "",
@@ -87,7 +87,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     task = asyncio.create_task(core.run(stop))
     await stop.wait()
     log.info("shutting down")
-    await shut_down(server, [task])
+    await shut_down(serving, [task])
     store.close()
 
 

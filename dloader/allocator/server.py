@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 
-import grpc
-
-from dloader._daemon.server import ListenConfig, start_server
+from dloader._daemon.server import ListenConfig, Serving, start_server
 from dloader.allocator.core import (
     AllocatorCore,
     GradientStats,
@@ -177,10 +175,8 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
         )
 
 
-async def build_server(
-    core: AllocatorCore, listen: ListenConfig
-) -> tuple[grpc.aio.Server, list[str]]:
-    """A started allocator server and the addresses it listens on."""
+async def build_server(core: AllocatorCore, listen: ListenConfig) -> Serving:
+    """A started allocator server."""
     return await start_server(
         lambda server: pb_grpc.add_ClusterAllocatorServicer_to_server(
             AllocatorServicer(core), server

@@ -178,10 +178,10 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
             sum_normalized_throughput=sum_normalized(),
         )
 
-    server, addresses = await build_server(core, node_status, config.listen)
+    serving = await build_server(core, node_status, config.listen)
     log.info(
         "dloader-sidecar listening on %s; state in %s; policy %s",
-        ", ".join(addresses),
+        ", ".join(serving.addresses),
         config.state_dir,
         settings.name,
     )
@@ -198,7 +198,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         tasks.append(asyncio.create_task(link.run(stop)))
     await stop.wait()
     log.info("shutting down")
-    await shut_down(server, tasks)
+    await shut_down(serving, tasks)
     for job in core.jobs.values():
         store.save_model(job.job_id, job.model.to_dict())
     store.close()

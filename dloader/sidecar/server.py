@@ -9,9 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import grpc
-
-from dloader._daemon.server import ListenConfig, start_server
+from dloader._daemon.server import ListenConfig, Serving, start_server
 from dloader._messages import JobReport, Registration
 from dloader.errors import NotFound, PermissionDenied, shown
 from dloader.sidecar.config import PolicySettings
@@ -153,8 +151,8 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
 
 async def build_server(
     core: NodeCore, node_status: Callable[[], pb.NodeStatus], listen: ListenConfig
-) -> tuple[grpc.aio.Server, list[str]]:
-    """A started node server and the addresses it listens on."""
+) -> Serving:
+    """A started node server."""
     return await start_server(
         lambda server: pb_grpc.add_NodeServiceServicer_to_server(
             NodeServicer(core, node_status), server
