@@ -12,6 +12,7 @@ Every type round-trips through ``pickle`` (a worker or child process can raise i
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "Unauthenticated",
     "WorkerDiedError",
     "WorkerStartError",
+    "finite_within",
     "shown",
 ]
 
@@ -44,6 +46,19 @@ def shown(value: object, limit: int = 64) -> str:
         return text
     size = f" ({len(value)} characters)" if isinstance(value, (str, bytes)) else ""
     return f"{text[:limit]}...{size}"
+
+
+def finite_within(field: str, value: object, low: float, high: float) -> float:
+    """``value`` as a float if it is a finite number within ``[low, high]``; else
+    :class:`InvalidArgument` naming ``field`` and the range (bounds every number a client sends)."""
+    if (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and low <= value <= high
+    ):
+        return float(value)
+    raise InvalidArgument(field, f"{shown(value)} must be a finite number within [{low}, {high}]")
 
 
 class DLoaderError(Exception):

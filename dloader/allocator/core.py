@@ -28,7 +28,15 @@ from dloader.allocator.config import STORED_SETTINGS, Settings
 from dloader.allocator.optimizer import Cluster
 from dloader.allocator.policies import JobState, Policy, make_policy
 from dloader.allocator.store import Store
-from dloader.errors import AllocatorError, AlreadyExists, InvalidArgument, NotFound, shown
+from dloader.errors import (
+    AllocatorError,
+    DLoaderError,
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    finite_within,
+    shown,
+)
 from dloader.predictor import (
     GradientNoise,
     PredictorError,
@@ -53,6 +61,14 @@ log = logging.getLogger(__name__)
 _ID_MAX = 200
 _DEBOUNCE_S = 0.05  # events within this window share one decision
 _MAX_MEASUREMENTS = 2000  # per job; the oldest are dropped beyond
+MAX_MEASUREMENTS_PER_CALL = 1000
+MAX_JOBS_PER_REPORT = 1024
+MAX_GPUS = 1 << 16  # per job and per cluster
+MAX_BATCH = 1 << 24  # samples per global or local batch
+MAX_PRIORITY = 1000.0
+MAX_SCALING_PARAM = 1e6  # seconds (per step, per sample): far beyond any real job
+MAX_GAMMA = 10.0
+GRADIENT_RANGE = (1e-30, 1e30)
 
 
 @dataclass(frozen=True)
@@ -68,16 +84,19 @@ class Measurement:
 
     def __post_init__(self) -> None:
         n, r, b = self.nodes, self.replicas, self.local_batch_size
-        if not 1 <= n <= r or b < 1:
+        if not 1 <= n <= r <= MAX_GPUS or not 1 <= b <= MAX_BATCH:
             raise InvalidArgument(
                 "measurements",
                 f"nodes={n}, replicas={r}, local_batch_size={b}: need 1 <= nodes <= "
-                "replicas and local_batch_size >= 1",
+                f"replicas <= {MAX_GPUS} and 1 <= local_batch_size <= {MAX_BATCH}",
             )
         step, sync = self.step_s, self.sync_s
-        if not (math.isfinite(step) and step > 0 and math.isfinite(sync) and 0 <= sync <= step):
+        if not (
+            math.isfinite(step) and 0 < step <= 86400 and math.isfinite(sync) and 0 <= sync <= step
+        ):
             raise InvalidArgument(
-                "measurements", f"step_seconds={step}, sync_seconds={sync}: need 0 <= sync <= step"
+                "measurements",
+                f"step_seconds={step}, sync_seconds={sync}: need 0 <= sync <= step <= 86400",
             )
 
     @classmethod
@@ -132,10 +151,22 @@ class JobRequest:
             raise InvalidArgument(
                 "job.job_id", f"{shown(jid)} must be 1-{_ID_MAX} printable characters"
             )
+        for name in ("batch_size", "min_batch_size", "max_batch_size"):
+            finite_within(f"job.{name}", getattr(self, name), 0, MAX_BATCH)
+        for name in ("min_local_batch_size", "max_local_batch_size"):
+            finite_within(f"job.{name}", getattr(self, name), 0, MAX_BATCH)
+        for name in ("min_gpus", "max_gpus", "requested_gpus"):
+            finite_within(f"job.{name}", getattr(self, name), 0, MAX_GPUS)
+        if len(self.measurements) > MAX_MEASUREMENTS_PER_CALL:
+            raise InvalidArgument(
+                "job.measurements",
+                f"{len(self.measurements)} measurements: at most {MAX_MEASUREMENTS_PER_CALL} "
+                "per call (send more with UpdateJob)",
+            )
         if self.batch_size < 1:
             raise InvalidArgument("job.batch_size", f"{self.batch_size} must be >= 1")
         lo_g = self.min_gpus or 1
-        hi_g = self.max_gpus or 1 << 20
+        hi_g = self.max_gpus or MAX_GPUS
         if lo_g > hi_g:
             raise InvalidArgument("job.min_gpus", f"{lo_g} is above max_gpus={hi_g}")
         lo_b = self.min_batch_size or self.batch_size
@@ -152,11 +183,9 @@ class JobRequest:
                 "job.min_local_batch_size", f"{lo_l} is above max_local_batch_size={hi_l}"
             )
         prio = self.priority or 1.0
-        if not (math.isfinite(prio) and prio > 0):
-            raise InvalidArgument("job.priority", f"{prio} must be a finite number > 0")
+        finite_within("job.priority", prio, 1e-3, MAX_PRIORITY)
         restart = self.restart_s or default_restart_s
-        if not (math.isfinite(restart) and 0 <= restart <= 86400):
-            raise InvalidArgument("job.restart_seconds", f"{restart} must be within [0, 86400]")
+        finite_within("job.restart_seconds", restart, 0, 86400)
         return replace(
             self,
             min_gpus=lo_g,
@@ -190,11 +219,11 @@ def _model(req: JobRequest) -> ScalingModel:
             params = ScalingParams(**req.scaling)
         except TypeError as exc:
             raise InvalidArgument("job.scaling", str(exc)) from None
-        values = list(req.scaling.values())
-        if not all(math.isfinite(v) and v >= 0 for v in values) or params.gamma < 1:
-            raise InvalidArgument(
-                "job.scaling", "parameters must be finite and >= 0, with gamma >= 1"
-            )
+        for name, value in req.scaling.items():
+            if name == "gamma":
+                finite_within("job.scaling.gamma", value, 1.0, MAX_GAMMA)
+            else:
+                finite_within(f"job.scaling.{name}", value, 0.0, MAX_SCALING_PARAM)
         if params.alpha_c + params.beta_c <= 0:
             raise InvalidArgument("job.scaling", "alpha_c + beta_c must be > 0 (compute time)")
         return ScalingModel(params)
@@ -206,6 +235,10 @@ def _model(req: JobRequest) -> ScalingModel:
 def _noise(gradient: GradientStats | None, where: str) -> GradientNoise | None:
     if gradient is None:
         return None
+    finite_within(f"{where}.base_batch_size", gradient.base_batch_size, 1, MAX_BATCH)
+    finite_within(f"{where}.grad_sqr", gradient.grad_sqr, *GRADIENT_RANGE)
+    if gradient.grad_var != 0:
+        finite_within(f"{where}.grad_var", gradient.grad_var, *GRADIENT_RANGE)
     try:
         return GradientNoise(gradient.base_batch_size, gradient.grad_sqr, gradient.grad_var)
     except PredictorError as exc:
@@ -289,8 +322,20 @@ class AllocatorCore:
         }
         self._seq = store.max_seq()
         for row in store.active_jobs():  # a restart keeps every job and its allocation
-            req = _request_from_json(row.spec)
-            job = _Job(req, row.seq, _model(req), _noise(req.gradient, "job.gradient"))
+            try:
+                req = _request_from_json(row.spec)
+                job = _Job(req, row.seq, _model(req), _noise(req.gradient, "job.gradient"))
+            except (ValueError, TypeError, KeyError, DLoaderError) as exc:
+                # one row that no longer validates must not keep the allocator down
+                store.set_aside(row.job_id)
+                log.error(
+                    "state database %s: job row %s no longer validates (%s); it is set aside: "
+                    "kept in the file, not scheduled (resubmit it under a new id)",
+                    store.path,
+                    shown(row.job_id),
+                    exc,
+                )
+                continue
             job.placement, job.batch_size = row.placement, row.batch_size
             self.jobs[req.job_id] = job
         self._reasons: dict[str, str] = {}
@@ -307,10 +352,11 @@ class AllocatorCore:
         if req.job_id in self.jobs or self.store.known_job(req.job_id):
             raise AlreadyExists("job.job_id", f"{shown(req.job_id)} was already submitted")
         job = _Job(req, self._seq + 1, _model(req), _noise(req.gradient, "job.gradient"))
+        self._check_usable(job)
         self._seq += 1
         self.jobs[req.job_id] = job
         self.store.add_job(req.job_id, job.seq, _request_to_json(req))
-        most = "any" if req.max_gpus >= 1 << 20 else str(req.max_gpus)
+        most = "any" if req.max_gpus >= MAX_GPUS else str(req.max_gpus)
         log.info(
             "job %s submitted (%d-%s GPUs, batch %d)",
             req.job_id,
@@ -320,6 +366,29 @@ class AllocatorCore:
         )
         self._wake.set()
         return req.job_id, sum(1 for j in self.jobs.values() if not j.placement) - 1
+
+    def _unusable(self, job: _Job) -> str | None:
+        """Why the policy cannot decide for ``job`` alone, on its minimum GPUs (None: it can)."""
+        need = max(job.req.min_gpus, 1)
+        cluster = Cluster((need,)) if need <= 64 else Cluster.uniform(-(-need // 8), 8)
+        state = replace(self._state(job, []), placement=(), batch_size=None)
+        try:
+            self._policy.decide([state], cluster)
+        except AllocatorError as exc:
+            return str(exc)
+        return None
+
+    def _check_usable(self, job: _Job) -> None:
+        """INVALID_ARGUMENT naming the field if the policy cannot use the job's model."""
+        why = self._unusable(job)
+        if why is None:
+            return
+        field = "job.measurements" if len(job.req.measurements) >= 2 else "job.scaling"
+        if job.noise is not None:
+            plain = _Job(job.req, job.seq, job.model, None)
+            if self._unusable(plain) is None:
+                field = "job.gradient"
+        raise InvalidArgument(field, f"the job's model is unusable by the policy: {why}")
 
     def get(self, job_id: str) -> _Job:
         """An active job, or NOT_FOUND."""
@@ -475,15 +544,31 @@ class AllocatorCore:
             batches: dict[str, int] = {}
             reasons = {j.req.job_id: "waiting: no node has free GPUs" for j in jobs}
         else:
+            aside: dict[str, str] = {}
             try:
                 d = self._policy.decide([self._state(j, ids) for j in jobs], cluster)
             except AllocatorError:
-                log.exception("policy %s failed; keeping the last allocation", self._policy.name)
-                return self._snapshot
+                # One job must never stop the decisions for the others: find the jobs the
+                # policy cannot decide for, set them aside with the reason, decide the rest.
+                aside = {j.req.job_id: why for j in jobs if (why := self._unusable(j)) is not None}
+                rest = [j for j in jobs if j.req.job_id not in aside]
+                try:
+                    if not aside:
+                        raise
+                    d = self._policy.decide([self._state(j, ids) for j in rest], cluster)
+                except AllocatorError:
+                    log.exception(
+                        "policy %s failed; keeping the last allocation", self._policy.name
+                    )
+                    return self._snapshot
+                for jid, why in aside.items():
+                    log.error("job %s set aside: the policy cannot use its model: %s", jid, why)
             placements = {
                 k: {n: g for n, g in zip(ids, p, strict=True) if g} for k, p in d.placements.items()
             }
             batches, reasons = d.batch_sizes, dict(d.reasons)
+            for jid, why in aside.items():
+                reasons[jid] = f"set aside: its model is unusable ({why})"
         ms = (time.perf_counter() - began) * 1e3
         dry = self.settings.dry_run
         changed = []

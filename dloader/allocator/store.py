@@ -107,6 +107,14 @@ class Store(SqliteState):
             (time.time(), int(failed), job_id),
         )
 
+    def set_aside(self, job_id: str) -> None:
+        """Takes a job whose stored row no longer validates out of the schedule; the row stays
+        (``failed`` = 2: set aside)."""
+        self._exec(
+            "UPDATE jobs SET completed_at = ?, failed = 2, placement = '{}' WHERE job_id = ?",
+            (time.time(), job_id),
+        )
+
     def known_job(self, job_id: str) -> bool:
         """Whether ``job_id`` was ever submitted (completed ones included)."""
         return bool(self._exec("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from dloader._messages import Directive, JobReport, Registration
-from dloader.errors import InvalidArgument, NotFound, PermissionDenied, shown
+from dloader.errors import InvalidArgument, NotFound, PermissionDenied, finite_within, shown
 from dloader.predictor import LoaderModel, LoaderObservation, PredictorError
 from dloader.sidecar import policy as pol
 from dloader.sidecar.config import STORED_POLICY, PolicySettings
@@ -71,14 +71,6 @@ class Job:
     @property
     def job_id(self) -> str:
         return self.record.job_id
-
-
-def _finite(name: str, value: float, low: float = 0.0, high: float = math.inf) -> float:
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
-        raise InvalidArgument(
-            name, f"{shown(value)} must be a finite number within [{low}, {high}]"
-        )
-    return float(value)
 
 
 class NodeCore:
@@ -231,15 +223,15 @@ class NodeCore:
             raise InvalidArgument("batch_size", f"{b} must be >= 1")
         if not 0 <= k <= _MAX_WORKERS:
             raise InvalidArgument("num_workers", f"{k} must be within [0, {_MAX_WORKERS}]")
-        tput = _finite("samples_per_second", r.samples_per_second, 0, 1e9)
-        idle = _finite("idle_share", r.idle_share, 0, 1)
-        step = _finite("step_seconds", r.step_seconds, 0, 86400)
-        window = _finite("window_seconds", r.window_seconds, 0, 86400)
+        tput = finite_within("samples_per_second", r.samples_per_second, 0, 1e9)
+        idle = finite_within("idle_share", r.idle_share, 0, 1)
+        step = finite_within("step_seconds", r.step_seconds, 0, 86400)
+        window = finite_within("window_seconds", r.window_seconds, 0, 86400)
         if len(r.workers) > _MAX_WORKERS:
             raise InvalidArgument("workers", f"{len(r.workers)} entries: at most {_MAX_WORKERS}")
         for i, w in enumerate(r.workers):
-            _finite(f"workers[{i}].fetch_seconds", w.fetch_seconds, 0, 86400)
-            _finite(f"workers[{i}].cpu_seconds", w.cpu_seconds, 0, 86400)
+            finite_within(f"workers[{i}].fetch_seconds", w.fetch_seconds, 0, 86400)
+            finite_within(f"workers[{i}].cpu_seconds", w.cpu_seconds, 0, 86400)
         job.last_report, job.last_report_at = r, self._clock()
         job.reports += 1
         if (k, b) != (job.record.num_workers, job.record.batch_size):

@@ -1,0 +1,85 @@
+"""The allocator against hostile or broken input: one job can never stop decisions for others."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dloader.allocator.config import Settings
+from dloader.allocator.core import AllocatorCore, GradientStats, JobRequest, Measurement
+from dloader.allocator.store import Store
+from dloader.errors import InvalidArgument
+from dloader.predictor import ScalingModel, ScalingParams
+
+GOOD = {
+    "alpha_c": 0.05,
+    "beta_c": 0.002,
+    "alpha_n": 0.01,
+    "beta_n": 0.0001,
+    "alpha_r": 0.005,
+    "beta_r": 0.00005,
+    "gamma": 1.5,
+}
+
+
+def core(tmp_path: Path) -> AllocatorCore:
+    c = AllocatorCore(Store(tmp_path / "a.db"), Settings(interval_s=60))
+    c.register_node("n0", 4)
+    return c
+
+
+def request(job_id: str, **kw: object) -> JobRequest:
+    return JobRequest(job_id=job_id, batch_size=64, max_batch_size=1024, scaling=dict(GOOD), **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"scaling": dict.fromkeys(GOOD, 1e308)}, "job.scaling"),
+        ({"gradient": GradientStats(64, 1e-308, 1e308)}, "job.gradient"),
+        ({"priority": 1e308}, "job.priority"),
+        ({"batch_size": 1 << 40}, "job.batch_size"),
+        ({"max_gpus": 1 << 40}, "job.max_gpus"),
+        ({"restart_s": float("nan")}, "job.restart_seconds"),
+        ({"measurements": [Measurement(1, 1, 8, 0.1)] * 30_000}, "job.measurements"),
+    ],
+)
+def test_extreme_submissions_are_refused_naming_the_field(
+    tmp_path: Path, change: dict[str, object], field: str
+) -> None:
+    c = core(tmp_path)
+    base = request("bad")
+    req = JobRequest(**{**base.__dict__, **change})  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument) as err:
+        c.submit(req)
+    assert err.value.field.startswith(field), err.value
+    assert "bad" not in c.jobs
+
+
+def test_a_job_whose_model_breaks_later_is_set_aside_and_the_others_decided(
+    tmp_path: Path,
+) -> None:
+    c = core(tmp_path)
+    c.submit(request("good"))
+    c.submit(request("broken"))
+    # its model becomes unusable after submission (a later refit gone wrong)
+    c.jobs["broken"].model = ScalingModel(ScalingParams(**dict.fromkeys(GOOD, 1e308)))
+    snap = c.decide()
+    views = {a.job_id: a for a in snap.allocations}
+    assert views["good"].gpus >= 1
+    assert views["broken"].gpus == 0 and views["broken"].reason.startswith("set aside")
+    # and the next decision too
+    assert {a.job_id: a for a in c.decide().allocations}["good"].gpus >= 1
+
+
+def test_a_stored_row_that_no_longer_validates_does_not_stop_a_restart(tmp_path: Path) -> None:
+    c = core(tmp_path)
+    c.submit(request("good"))
+    c.submit(request("stale"))
+    c.decide()
+    c.store._exec("UPDATE jobs SET spec = ? WHERE job_id = 'stale'", (b'{"job_id": "stale"}',))
+    c.store.close()
+    again = AllocatorCore(Store(tmp_path / "a.db"), Settings(interval_s=60))
+    assert "good" in again.jobs and "stale" not in again.jobs
+    assert again.store.known_job("stale")  # kept in the file, set aside
