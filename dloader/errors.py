@@ -26,6 +26,7 @@ __all__ = [
     "PermissionDenied",
     "PredictorError",
     "RequestError",
+    "ResourceExhausted",
     "StateError",
     "Unauthenticated",
     "WorkerDiedError",
@@ -149,6 +150,12 @@ class PermissionDenied(RequestError):
     """A caller whose credential does not allow the action (PERMISSION_DENIED)."""
 
     code = "PERMISSION_DENIED"
+
+
+class ResourceExhausted(RequestError):
+    """A bounded list is full (RESOURCE_EXHAUSTED): too many jobs, nodes or entries."""
+
+    code = "RESOURCE_EXHAUSTED"
 
 
 class Unauthenticated(RequestError):

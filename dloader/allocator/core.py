@@ -30,8 +30,8 @@ from dloader.allocator.policies import JobState, Policy, make_policy
 from dloader.allocator.store import Store
 from dloader.errors import (
     AllocatorError,
-    DLoaderError,
     AlreadyExists,
+    DLoaderError,
     InvalidArgument,
     NotFound,
     finite_within,

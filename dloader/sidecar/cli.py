@@ -66,6 +66,13 @@ def parser() -> argparse.ArgumentParser:
         help="seconds between policy decisions (default: stored, else 2)",
     )
     p.add_argument(
+        "--job-timeout",
+        type=float,
+        default=60.0,
+        help="seconds without a report after which a job is ended; its agent registers again "
+        "if it comes back (0: never; default: %(default)s)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=0,
@@ -129,7 +136,9 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         f"CPU sets: {'on' if config.pin_cpus else 'off'}; cgroup v2 cpu.weight: {cgroup_note}"
     )
     cpus = sorted(os.sched_getaffinity(0)) if config.pin_cpus else ()
-    core = NodeCore(store, settings, pin_cpus=cpus, cgroup=cgroup)
+    core = NodeCore(
+        store, settings, pin_cpus=cpus, cgroup=cgroup, job_timeout_s=config.job_timeout_s
+    )
     node, gpus = NodeMonitor(), GpuMonitor()
     metrics = Metrics()
     link = None

@@ -94,8 +94,13 @@ class SidecarConfig:
     gpus: int = 0
     """GPUs offered to the allocator (0: the GPUs NVML sees)."""
     log_level: str = "INFO"
+    job_timeout_s: float = 60.0
+    """A job silent this long is ended (0: never)."""
 
     def __post_init__(self) -> None:
+        t = self.job_timeout_s
+        if not (math.isfinite(t) and 0 <= t <= 86400):
+            raise ConfigError(f"--job-timeout {t}: expected seconds within [0, 86400] (0: never)")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"--metrics-port {self.metrics_port}: expected 0..65535")
         if self.gpus < 0:
@@ -136,4 +141,5 @@ class SidecarConfig:
             node_id=args.node_id or socket.gethostname(),
             gpus=args.gpus,
             log_level=args.log_level,
+            job_timeout_s=args.job_timeout,
         )

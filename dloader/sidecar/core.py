@@ -22,7 +22,14 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from dloader._messages import Directive, JobReport, Registration
-from dloader.errors import InvalidArgument, NotFound, PermissionDenied, finite_within, shown
+from dloader.errors import (
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    finite_within,
+    shown,
+)
 from dloader.predictor import LoaderModel, LoaderObservation, PredictorError
 from dloader.sidecar import policy as pol
 from dloader.sidecar.config import STORED_POLICY, PolicySettings
@@ -37,6 +44,9 @@ _NAME_MAX = 200
 _SAVE_MODEL_EVERY = 5  # reports
 _COALESCE_S = 0.2  # after an event, wait this long for more before deciding
 _MAX_WORKERS = 4096  # worker processes one loader may report
+MAX_JOBS = 256  # registered jobs on one node
+MAX_PIDS = 64  # training processes one job may name
+MAX_GPUS = 64  # GPUs one job may name
 _MAIN_CPU_CHANGE = 0.1  # relative change of a job's main-process CPU that calls for a decision
 _EWMA = 0.3  # weight of a new measurement of a job's main-process CPU per sample
 
@@ -85,6 +95,7 @@ class NodeCore:
         clock: Callable[[], float] = time.monotonic,
         pin_cpus: Sequence[int] = (),
         cgroup: CpuWeights | None = None,
+        job_timeout_s: float = 60.0,
     ) -> None:
         """Args:
         store: the state database.
@@ -95,7 +106,12 @@ class NodeCore:
         pin_cpus: the CPUs to divide into disjoint CPU sets for the jobs' loader workers,
             sized by their CPU shares (when there is at least one CPU per job); empty: off.
         cgroup: sets each job's CPU weight from its CPU share.
+        job_timeout_s: a job that neither reports nor registers for this long is ended (its
+            agent re-registers if it comes back); 0: never.
         """
+        if not (math.isfinite(job_timeout_s) and job_timeout_s >= 0):
+            raise ValueError(f"job_timeout_s={job_timeout_s} must be >= 0 (0: never)")
+        self.job_timeout_s = job_timeout_s
         self.pin_cpus = tuple(pin_cpus)
         self.cgroup = cgroup
         self.store = store
@@ -120,6 +136,7 @@ class NodeCore:
                 rec,
                 model,
                 Directive(rec.num_workers, rec.batch_size, reason="restored after restart"),
+                last_report_at=clock(),  # a full timeout to report again
             )
         if self.jobs:
             log.info("restored %d job(s) from %s", len(self.jobs), store.path)
@@ -143,10 +160,18 @@ class NodeCore:
             raise InvalidArgument(
                 "limits.min_batch_size", f"min_batch_size={blo} is above max_batch_size={bhi}"
             )
-        if not reg.pids:
-            raise InvalidArgument("pids", "at least one training process id is needed")
-        if reg.num_workers > self.settings.worker_budget * 16:
-            raise InvalidArgument("num_workers", f"{reg.num_workers} is implausibly large")
+        if len(self.jobs) >= MAX_JOBS:
+            raise ResourceExhausted(
+                "name", f"this node has {len(self.jobs)} jobs, the most it takes"
+            )
+        if not reg.pids or len(reg.pids) > MAX_PIDS:
+            raise InvalidArgument("pids", f"{len(reg.pids)} ids: give 1 to {MAX_PIDS}")
+        if len(reg.gpus) > MAX_GPUS:
+            raise InvalidArgument("gpus", f"{len(reg.gpus)} GPUs: at most {MAX_GPUS}")
+        if not 0 <= reg.num_workers <= _MAX_WORKERS:
+            raise InvalidArgument(
+                "num_workers", f"{reg.num_workers} must be within [0, {_MAX_WORKERS}]"
+            )
         if reg.batch_size < 1:
             raise InvalidArgument("batch_size", f"{reg.batch_size} must be >= 1")
         pids = list(reg.pids)
@@ -382,9 +407,15 @@ class NodeCore:
         return True
 
     def reap(self) -> list[str]:
-        """Ends jobs whose processes are all gone; returns their ids."""
+        """Ends jobs whose processes are all gone, or that stopped reporting for the job
+        timeout; returns their ids."""
         gone = []
         for job in list(self.jobs.values()):
+            silent = self._clock() - job.last_report_at
+            if self.job_timeout_s and silent > self.job_timeout_s:
+                gone.append(job.job_id)
+                self._end(job, f"expired: no report for {silent:.0f} s")
+                continue
             before, before_at = job.tree, job.tree_at
             job.tree, job.tree_at = self._tree_stats(job.record.pids), self._clock()
             if not job.tree.alive:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dloader._messages import JobReport, Registration, WorkerReport
+from dloader.errors import InvalidArgument
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import NodeCore
 from dloader.sidecar.monitors import ProcessTreeStats
@@ -64,3 +65,33 @@ def test_observations_carry_the_workers_run_queue_wait(tmp_path: Path, wait_shar
     obs = job.model.observations[-1]
     assert obs.fetch_s == pytest.approx(0.2)
     assert obs.cpu_wait_s == pytest.approx(wait_share * 0.2)
+
+
+def test_jobs_that_stop_reporting_expire_and_a_restart_gives_a_full_timeout(
+    tmp_path: Path,
+) -> None:
+    node = FakeNode(0.0)
+    store = Store(tmp_path / "s.db")
+    settings = PolicySettings("even", 4, 2, 1.0)
+    core = NodeCore(store, settings, tree_stats=node.tree, clock=node.clock, job_timeout_s=30)
+    quiet = core.register(Registration("quiet", pids=(100,), num_workers=1, batch_size=32))
+    talks = core.register(Registration("talks", pids=(100,), num_workers=1, batch_size=32))
+    node.now += 20
+    core.report(talks, report(1, 100.0))
+    node.now += 15
+    assert core.reap() == [quiet.job_id]  # 35 s silent > 30 s; its process is alive
+    assert list(core.jobs) == [talks.job_id]
+    node.now += 1000  # the sidecar was down; restored jobs get a full timeout
+    again = NodeCore(store, settings, tree_stats=node.tree, clock=node.clock, job_timeout_s=30)
+    assert again.reap() == [] and list(again.jobs) == [talks.job_id]
+
+
+def test_registration_lists_are_bounded(tmp_path: Path) -> None:
+    node = FakeNode(0.0)
+    core = NodeCore(
+        Store(tmp_path / "s.db"), PolicySettings("even", 4, 2, 1.0), tree_stats=node.tree
+    )
+    with pytest.raises(InvalidArgument, match="pids: 50000 ids"):
+        core.register(Registration("many", pids=tuple(range(50_000)), num_workers=1, batch_size=8))
+    with pytest.raises(InvalidArgument, match="num_workers"):
+        core.register(Registration("w", pids=(100,), num_workers=10**9, batch_size=8))
