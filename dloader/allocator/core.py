@@ -324,7 +324,9 @@ class AllocatorCore:
         for row in store.active_jobs():  # a restart keeps every job and its allocation
             try:
                 req = _request_from_json(row.spec)
-                job = _Job(req, row.seq, _model(req), _noise(req.gradient, "job.gradient"))
+                # the fitted model is stored: a restart does not refit every job
+                model = ScalingModel.from_dict(json.loads(row.model)) if row.model else _model(req)
+                job = _Job(req, row.seq, model, _noise(req.gradient, "job.gradient"))
             except (ValueError, TypeError, KeyError, DLoaderError) as exc:
                 # one row that no longer validates must not keep the allocator down
                 store.set_aside(row.job_id)
@@ -346,16 +348,23 @@ class AllocatorCore:
 
     # ------------------------------------------------------------------ requests
 
-    def submit(self, req: JobRequest) -> tuple[str, int]:
-        """Queues a job; returns its id and its position among jobs not yet running."""
+    def prepare(self, req: JobRequest) -> _Job:
+        """A submission checked and its model fitted, not yet queued: the CPU-heavy half of
+        :meth:`submit`, which the servicer runs off the event loop (it changes nothing)."""
         req = req.normalised(self.settings.restart_s)
+        job = _Job(req, 0, _model(req), _noise(req.gradient, "job.gradient"))
+        self._check_usable(job)
+        return job
+
+    def commit(self, job: _Job) -> tuple[str, int]:
+        """Queues a prepared job; returns its id and its position among jobs not yet running."""
+        req = job.req
         if req.job_id in self.jobs or self.store.known_job(req.job_id):
             raise AlreadyExists("job.job_id", f"{shown(req.job_id)} was already submitted")
-        job = _Job(req, self._seq + 1, _model(req), _noise(req.gradient, "job.gradient"))
-        self._check_usable(job)
         self._seq += 1
+        job.seq = self._seq
         self.jobs[req.job_id] = job
-        self.store.add_job(req.job_id, job.seq, _request_to_json(req))
+        self.store.add_job(req.job_id, job.seq, _request_to_json(req), _model_json(job.model))
         most = "any" if req.max_gpus >= MAX_GPUS else str(req.max_gpus)
         log.info(
             "job %s submitted (%d-%s GPUs, batch %d)",
@@ -366,6 +375,10 @@ class AllocatorCore:
         )
         self._wake.set()
         return req.job_id, sum(1 for j in self.jobs.values() if not j.placement) - 1
+
+    def submit(self, req: JobRequest) -> tuple[str, int]:
+        """Queues a job (:meth:`prepare` then :meth:`commit`)."""
+        return self.commit(self.prepare(req))
 
     def _unusable(self, job: _Job) -> str | None:
         """Why the policy cannot decide for ``job`` alone, on its minimum GPUs (None: it can)."""
@@ -397,6 +410,52 @@ class AllocatorCore:
             raise NotFound("job_id", f"no active job {shown(job_id)}")
         return job
 
+    def stage_update(
+        self,
+        job_id: str,
+        measurements: Sequence[Measurement],
+        gradient: GradientStats | None = None,
+        priority: float = 0.0,
+    ) -> _Job:
+        """The job as it would be after the update (refitted, checked), not yet applied: the
+        CPU-heavy half of :meth:`update`, which the servicer runs off the event loop."""
+        job = self.get(job_id)
+        req = job.req
+        if len(measurements) > MAX_MEASUREMENTS_PER_CALL:
+            raise InvalidArgument(
+                "measurements",
+                f"{len(measurements)} measurements: at most {MAX_MEASUREMENTS_PER_CALL} per call",
+            )
+        noise = _noise(gradient, "gradient") if gradient is not None else job.noise
+        if priority:
+            req = replace(req, priority=finite_within("priority", priority, 1e-3, MAX_PRIORITY))
+        model = job.model
+        if measurements:
+            req = replace(
+                req, measurements=(req.measurements + list(measurements))[-_MAX_MEASUREMENTS:]
+            )
+            model = _model(req)
+        if gradient is not None:
+            req = replace(req, gradient=gradient)
+        staged = _Job(req, job.seq, model, noise)
+        if model is not job.model or noise is not job.noise:
+            why = self._unusable(staged)
+            if why is not None:
+                raise InvalidArgument(
+                    "measurements" if measurements else "gradient",
+                    f"the update would make the job's model unusable by the policy: {why}",
+                )
+        return staged
+
+    def apply_update(self, staged: _Job) -> None:
+        """Applies an update from :meth:`stage_update` (NOT_FOUND if the job ended meanwhile)."""
+        job = self.get(staged.req.job_id)
+        refit = staged.model is not job.model
+        job.req, job.model, job.noise = staged.req, staged.model, staged.noise
+        self.store.update_spec(
+            job.req.job_id, _request_to_json(job.req), _model_json(job.model) if refit else None
+        )
+
     def update(
         self,
         job_id: str,
@@ -405,21 +464,7 @@ class AllocatorCore:
         priority: float = 0.0,
     ) -> None:
         """Adds measurements (refitting the model), replaces gradient statistics or priority."""
-        job = self.get(job_id)
-        req = job.req
-        new = list(measurements)
-        noise = _noise(gradient, "gradient") if gradient is not None else job.noise
-        if priority:
-            if not (math.isfinite(priority) and priority > 0):
-                raise InvalidArgument("priority", f"{priority} must be a finite number > 0")
-            req = replace(req, priority=priority)
-        if new:
-            req = replace(req, measurements=(req.measurements + new)[-_MAX_MEASUREMENTS:])
-            job.model = _model(req)
-        if gradient is not None:
-            req = replace(req, gradient=gradient)
-        job.req, job.noise = req, noise
-        self.store.update_spec(job_id, _request_to_json(req))
+        self.apply_update(self.stage_update(job_id, measurements, gradient, priority))
 
     def complete(self, job_id: str, failed: bool = False) -> None:
         """Ends a job and frees its GPUs."""
@@ -458,6 +503,12 @@ class AllocatorCore:
             raise NotFound("node_id", f"node {shown(node_id)} is not registered")
         if not 0 <= free <= node.gpus:
             raise InvalidArgument("free_gpus", f"{free} must be within [0, {node.gpus}]")
+        if len(jobs) > MAX_JOBS_PER_REPORT:
+            raise InvalidArgument("jobs", f"{len(jobs)} jobs: at most {MAX_JOBS_PER_REPORT}")
+        if sum(len(r.measurements) for r in jobs) > MAX_MEASUREMENTS_PER_CALL:
+            raise InvalidArgument(
+                "jobs.measurements", f"at most {MAX_MEASUREMENTS_PER_CALL} measurements per call"
+            )
         for r in jobs:
             rate = r.samples_per_second
             if not (math.isfinite(rate) and rate >= 0):
@@ -648,6 +699,10 @@ class AllocatorCore:
                 self.decide()
             except Exception:  # the daemon must outlive a bad decision
                 log.exception("allocator loop failed; keeping the last allocation")
+
+
+def _model_json(model: ScalingModel) -> str:
+    return json.dumps(model.to_dict())
 
 
 def _request_to_json(req: JobRequest) -> bytes:

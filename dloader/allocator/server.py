@@ -6,6 +6,7 @@ default, bearer token on TCP, domain errors mapped to status codes, health and r
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 
 from dloader._daemon.server import ListenConfig, Serving, start_server
@@ -101,18 +102,23 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
     async def SubmitJob(
         self, request: pb.SubmitJobRequest, context: object
     ) -> pb.SubmitJobResponse:
-        job_id, pos = self.core.submit(job_request(request.job))
+        # checking and fitting a job is CPU work: off the event loop, so that other clients
+        # are not held up; the core changes only on the loop (commit)
+        job = await asyncio.to_thread(lambda: self.core.prepare(job_request(request.job)))
+        job_id, pos = self.core.commit(job)
         return pb.SubmitJobResponse(job_id=job_id, queue_position=pos)
 
     async def UpdateJob(
         self, request: pb.UpdateJobRequest, context: object
     ) -> pb.UpdateJobResponse:
-        self.core.update(
+        staged = await asyncio.to_thread(
+            self.core.stage_update,
             request.job_id,
             _measurements(request.measurements),
             _gradient(request.gradient, request.HasField("gradient")),
             request.priority,
         )
+        self.core.apply_update(staged)
         return pb.UpdateJobResponse()
 
     async def CompleteJob(

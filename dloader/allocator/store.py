@@ -49,6 +49,8 @@ CREATE TABLE IF NOT EXISTS decisions (
 );
 """
     + SETTINGS_TABLE,
+    # 2: the fitted scaling model of each job, so that a restart does not refit every job
+    "ALTER TABLE jobs ADD COLUMN model TEXT;",
 )
 
 
@@ -63,6 +65,8 @@ class JobRow:
     submitted_at: float
     placement: dict[str, int]
     batch_size: int
+    model: str | None = None
+    """The fitted ``ScalingModel.to_dict()`` as JSON (None: fit it from the spec)."""
 
 
 @dataclass
@@ -82,16 +86,21 @@ class Store(SqliteState):
     def __init__(self, path: str | Path) -> None:
         super().__init__(path, MIGRATIONS)
 
-    def add_job(self, job_id: str, seq: int, spec: bytes) -> None:
-        """Stores a submitted job."""
+    def add_job(self, job_id: str, seq: int, spec: bytes, model: str | None = None) -> None:
+        """Stores a submitted job (and its fitted model)."""
         self._exec(
-            "INSERT INTO jobs (job_id, seq, spec, submitted_at) VALUES (?, ?, ?, ?)",
-            (job_id, seq, spec, time.time()),
+            "INSERT INTO jobs (job_id, seq, spec, submitted_at, model) VALUES (?, ?, ?, ?, ?)",
+            (job_id, seq, spec, time.time(), model),
         )
 
-    def update_spec(self, job_id: str, spec: bytes) -> None:
-        """Replaces a job's spec (new measurements, priority)."""
-        self._exec("UPDATE jobs SET spec = ? WHERE job_id = ?", (spec, job_id))
+    def update_spec(self, job_id: str, spec: bytes, model: str | None = None) -> None:
+        """Replaces a job's spec (new measurements, priority) and, if given, its model."""
+        if model is None:
+            self._exec("UPDATE jobs SET spec = ? WHERE job_id = ?", (spec, job_id))
+        else:
+            self._exec(
+                "UPDATE jobs SET spec = ?, model = ? WHERE job_id = ?", (spec, model, job_id)
+            )
 
     def set_allocation(self, job_id: str, placement: dict[str, int], batch_size: int) -> None:
         """Stores what a job runs on now."""
@@ -122,10 +131,10 @@ class Store(SqliteState):
     def active_jobs(self) -> list[JobRow]:
         """Jobs not completed, in submission order."""
         rows = self._exec(
-            "SELECT job_id, seq, spec, submitted_at, placement, batch_size FROM jobs "
+            "SELECT job_id, seq, spec, submitted_at, placement, batch_size, model FROM jobs "
             "WHERE completed_at IS NULL ORDER BY seq"
         )
-        return [JobRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
+        return [JobRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]) for r in rows]
 
     def max_seq(self) -> int:
         """The highest submission number used."""

@@ -83,3 +83,20 @@ def test_a_stored_row_that_no_longer_validates_does_not_stop_a_restart(tmp_path:
     again = AllocatorCore(Store(tmp_path / "a.db"), Settings(interval_s=60))
     assert "good" in again.jobs and "stale" not in again.jobs
     assert again.store.known_job("stale")  # kept in the file, set aside
+
+
+def test_a_restart_reads_fitted_models_instead_of_refitting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = core(tmp_path)
+    points = [Measurement(1, k, 8, 0.1 + 0.01 * k) for k in (1, 2, 4)]
+    c.submit(JobRequest(job_id="fitted", batch_size=32, measurements=points))
+    before = c.jobs["fitted"].model.params
+    c.store.close()
+
+    def no_fit(*a: object, **k: object) -> None:
+        raise AssertionError("refitted at start")
+
+    monkeypatch.setattr(ScalingModel, "fit", no_fit)
+    again = AllocatorCore(Store(tmp_path / "a.db"), Settings(interval_s=60))
+    assert again.jobs["fitted"].model.params == before
