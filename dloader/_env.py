@@ -40,6 +40,7 @@ __all__ = [
     "env_str",
     "job_name",
     "report_interval_s",
+    "secret",
     "sidecar_target",
     "sidecar_token",
     "tls_ca",
@@ -65,6 +66,24 @@ def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
             f"environment variable {name}={raw!r} must be a finite number > {minimum}"
         )
     return value
+
+
+def secret(value: str | None, what: str) -> str | None:
+    """A token given as itself, or as ``@/path/to/file`` (its first line): a file keeps it out
+    of ``ps`` and shell history. The file must not be readable by other users."""
+    if not value or not value.startswith("@"):
+        return value or None
+    path = Path(value[1:])
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text().strip().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"{what} file {str(path)!r} cannot be read: {exc}") from None
+    if mode & 0o004:
+        raise ConfigError(f"{what} file {str(path)!r} is readable by other users (chmod 600 it)")
+    if not text or not text[0]:
+        raise ConfigError(f"{what} file {str(path)!r} is empty")
+    return text[0]
 
 
 def sidecar_target() -> str | None:

@@ -35,7 +35,10 @@ def add_daemon_arguments(
         "--listen", metavar="HOST:PORT", default=None, help="also listen on TCP (needs --token)"
     )
     p.add_argument(
-        "--token", default=None, help=f"bearer token required on TCP (default: ${token_env})"
+        "--token",
+        default=None,
+        help="the operator's bearer token on TCP, as itself or @FILE (the local operator on "
+        f"the Unix socket needs none; default: ${token_env})",
     )
     p.add_argument("--tls-cert", default=None, help="TLS certificate (PEM) for TCP")
     p.add_argument("--tls-key", default=None, help="TLS private key (PEM) for TCP")

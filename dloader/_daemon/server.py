@@ -3,10 +3,12 @@
 * one interceptor maps :class:`dloader.errors.RequestError` to its status code (its ``code``:
   INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, UNAUTHENTICATED); anything
   else becomes INTERNAL with a logged traceback, and the daemon carries on;
-* a call that arrives over TCP must carry ``authorization: Bearer <token>`` (UNAUTHENTICATED
-  otherwise); TLS when a certificate and key are given. A call on the Unix socket needs no
-  token: the socket's file mode and folder guard it, so ``--token`` with ``--listen`` never
-  locks a local operator out;
+* every call has a caller (:mod:`dloader._daemon.peer`): on the Unix socket, the connecting
+  process's uid from the kernel (the daemon serves the socket itself and relays to gRPC on a
+  private loopback port); on TCP, the role whose token the call carries as
+  ``authorization: Bearer <token>`` (UNAUTHENTICATED without one). TLS when a certificate and
+  key are given. A local operator never needs a token, so ``--token`` with ``--listen`` does
+  not lock them out;
 * standard gRPC health checking and reflection;
 * messages above ``MAX_MESSAGE_BYTES`` are refused (RESOURCE_EXHAUSTED).
 """
@@ -14,7 +16,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from dloader._daemon.paths import SocketClaim
+from dloader._daemon.peer import CALLER, Caller, Role, UnixFront
 from dloader.errors import MAX_MESSAGE_CHARS, ConfigError, RequestError
 
 __all__ = ["MAX_MESSAGE_BYTES", "ErrorInterceptor", "ListenConfig", "Serving", "start_server"]
@@ -48,22 +50,30 @@ async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, meth
     )
 
 
-def _over_tcp(context: grpc.aio.ServicerContext) -> bool:
-    return context.peer().startswith(("ipv4:", "ipv6:"))
-
-
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Maps exceptions from the servicer to status codes; checks the bearer token on TCP."""
+    """Finds each call's caller (or refuses it), and maps exceptions to status codes."""
 
-    def __init__(self, token: str | None = None) -> None:
-        self._expected = f"Bearer {token}".encode() if token else None
+    def __init__(
+        self, tokens: dict[Role, str] | None = None, peers: dict[str, Caller] | None = None
+    ) -> None:
+        """Args:
+        tokens: the bearer token of each role on TCP (a role without one cannot call on TCP).
+        peers: the Unix front's relay connections by peer address, and their callers.
+        """
+        self._tokens = [(f"Bearer {t}".encode(), role) for role, t in (tokens or {}).items() if t]
+        self._peers = peers if peers is not None else {}
 
-    def _authorised(self, context: grpc.aio.ServicerContext) -> bool:
-        if self._expected is None or not _over_tcp(context):
-            return True
+    def _caller(self, context: grpc.aio.ServicerContext) -> Caller | None:
+        peer = context.peer()
+        local = self._peers.get(peer)
+        if local is not None:
+            return local
         given = dict(context.invocation_metadata() or ()).get("authorization", "")
         raw = given.encode() if isinstance(given, str) else bytes(given)
-        return secrets.compare_digest(raw, self._expected)
+        for expected, role in self._tokens:
+            if secrets.compare_digest(raw, expected):
+                return Caller(role)
+        return None
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: Any
@@ -76,14 +86,18 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
         def guarded(inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                if not self._authorised(context):
+                caller = self._caller(context)
+                if caller is None:
                     await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
+                token = CALLER.set(caller)  # type: ignore[arg-type]
                 try:
                     return await inner(request, context)
                 except grpc.aio.AbortError:
                     raise
                 except Exception as exc:
                     await _abort_for(exc, context, method)
+                finally:
+                    CALLER.reset(token)
 
             return call
 
@@ -96,8 +110,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             inner: Callable[..., AsyncIterator[Any]],
         ) -> Callable[..., AsyncIterator[Any]]:
             async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                if not self._authorised(context):
+                caller = self._caller(context)
+                if caller is None:
                     await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
+                token = CALLER.set(caller)  # type: ignore[arg-type]
                 try:
                     async for item in inner(request, context):
                         yield item
@@ -105,6 +121,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                     raise
                 except Exception as exc:
                     await _abort_for(exc, context, method)
+                finally:
+                    CALLER.reset(token)
 
             return call
 
@@ -123,7 +141,11 @@ class ListenConfig:
     tcp: str | None = None
     """``host:port``: needs ``token``."""
     token: str | None = None
-    """Bearer token every TCP call must carry."""
+    """The operator's bearer token on TCP."""
+    node_token: str | None = None
+    """The bearer token of nodes (sidecars) on TCP (allocator)."""
+    client_token: str | None = None
+    """The bearer token of clients (jobs, schedulers) on TCP (allocator)."""
     tls_cert: str | None = None
     """PEM certificate for TCP (with ``tls_key``): TLS instead of plain TCP."""
     tls_key: str | None = None
@@ -159,10 +181,13 @@ class Serving:
     server: grpc.aio.Server
     addresses: list[str]
     claim: SocketClaim | None
+    front: UnixFront | None = None
 
     async def stop(self) -> None:
         """Stops serving (in-flight calls get ``GRACE_S``) and gives the socket up."""
         try:
+            if self.front is not None:
+                await self.front.stop()
             await self.server.stop(grace=GRACE_S)
         finally:
             if self.claim is not None:
@@ -185,8 +210,14 @@ async def start_server(
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", 4 * MAX_MESSAGE_BYTES),
     ]
+    peers: dict[str, Caller] = {}
+    tokens = {Role.OPERATOR: listen.token, Role.NODE: listen.node_token}
+    tokens[Role.CLIENT] = listen.client_token
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor(listen.token if listen.tcp else None)], options=options
+        interceptors=[
+            ErrorInterceptor({r: t for r, t in tokens.items() if t and listen.tcp}, peers)
+        ],
+        options=options,
     )
     register(server)
     health_servicer = health.aio.HealthServicer()
@@ -204,9 +235,11 @@ async def start_server(
     )
     addresses = []
     claim = SocketClaim(listen.socket) if listen.socket else None
+    front = None
     try:
         if claim is not None:
-            server.add_insecure_port(f"unix://{claim.path}")
+            private = server.add_insecure_port("127.0.0.1:0")
+            front = UnixFront(claim.path, private, peers)
             addresses.append(f"unix://{claim.path}")
         if listen.tcp:
             try:
@@ -221,10 +254,11 @@ async def start_server(
                 raise ConfigError(f"--listen {listen.tcp!r}: cannot bind (address in use?)")
             addresses.append(f"{listen.tcp.rpartition(':')[0]}:{port}")
         await server.start()
-        if claim is not None:
-            os.chmod(claim.path, 0o660)
+        if front is not None:
+            await front.start()
     except BaseException:
+        await server.stop(None)
         if claim is not None:
             claim.release()
         raise
-    return Serving(server, addresses, claim)
+    return Serving(server, addresses, claim, front)

@@ -49,6 +49,16 @@ def parser() -> argparse.ArgumentParser:
         help="default seconds a restart costs a job (default: stored, else 30)",
     )
     p.add_argument(
+        "--node-token",
+        help="token of the node role on TCP: sidecars register nodes and report with it "
+        "(as itself or @FILE; default: none, so nodes need the operator --token)",
+    )
+    p.add_argument(
+        "--client-token",
+        help="token of the client role on TCP: launchers and schedulers submit jobs and act "
+        "on the jobs whose job token they hold (as itself or @FILE; default: none)",
+    )
+    p.add_argument(
         "--node-timeout",
         type=float,
         default=60.0,

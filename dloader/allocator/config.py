@@ -96,9 +96,17 @@ class AllocatorConfig:
             log.info(
                 "settings %s: stored by Configure, with the command line's flags over it", settings
             )
-        token = args.token or _env.allocator_token()
+        token = _env.secret(args.token or _env.allocator_token(), "--token")
         return cls(
-            listen=ListenConfig(args.socket, args.listen, token, args.tls_cert, args.tls_key),
+            listen=ListenConfig(
+                socket=args.socket,
+                tcp=args.listen,
+                token=token,
+                node_token=_env.secret(args.node_token, "--node-token"),
+                client_token=_env.secret(args.client_token, "--client-token"),
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+            ),
             state_dir=args.state_dir,
             settings=settings,
             node_timeout_s=args.node_timeout,

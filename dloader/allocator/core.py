@@ -19,11 +19,13 @@ import contextlib
 import json
 import logging
 import math
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from dloader._daemon.peer import Role, current_caller, require
 from dloader.allocator.config import STORED_SETTINGS, Settings
 from dloader.allocator.optimizer import Cluster
 from dloader.allocator.policies import JobState, Policy, make_policy
@@ -34,6 +36,8 @@ from dloader.errors import (
     DLoaderError,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
+    ResourceExhausted,
     finite_within,
     shown,
 )
@@ -63,6 +67,7 @@ _DEBOUNCE_S = 0.05  # events within this window share one decision
 _MAX_MEASUREMENTS = 2000  # per job; the oldest are dropped beyond
 MAX_MEASUREMENTS_PER_CALL = 1000
 MAX_JOBS_PER_REPORT = 1024
+MAX_ACTIVE_JOBS = 100_000  # jobs submitted and not completed
 MAX_GPUS = 1 << 16  # per job and per cluster
 MAX_BATCH = 1 << 24  # samples per global or local batch
 MAX_PRIORITY = 1000.0
@@ -251,6 +256,8 @@ class _Job:
     seq: int
     model: ScalingModel
     noise: GradientNoise | None
+    token: str = ""
+    """The job's credential, returned at submission ("": stored before tokens)."""
     placement: dict[str, int] = field(default_factory=dict)
     batch_size: int = 0
     samples_per_second: float = 0.0
@@ -326,7 +333,9 @@ class AllocatorCore:
                 req = _request_from_json(row.spec)
                 # the fitted model is stored: a restart does not refit every job
                 model = ScalingModel.from_dict(json.loads(row.model)) if row.model else _model(req)
-                job = _Job(req, row.seq, model, _noise(req.gradient, "job.gradient"))
+                job = _Job(
+                    req, row.seq, model, _noise(req.gradient, "job.gradient"), row.token or ""
+                )
             except (ValueError, TypeError, KeyError, DLoaderError) as exc:
                 # one row that no longer validates must not keep the allocator down
                 store.set_aside(row.job_id)
@@ -356,15 +365,22 @@ class AllocatorCore:
         self._check_usable(job)
         return job
 
-    def commit(self, job: _Job) -> tuple[str, int]:
-        """Queues a prepared job; returns its id and its position among jobs not yet running."""
+    def commit(self, job: _Job) -> tuple[str, int, str]:
+        """Queues a prepared job; returns its id, its position among jobs not yet running, and
+        its token (the credential for :meth:`update` and :meth:`complete`)."""
         req = job.req
+        require(Role.CLIENT, "SubmitJob")
         if req.job_id in self.jobs or self.store.known_job(req.job_id):
             raise AlreadyExists("job.job_id", f"{shown(req.job_id)} was already submitted")
+        if len(self.jobs) >= MAX_ACTIVE_JOBS:
+            raise ResourceExhausted("job.job_id", f"{len(self.jobs)} active jobs, the most allowed")
         self._seq += 1
         job.seq = self._seq
+        job.token = secrets.token_hex(16)
         self.jobs[req.job_id] = job
-        self.store.add_job(req.job_id, job.seq, _request_to_json(req), _model_json(job.model))
+        self.store.add_job(
+            req.job_id, job.seq, _request_to_json(req), _model_json(job.model), job.token
+        )
         most = "any" if req.max_gpus >= MAX_GPUS else str(req.max_gpus)
         log.info(
             "job %s submitted (%d-%s GPUs, batch %d)",
@@ -374,9 +390,9 @@ class AllocatorCore:
             req.batch_size,
         )
         self._wake.set()
-        return req.job_id, sum(1 for j in self.jobs.values() if not j.placement) - 1
+        return req.job_id, sum(1 for j in self.jobs.values() if not j.placement) - 1, job.token
 
-    def submit(self, req: JobRequest) -> tuple[str, int]:
+    def submit(self, req: JobRequest) -> tuple[str, int, str]:
         """Queues a job (:meth:`prepare` then :meth:`commit`)."""
         return self.commit(self.prepare(req))
 
@@ -403,6 +419,17 @@ class AllocatorCore:
                 field = "job.gradient"
         raise InvalidArgument(field, f"the job's model is unusable by the policy: {why}")
 
+    def owned(self, job_id: str, token: str, action: str) -> _Job:
+        """An active job the caller may act on: an operator, or the holder of its token."""
+        job = self.get(job_id)
+        if current_caller().at_least(Role.OPERATOR):
+            return job
+        if not (job.token and secrets.compare_digest(job.token.encode(), token.encode())):
+            raise PermissionDenied(
+                "token", f"{action} of job {shown(job_id)} needs its token (from SubmitJob)"
+            )
+        return job
+
     def get(self, job_id: str) -> _Job:
         """An active job, or NOT_FOUND."""
         job = self.jobs.get(job_id)
@@ -416,10 +443,11 @@ class AllocatorCore:
         measurements: Sequence[Measurement],
         gradient: GradientStats | None = None,
         priority: float = 0.0,
+        token: str = "",
     ) -> _Job:
         """The job as it would be after the update (refitted, checked), not yet applied: the
         CPU-heavy half of :meth:`update`, which the servicer runs off the event loop."""
-        job = self.get(job_id)
+        job = self.owned(job_id, token, "UpdateJob")
         req = job.req
         if len(measurements) > MAX_MEASUREMENTS_PER_CALL:
             raise InvalidArgument(
@@ -437,7 +465,7 @@ class AllocatorCore:
             model = _model(req)
         if gradient is not None:
             req = replace(req, gradient=gradient)
-        staged = _Job(req, job.seq, model, noise)
+        staged = _Job(req, job.seq, model, noise, job.token)
         if model is not job.model or noise is not job.noise:
             why = self._unusable(staged)
             if why is not None:
@@ -446,6 +474,12 @@ class AllocatorCore:
                     f"the update would make the job's model unusable by the policy: {why}",
                 )
         return staged
+
+    def _as_operator(
+        self, job_id: str, measurements: Sequence[Measurement], gradient: GradientStats | None
+    ) -> _Job:
+        job = self.get(job_id)
+        return self.stage_update(job_id, measurements, gradient, token=job.token)
 
     def apply_update(self, staged: _Job) -> None:
         """Applies an update from :meth:`stage_update` (NOT_FOUND if the job ended meanwhile)."""
@@ -462,13 +496,14 @@ class AllocatorCore:
         measurements: Sequence[Measurement],
         gradient: GradientStats | None = None,
         priority: float = 0.0,
+        token: str = "",
     ) -> None:
         """Adds measurements (refitting the model), replaces gradient statistics or priority."""
-        self.apply_update(self.stage_update(job_id, measurements, gradient, priority))
+        self.apply_update(self.stage_update(job_id, measurements, gradient, priority, token))
 
-    def complete(self, job_id: str, failed: bool = False) -> None:
-        """Ends a job and frees its GPUs."""
-        job = self.get(job_id)
+    def complete(self, job_id: str, failed: bool = False, token: str = "") -> None:
+        """Ends a job and frees its GPUs (an operator, or the holder of the job's token)."""
+        job = self.owned(job_id, token, "CompleteJob")
         del self.jobs[job_id]
         self.store.complete_job(job_id, failed)
         why = "failed or cancelled: GPUs freed" if failed else "completed: GPUs freed"
@@ -479,7 +514,8 @@ class AllocatorCore:
         self._wake.set()
 
     def register_node(self, node_id: str, gpus: int, address: str = "") -> None:
-        """Adds a node (or updates its GPU count)."""
+        """Adds a node (or updates its GPU count); nodes and operators only."""
+        require(Role.NODE, "RegisterNode")
         if not node_id or len(node_id) > _ID_MAX or not node_id.isprintable():
             raise InvalidArgument(
                 "node_id", f"{shown(node_id)} must be 1-{_ID_MAX} printable chars"
@@ -497,7 +533,9 @@ class AllocatorCore:
         free: int,
         jobs: Sequence[NodeJobReport],
     ) -> None:
-        """A node's usable GPUs and, per job on it, samples/s, batch, measurements, gradient."""
+        """A node's usable GPUs and, per job on it, samples/s, batch, measurements, gradient;
+        nodes and operators only."""
+        require(Role.NODE, "ReportNode")
         node = self.nodes.get(node_id)
         if node is None:
             raise NotFound("node_id", f"node {shown(node_id)} is not registered")
@@ -515,8 +553,8 @@ class AllocatorCore:
                 raise InvalidArgument("jobs.samples_per_second", f"{rate} must be >= 0")
             job = self.get(r.job_id)
             job.samples_per_second = rate
-            if r.measurements or r.gradient is not None:
-                self.update(r.job_id, r.measurements, r.gradient)
+            if r.measurements or r.gradient is not None:  # a node reports for the jobs on it
+                self.apply_update(self._as_operator(r.job_id, r.measurements, r.gradient))
         node.last_seen = self._clock()
         if free != node.free or node.silent:
             node.free = free
@@ -530,7 +568,9 @@ class AllocatorCore:
         restart_s: float = 0.0,
         dry_run: bool | None = None,
     ) -> Settings:
-        """Changes the policy, interval, default restart cost or dry-run mode; decides at once."""
+        """Changes the policy, interval, default restart cost or dry-run mode; decides at once.
+        Operators only."""
+        require(Role.OPERATOR, "Configure")
         s = Settings(
             policy or self.settings.policy,
             interval_s or self.settings.interval_s,

@@ -105,8 +105,8 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
         # checking and fitting a job is CPU work: off the event loop, so that other clients
         # are not held up; the core changes only on the loop (commit)
         job = await asyncio.to_thread(lambda: self.core.prepare(job_request(request.job)))
-        job_id, pos = self.core.commit(job)
-        return pb.SubmitJobResponse(job_id=job_id, queue_position=pos)
+        job_id, pos, token = self.core.commit(job)
+        return pb.SubmitJobResponse(job_id=job_id, queue_position=pos, token=token)
 
     async def UpdateJob(
         self, request: pb.UpdateJobRequest, context: object
@@ -117,6 +117,7 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
             _measurements(request.measurements),
             _gradient(request.gradient, request.HasField("gradient")),
             request.priority,
+            request.token,
         )
         self.core.apply_update(staged)
         return pb.UpdateJobResponse()
@@ -124,7 +125,7 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
     async def CompleteJob(
         self, request: pb.CompleteJobRequest, context: object
     ) -> pb.CompleteJobResponse:
-        self.core.complete(request.job_id, request.failed)
+        self.core.complete(request.job_id, request.failed, request.token)
         return pb.CompleteJobResponse()
 
     async def RegisterNode(

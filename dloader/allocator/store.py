@@ -49,8 +49,8 @@ CREATE TABLE IF NOT EXISTS decisions (
 );
 """
     + SETTINGS_TABLE,
-    # 2: the fitted scaling model of each job, so that a restart does not refit every job
-    "ALTER TABLE jobs ADD COLUMN model TEXT;",
+    # 2: each job's fitted scaling model (a restart does not refit every job) and its token
+    "ALTER TABLE jobs ADD COLUMN model TEXT;\nALTER TABLE jobs ADD COLUMN token TEXT;",
 )
 
 
@@ -67,6 +67,8 @@ class JobRow:
     batch_size: int
     model: str | None = None
     """The fitted ``ScalingModel.to_dict()`` as JSON (None: fit it from the spec)."""
+    token: str | None = None
+    """The job's credential (None: a job stored before tokens; operators act on it)."""
 
 
 @dataclass
@@ -86,11 +88,14 @@ class Store(SqliteState):
     def __init__(self, path: str | Path) -> None:
         super().__init__(path, MIGRATIONS)
 
-    def add_job(self, job_id: str, seq: int, spec: bytes, model: str | None = None) -> None:
-        """Stores a submitted job (and its fitted model)."""
+    def add_job(
+        self, job_id: str, seq: int, spec: bytes, model: str | None = None, token: str = ""
+    ) -> None:
+        """Stores a submitted job (its fitted model and its token)."""
         self._exec(
-            "INSERT INTO jobs (job_id, seq, spec, submitted_at, model) VALUES (?, ?, ?, ?, ?)",
-            (job_id, seq, spec, time.time(), model),
+            "INSERT INTO jobs (job_id, seq, spec, submitted_at, model, token) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (job_id, seq, spec, time.time(), model, token or None),
         )
 
     def update_spec(self, job_id: str, spec: bytes, model: str | None = None) -> None:
@@ -131,10 +136,10 @@ class Store(SqliteState):
     def active_jobs(self) -> list[JobRow]:
         """Jobs not completed, in submission order."""
         rows = self._exec(
-            "SELECT job_id, seq, spec, submitted_at, placement, batch_size, model FROM jobs "
-            "WHERE completed_at IS NULL ORDER BY seq"
+            "SELECT job_id, seq, spec, submitted_at, placement, batch_size, model, token "
+            "FROM jobs WHERE completed_at IS NULL ORDER BY seq"
         )
-        return [JobRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]) for r in rows]
+        return [JobRow(r[0], r[1], r[2], r[3], json.loads(r[4]), *r[5:]) for r in rows]
 
     def max_seq(self) -> int:
         """The highest submission number used."""

@@ -146,6 +146,7 @@ class Launcher:
         self.submitted = False
         self.exit_code: int | None = None
         self._backoff = Backoff()  # its failures: consecutive failed connections
+        self.job_token = ""  # the job's credential from SubmitJob (for CompleteJob)
         self._meta = allocator.metadata or None
 
     async def _start(self, gpus: int, batch: int) -> None:
@@ -224,6 +225,7 @@ class Launcher:
             r = await stub.SubmitJob(
                 pb.SubmitJobRequest(job=_spec(self.args)), metadata=self._meta, timeout=30
             )
+            self.job_token = r.token
             log.info("job %s submitted (queue position %d)", r.job_id, r.queue_position)
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
@@ -245,7 +247,7 @@ class Launcher:
 
     async def _complete(self, stub: pb_grpc.ClusterAllocatorStub, code: int) -> int:
         await stub.CompleteJob(
-            pb.CompleteJobRequest(job_id=self.args.job_id, failed=code != 0),
+            pb.CompleteJobRequest(job_id=self.args.job_id, failed=code != 0, token=self.job_token),
             metadata=self._meta,
             timeout=10,
         )
@@ -330,7 +332,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("dloader-launch: --allocator (or $DLOADER_ALLOCATOR) is required", file=sys.stderr)
         return 2
     try:
-        allocator = Endpoint.of(target, args.token or _env.allocator_token())
+        allocator = Endpoint.of(
+            target, _env.secret(args.token or _env.allocator_token(), "--token")
+        )
     except ValueError as exc:
         print(f"dloader-launch: --allocator: {exc}", file=sys.stderr)
         return 2

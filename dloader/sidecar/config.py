@@ -124,17 +124,28 @@ class SidecarConfig:
             log.info(
                 "policy %s: stored by dloaderctl, with the command line's flags over it", policy
             )
-        token = args.token or _env.sidecar_token()
+        token = _env.secret(args.token or _env.sidecar_token(), "--token")
         allocator = args.allocator or _env.allocator_target()
         return cls(
-            listen=ListenConfig(args.socket, args.listen, token, args.tls_cert, args.tls_key),
+            listen=ListenConfig(
+                socket=args.socket,
+                tcp=args.listen,
+                token=token,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+            ),
             state_dir=args.state_dir,
             policy=policy,
             metrics_port=args.metrics_port,
             pin_cpus=args.pin_cpus,
             cgroup_weights=args.cgroup_weights,
             allocator=(
-                Endpoint.of(allocator, args.allocator_token or _env.allocator_token())
+                Endpoint.of(
+                    allocator,
+                    _env.secret(
+                        args.allocator_token or _env.allocator_token(), "--allocator-token"
+                    ),
+                )
                 if allocator
                 else None
             ),

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from dloader._daemon.peer import Role, current_caller, require
 from dloader._messages import Directive, JobReport, Registration
 from dloader.errors import (
     InvalidArgument,
@@ -33,7 +34,7 @@ from dloader.errors import (
 from dloader.predictor import LoaderModel, LoaderObservation, PredictorError
 from dloader.sidecar import policy as pol
 from dloader.sidecar.config import STORED_POLICY, PolicySettings
-from dloader.sidecar.monitors import ProcessTreeStats, process_tree_stats
+from dloader.sidecar.monitors import ProcessTreeStats, process_owner, process_tree_stats
 from dloader.sidecar.store import JobRecord, Store
 
 __all__ = ["CpuWeights", "Directive", "Job", "NodeCore", "PolicySettings"]
@@ -96,6 +97,7 @@ class NodeCore:
         pin_cpus: Sequence[int] = (),
         cgroup: CpuWeights | None = None,
         job_timeout_s: float = 60.0,
+        owner_of: Callable[[int], int | None] = process_owner,
     ) -> None:
         """Args:
         store: the state database.
@@ -108,7 +110,9 @@ class NodeCore:
         cgroup: sets each job's CPU weight from its CPU share.
         job_timeout_s: a job that neither reports nor registers for this long is ended (its
             agent re-registers if it comes back); 0: never.
+        owner_of: the uid owning a process (a fake in tests).
         """
+        self._owner_of = owner_of
         if not (math.isfinite(job_timeout_s) and job_timeout_s >= 0):
             raise ValueError(f"job_timeout_s={job_timeout_s} must be >= 0 (0: never)")
         self.job_timeout_s = job_timeout_s
@@ -175,6 +179,7 @@ class NodeCore:
         if reg.batch_size < 1:
             raise InvalidArgument("batch_size", f"{reg.batch_size} must be >= 1")
         pids = list(reg.pids)
+        self._check_owner(pids)
         tree = self._tree_stats(pids)
         if not tree.alive:
             raise InvalidArgument("pids", f"no process of {pids} is running on this node")
@@ -205,6 +210,21 @@ class NodeCore:
         )
         self.decide()
         return job
+
+    def _check_owner(self, pids: list[int]) -> None:
+        """A local caller claims only its own processes (operators: any). The sidecar divides
+        CPU and workers by these processes and may write their cgroup's weight."""
+        caller = current_caller()
+        if caller.at_least(Role.OPERATOR):
+            return
+        if not caller.local:
+            raise PermissionDenied("pids", f"registering processes needs a local caller; {caller}")
+        for pid in pids:
+            owner = self._owner_of(pid)
+            if owner is not None and owner != caller.uid:
+                raise PermissionDenied(
+                    "pids", f"process {pid} belongs to uid {owner}, not to the caller ({caller})"
+                )
 
     def authenticate(self, job_id: str, token: str) -> Job:
         """The job ``job_id`` if ``token`` is its token."""
@@ -478,7 +498,8 @@ class NodeCore:
 
     def set_policy(self, settings: PolicySettings) -> None:
         """Switches policy or budget (kept across restarts unless a flag says otherwise);
-        re-decides at once."""
+        re-decides at once. Operators only."""
+        require(Role.OPERATOR, "SetPolicy")
         self.settings = settings
         self.store.set_setting(STORED_POLICY, settings.to_json())
         log.info("policy set to %s", settings)

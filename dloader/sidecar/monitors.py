@@ -24,6 +24,7 @@ __all__ = [
     "NodeMonitor",
     "NvmlBackend",
     "ProcessTreeStats",
+    "process_owner",
     "process_tree_stats",
     "run_delay_s",
 ]
@@ -217,6 +218,19 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
     workers = tuple(sorted(p for p in tree if p not in pids))
     delays = {pid: d for pid in tree if (d := run_delay_s(pid)) is not None}
     return ProcessTreeStats(tuple(pids), alive, cpu, rss, rd, wr, workers, main, delays)
+
+
+def process_owner(pid: int) -> int | None:
+    """The real uid of process ``pid`` (None: no such process). Read from ``status``, not from
+    the owner of ``/proc/PID``, which is root for a process that changed its uid."""
+    try:
+        with open(f"/proc/{int(pid)}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def run_delay_s(pid: int) -> float | None:

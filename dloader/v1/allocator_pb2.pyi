@@ -87,36 +87,42 @@ class SubmitJobRequest(_message.Message):
     def __init__(self, job: _Optional[_Union[JobSpec, _Mapping]] = ...) -> None: ...
 
 class SubmitJobResponse(_message.Message):
-    __slots__ = ("job_id", "queue_position")
+    __slots__ = ("job_id", "queue_position", "token")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     queue_position: int
-    def __init__(self, job_id: _Optional[str] = ..., queue_position: _Optional[int] = ...) -> None: ...
+    token: str
+    def __init__(self, job_id: _Optional[str] = ..., queue_position: _Optional[int] = ..., token: _Optional[str] = ...) -> None: ...
 
 class UpdateJobRequest(_message.Message):
-    __slots__ = ("job_id", "measurements", "gradient", "priority")
+    __slots__ = ("job_id", "measurements", "gradient", "priority", "token")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     MEASUREMENTS_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     measurements: _containers.RepeatedCompositeFieldContainer[Measurement]
     gradient: GradientStats
     priority: float
-    def __init__(self, job_id: _Optional[str] = ..., measurements: _Optional[_Iterable[_Union[Measurement, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., priority: _Optional[float] = ...) -> None: ...
+    token: str
+    def __init__(self, job_id: _Optional[str] = ..., measurements: _Optional[_Iterable[_Union[Measurement, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., priority: _Optional[float] = ..., token: _Optional[str] = ...) -> None: ...
 
 class UpdateJobResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class CompleteJobRequest(_message.Message):
-    __slots__ = ("job_id", "failed")
+    __slots__ = ("job_id", "failed", "token")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     failed: bool
-    def __init__(self, job_id: _Optional[str] = ..., failed: _Optional[bool] = ...) -> None: ...
+    token: str
+    def __init__(self, job_id: _Optional[str] = ..., failed: _Optional[bool] = ..., token: _Optional[str] = ...) -> None: ...
 
 class CompleteJobResponse(_message.Message):
     __slots__ = ()

@@ -1,0 +1,165 @@
+"""Who is calling: the Unix socket's peer credentials, and the caller's role.
+
+gRPC does not tell a Python server who is on the other end of a Unix socket (its peer string
+is just ``unix:``). So the daemon serves its Unix socket itself: :class:`UnixFront` accepts
+each connection, reads the kernel's ``SO_PEERCRED`` (pid, uid, gid of the connecting process),
+and relays the bytes to the gRPC server on a private loopback port. The relay's own address
+on that port names the connection; the interceptor looks it up and knows the caller's uid.
+A connection to the private port that did not come through the front is an ordinary TCP
+caller: it needs a token like any other.
+
+A caller is one of three roles (:class:`Role`), checked by the cores:
+
+* ``operator``: on the Unix socket, the daemon's own user or root; on TCP, the ``--token``;
+* ``node``: on TCP, the allocator's ``--node-token`` (sidecars register nodes and report);
+* ``client``: any other local user, or a TCP caller with ``--client-token`` (submit jobs,
+  act on the jobs whose token they hold, read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import enum
+import logging
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from dloader.errors import PermissionDenied
+
+__all__ = ["CALLER", "Caller", "Role", "UnixFront", "current_caller", "require"]
+
+log = logging.getLogger(__name__)
+
+_CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+MAX_CONNECTIONS = 1024  # open connections on the Unix socket, all clients together
+_CHUNK = 1 << 16
+
+
+class Role(enum.IntEnum):
+    """What a caller may do (higher includes lower)."""
+
+    CLIENT = 1
+    NODE = 2
+    OPERATOR = 3
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The caller of the current RPC."""
+
+    role: Role
+    uid: int | None = None
+    """Its uid (callers on the Unix socket; None on TCP)."""
+    pid: int | None = None
+    """The connecting process (callers on the Unix socket)."""
+
+    @property
+    def local(self) -> bool:
+        """Whether it came through the Unix socket."""
+        return self.uid is not None
+
+    def at_least(self, role: Role) -> bool:
+        """Whether it may act as ``role``."""
+        return self.role >= role
+
+    def __str__(self) -> str:
+        who = f"uid {self.uid}, pid {self.pid}" if self.local else "a TCP caller"
+        return f"{who} ({self.role.name.lower()})"
+
+
+#: The caller of the RPC being served (set by the daemons' interceptor).
+CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("dloader_caller")
+
+
+def current_caller() -> Caller:
+    """The caller of the RPC being served; an operator when code runs outside an RPC (tests
+    and the daemons' own loops call the cores directly)."""
+    return CALLER.get(Caller(Role.OPERATOR))
+
+
+def require(role: Role, action: str) -> Caller:
+    """The current caller if it may act as ``role``; else PERMISSION_DENIED naming both."""
+    caller = current_caller()
+    if not caller.at_least(role):
+        raise PermissionDenied(
+            "caller", f"{action} needs the {role.name.lower()} role; the caller is {caller}"
+        )
+    return caller
+
+
+def local_role(uid: int) -> Role:
+    """A local caller's role: the daemon's own user and root operate it."""
+    return Role.OPERATOR if uid in (0, os.geteuid()) else Role.CLIENT
+
+
+class UnixFront:
+    """Serves the Unix socket at ``path`` and relays each connection to ``127.0.0.1:port``,
+    remembering the connecting process's credentials by the relay's address."""
+
+    def __init__(self, path: Path, port: int, peers: dict[str, Caller]) -> None:
+        self.path = path
+        self.port = port
+        self.peers = peers
+        """``ipv4:127.0.0.1:PORT`` of a relay connection -> the caller behind it."""
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        """Listens on the socket (mode 0660)."""
+        self._server = await asyncio.start_unix_server(self._relay, path=str(self.path))
+        os.chmod(self.path, 0o660)
+
+    async def stop(self) -> None:
+        """Stops accepting and closes every relay."""
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock: socket.socket = writer.get_extra_info("socket")
+        try:
+            pid, uid, _gid = _CREDS.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size)
+            )
+        except OSError:
+            writer.close()
+            return
+        if len(self.peers) >= MAX_CONNECTIONS:
+            log.warning(
+                "refused a connection from pid %d (uid %d): %d open", pid, uid, MAX_CONNECTIONS
+            )
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        except OSError:
+            writer.close()
+            return
+        host, port = up_writer.get_extra_info("sockname")[:2]
+        key = f"ipv4:{host}:{port}"
+        self.peers[key] = Caller(local_role(uid), uid, pid)
+        try:
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            self.peers.pop(key, None)
+            for w in (writer, up_writer):
+                w.close()
+
+
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    try:
+        while data := await src.read(_CHUNK):
+            dst.write(data)
+            await dst.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            dst.write_eof()
