@@ -41,6 +41,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from dloader._config import DEATH_GRACE_S, JOIN_TIMEOUT_S, POLL_INTERVAL_S
+from dloader._pipe import ResultPipe
 from dloader._state import STATE_VERSION, IndexStream
 from dloader._worker import ITER_END, READY, Fetcher, worker_loop
 from dloader.errors import WorkerDiedError, WorkerStartError
@@ -291,7 +292,7 @@ class ElasticIterator:
         by a resize start on a launcher thread, because a fork of a large process takes tens of
         milliseconds each and the trainer must not wait for them."""
         if self._result_queue is None:
-            self._result_queue = self._ctx.Queue()
+            self._result_queue = ResultPipe(self._ctx)
             self._done_event = self._ctx.Event()
         processes = []
         for _ in range(count):
@@ -491,7 +492,7 @@ class ElasticIterator:
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         while True:
             try:
-                msg = self._result_queue.get(timeout=POLL_INTERVAL_S)
+                msg = self._result_queue.recv(POLL_INTERVAL_S, self._reap, POLL_INTERVAL_S)
             except queue.Empty:
                 self._reap()
                 if self._pending_target is not None:
@@ -525,7 +526,7 @@ class ElasticIterator:
         """Reads messages already waiting (start-up reports) without blocking."""
         while True:
             try:
-                msg = self._result_queue.get_nowait()
+                msg = self._result_queue.recv(0.0, self._reap, POLL_INTERVAL_S)
             except queue.Empty:
                 return
             self._receive(msg)
@@ -690,7 +691,6 @@ class ElasticIterator:
                 w.process.join(timeout=JOIN_TIMEOUT_S)
             w.index_queue.close()
         if self._result_queue is not None:
-            self._result_queue.cancel_join_thread()
             self._result_queue.close()
         self._workers.clear()
         self._active = []

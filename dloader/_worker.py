@@ -8,18 +8,24 @@ Protocol (all tuples, so that they pickle cheaply):
   (iterable, auto-collation) or ``None`` (iterable, ``batch_size=None``). A new ``generation``
   (a new epoch) restarts an iterable dataset's iterator.
   ``None``: exit. Tasks still queued when the shared ``done_event`` is set are skipped.
-* worker -> main, on the shared result queue:
+* worker -> main, on the shared result pipe (:class:`dloader._pipe.ResultPipe`, written
+  synchronously: a batch that cannot be pickled becomes an error naming its samples):
   ``(slot, generation, task_idx, payload, num_samples, fetch_s, cpu_s)``. ``task_idx`` is
   :data:`READY` once after start-up (``payload`` is the PID). ``payload`` is the collated batch,
   an ``ExceptionWrapper`` (re-raised in the main process with the worker's traceback), or
   :data:`ITER_END` when an iterable dataset is exhausted in this worker.
+
+A worker whose main process is gone exits within ``WORKER_POLL_INTERVAL_S``, busy or not (a
+watchdog thread), and at once if it is blocked writing a result (the pipe breaks).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -121,6 +127,38 @@ def seed_worker(base_seed: int, worker_id: int) -> int:
     return seed
 
 
+def _watch_parent(parent: int) -> None:
+    """Ends the worker when its main process is gone, even while user code runs."""
+    while True:
+        time.sleep(WORKER_POLL_INTERVAL_S)
+        if os.getppid() != parent:
+            os._exit(0)
+
+
+def _unpicklable(slot: int, index: Any, data: Any, exc: Exception) -> ExceptionWrapper:
+    """The error a batch that cannot be sent to the main process becomes."""
+    culprit = data
+    parts = data if isinstance(data, (list, tuple)) else []
+    if isinstance(data, dict):
+        parts = list(data.values())
+    for part in parts:
+        try:
+            pickle.dumps(part)
+        except Exception:
+            culprit = part
+            break
+    shown = repr(index)
+    shown = shown if len(shown) <= 80 else shown[:80] + "..."
+    try:
+        raise TypeError(
+            f"the batch of sample index(es) {shown} cannot be sent to the main process: "
+            f"a value of type {type(culprit).__module__}.{type(culprit).__qualname__} cannot be "
+            f"pickled ({type(exc).__name__}: {exc})"
+        ) from exc
+    except TypeError:
+        return ExceptionWrapper(where=f"in DataLoader worker process {slot}")
+
+
 def worker_loop(
     slot: int,
     num_workers: int,
@@ -153,7 +191,9 @@ def worker_loop(
         except Exception:
             init_error = ExceptionWrapper(where=f"in DataLoader worker process {slot}")
         manager_pid = os.getppid()
-        result_queue.put((slot, generation, READY, os.getpid(), 0, 0.0, 0.0))
+        result_queue.in_worker()
+        threading.Thread(target=_watch_parent, args=(manager_pid,), daemon=True).start()
+        result_queue.send((slot, generation, READY, os.getpid(), 0, 0.0, 0.0))
         ended = False
         while True:
             try:
@@ -188,12 +228,14 @@ def worker_loop(
                 except Exception:
                     data = ExceptionWrapper(where=f"in DataLoader worker process {slot}")
             fetch_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
-            result_queue.put((slot, gen, task_idx, data, num, fetch_s, cpu_s))
+            try:
+                result_queue.send((slot, gen, task_idx, data, num, fetch_s, cpu_s))
+            except (BrokenPipeError, ConnectionError):
+                break  # the main process is gone
+            except Exception as exc:  # the batch cannot be pickled: say so, naming it
+                error = _unpicklable(slot, index, data, exc)
+                result_queue.send((slot, gen, task_idx, error, 0, fetch_s, cpu_s))
             del data, task, index
-    except KeyboardInterrupt:
-        # The main process gets the interrupt too and shuts the workers down.
+    except (KeyboardInterrupt, BrokenPipeError):
+        # The main process gets the interrupt too and shuts the workers down; or it is gone.
         pass
-    if done_event.is_set():
-        # Nobody reads results any more: do not block exit on flushing them.
-        result_queue.cancel_join_thread()
-        result_queue.close()

@@ -136,3 +136,32 @@ def flatten(batches: Any) -> list[int]:
     for b in batches:
         out.extend(b.tolist() if isinstance(b, torch.Tensor) else list(b))
     return out
+
+
+class Big(Range):
+    """Each sample is a numpy array of ``mb`` MB (pickled inline, not shared memory)."""
+
+    def __init__(self, n: int, mb: int = 32, sleep_s: float = 0.0) -> None:
+        super().__init__(n)
+        self.mb = mb
+        self.item_sleep_s = sleep_s
+
+    def __getitem__(self, i: int) -> Any:  # type: ignore[override]
+        import numpy as np
+
+        if self.item_sleep_s:
+            time.sleep(self.item_sleep_s)
+        return np.full(self.mb << 18, i, dtype=np.float32)
+
+
+class Unpicklable(Range):
+    """Sample ``bad`` holds a lock, which cannot be pickled."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i: int) -> Any:  # type: ignore[override]
+        import threading
+
+        return threading.Lock() if i == self.bad else i

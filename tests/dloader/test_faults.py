@@ -133,6 +133,71 @@ def test_workers_exit_when_main_process_dies(tmp_path: object) -> None:
     assert _wait_gone(pids, 10) == []
 
 
+def test_a_worker_killed_mid_write_raises_instead_of_hanging() -> None:
+    # each batch is 64 MB of numpy data, written through a 64 KB pipe: the worker blocks in
+    # the middle of its write until the trainer reads, and is killed there
+    loader = dloader.DataLoader(
+        D.Big(8, mb=64), batch_size=None, num_workers=1, collate_fn=lambda x: x
+    )
+    it = iter(loader)
+    time.sleep(0.5)
+    pid = loader.stats().workers[0].pid
+    assert pid is not None
+    time.sleep(1.5)  # the worker has fetched and is blocked writing the first batch
+    os.kill(pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(dloader.WorkerDiedError, match="SIGKILL"):
+        next(it)
+    assert time.monotonic() - start < 10  # torch raises within ~15 ms; never a hang
+
+
+def test_a_sample_that_cannot_be_pickled_is_an_error_naming_it() -> None:
+    loader = dloader.DataLoader(
+        D.Unpicklable(8, bad=5), batch_size=2, num_workers=2, collate_fn=list
+    )
+    it = iter(loader)
+    assert next(it) == [0, 1] and next(it) == [2, 3]
+    with pytest.raises(TypeError) as err:
+        next(it)
+    msg = str(err.value)
+    assert "sample index(es) [4, 5]" in msg and "_thread.lock" in msg, msg
+    assert next(it) == [6, 7]  # like any worker error, the iterator goes on
+
+
+def test_workers_of_a_killed_trainer_exit_busy_or_blocked() -> None:
+    script = textwrap.dedent(
+        """
+        import os, sys, time
+        sys.path.insert(0, os.getcwd())
+        import dloader
+        from tests.dloader import datasets as D
+        # worker 0 is blocked writing a 64 MB batch nobody reads; worker 1 is busy in a
+        # 60-second __getitem__
+        big = dloader.DataLoader(D.Big(4, mb=64), batch_size=None, num_workers=1,
+                                 collate_fn=lambda x: x)
+        busy = dloader.DataLoader(D.Big(4, mb=1, sleep_s=60), batch_size=None, num_workers=1,
+                                  collate_fn=lambda x: x)
+        a, b = iter(big), iter(busy)
+        time.sleep(1.0)
+        pids = [w.pid for w in big.stats().workers + busy.stats().workers]
+        print(" ".join(str(p) for p in pids), flush=True)
+        time.sleep(120)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()
+    )
+    assert proc.stdout is not None
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    start = time.monotonic()
+    assert _wait_gone(pids, 10) == []
+    assert time.monotonic() - start < 5  # the watchdog polls each second
+
+
 def test_resize_errors_name_the_value() -> None:
     loader = dloader.DataLoader(D.Range(10), num_workers=1, min_workers=1, max_workers=4)
     with pytest.raises(
