@@ -203,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
             apb.RegisterNodeRequest(node_id="soak-node", gpus=8)
         )
         rec, stop = Recorder(), threading.Event()
+
+        def node_reports() -> None:  # as a sidecar's link does: a silent node leaves the pool
+            stub = apb_grpc.ClusterAllocatorStub(alloc)
+            while not stop.wait(5.0):
+                with contextlib.suppress(grpc.RpcError):
+                    stub.ReportNode(apb.ReportNodeRequest(node_id="soak-node", free_gpus=8))
+
         threads = [
             threading.Thread(target=honest_sidecar, args=(node, rec, stop, i), daemon=True)
             for i in range(args.honest)
@@ -214,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             threading.Thread(target=hostile, args=(node, alloc, rec, stop), daemon=True)
             for _ in range(args.hostile)
         ]
+        threads.append(threading.Thread(target=node_reports, daemon=True))
         for t in threads:
             t.start()
         procs = {"sidecar": psutil.Process(side.pid), "allocator": psutil.Process(alloc_proc.pid)}
