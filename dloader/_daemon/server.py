@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -75,6 +76,22 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 return Caller(role)
         return None
 
+    @contextlib.asynccontextmanager
+    async def _serving(self, context: grpc.aio.ServicerContext, method: str) -> AsyncIterator[None]:
+        """One call: its caller (UNAUTHENTICATED without one), then errors mapped to codes."""
+        caller = self._caller(context)
+        if caller is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
+        token = CALLER.set(caller)  # type: ignore[arg-type]
+        try:
+            yield
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort_for(exc, context, method)
+        finally:
+            CALLER.reset(token)
+
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: Any
     ) -> Any:
@@ -86,18 +103,18 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
         def guarded(inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                caller = self._caller(context)
-                if caller is None:
-                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
-                token = CALLER.set(caller)  # type: ignore[arg-type]
-                try:
+                async with self._serving(context, method):
                     return await inner(request, context)
-                except grpc.aio.AbortError:
-                    raise
-                except Exception as exc:
-                    await _abort_for(exc, context, method)
-                finally:
-                    CALLER.reset(token)
+
+            return call
+
+        def streaming(
+            inner: Callable[..., AsyncIterator[Any]],
+        ) -> Callable[..., AsyncIterator[Any]]:
+            async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                async with self._serving(context, method):
+                    async for item in inner(request, context):
+                        yield item
 
             return call
 
@@ -105,27 +122,6 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return grpc.unary_unary_rpc_method_handler(guarded(handler.unary_unary), *serde)
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(guarded(handler.stream_unary), *serde)
-
-        def streaming(
-            inner: Callable[..., AsyncIterator[Any]],
-        ) -> Callable[..., AsyncIterator[Any]]:
-            async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                caller = self._caller(context)
-                if caller is None:
-                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
-                token = CALLER.set(caller)  # type: ignore[arg-type]
-                try:
-                    async for item in inner(request, context):
-                        yield item
-                except grpc.aio.AbortError:
-                    raise
-                except Exception as exc:
-                    await _abort_for(exc, context, method)
-                finally:
-                    CALLER.reset(token)
-
-            return call
-
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), *serde)
         # stream-stream: gRPC reflection

@@ -7,10 +7,11 @@ default, bearer token on TCP, domain errors mapped to status codes, health and r
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Sequence
 
 from dloader._daemon.server import ListenConfig, Serving, start_server
 from dloader.allocator.core import (
+    MAX_MEASUREMENTS_PER_CALL,
     AllocatorCore,
     GradientStats,
     JobRequest,
@@ -18,6 +19,7 @@ from dloader.allocator.core import (
     NodeJobReport,
     Snapshot,
 )
+from dloader.errors import InvalidArgument
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -26,7 +28,11 @@ __all__ = ["AllocatorServicer", "build_server", "snapshot_pb"]
 SERVICE = pb.DESCRIPTOR.services_by_name["ClusterAllocator"].full_name
 
 
-def _measurements(items: Iterable[pb.Measurement]) -> list[Measurement]:
+def _measurements(items: Sequence[pb.Measurement]) -> list[Measurement]:
+    if len(items) > MAX_MEASUREMENTS_PER_CALL:  # refuse before converting them
+        raise InvalidArgument(
+            "measurements", f"{len(items)} measurements: at most {MAX_MEASUREMENTS_PER_CALL}"
+        )
     return [
         Measurement(m.nodes, m.replicas, m.local_batch_size, m.step_seconds, m.sync_seconds)
         for m in items

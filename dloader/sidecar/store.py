@@ -8,6 +8,7 @@ One file in the state directory (WAL mode). A restarted sidecar reads it back: r
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -57,6 +58,8 @@ CREATE TABLE IF NOT EXISTS decisions (
 """
     + SETTINGS_TABLE,
 )
+
+log = logging.getLogger(__name__)
 
 _KEEP_REPORTS = 1000  # per job
 _PRUNE_EVERY = 100  # reports of a job between two prunings
@@ -114,27 +117,42 @@ class Store(SqliteState):
     def end_job(self, job_id: str) -> None:
         """Marks a job gone (deregistered or dead); its history stays."""
         self._exec("UPDATE jobs SET active = 0 WHERE job_id = ?", (job_id,))
+        with self._lock:
+            self._added.pop(job_id, None)
 
     def active_jobs(self) -> list[JobRecord]:
-        """Jobs registered and not ended."""
+        """Jobs registered and not ended. A row that no longer reads is ended (it stays in the
+        file) with an error naming the file and the row, instead of keeping the sidecar down."""
         rows = self._exec(
             "SELECT job_id, name, token, limits, pids, gpus, num_workers, "
             "batch_size, registered_at FROM jobs WHERE active = 1"
         )
-        return [
-            JobRecord(
-                r[0],
-                r[1],
-                r[2],
-                JobLimits.from_json(json.loads(r[3])),
-                json.loads(r[4]),
-                json.loads(r[5]),
-                r[6],
-                r[7],
-                r[8],
-            )
-            for r in rows
-        ]
+        out = []
+        for r in rows:
+            try:
+                rec = JobRecord(
+                    r[0],
+                    r[1],
+                    r[2],
+                    JobLimits.from_json(json.loads(r[3])),
+                    [int(p) for p in json.loads(r[4])],
+                    [int(g) for g in json.loads(r[5])],
+                    int(r[6]),
+                    int(r[7]),
+                    float(r[8]),
+                )
+            except (ValueError, TypeError) as exc:
+                log.error(
+                    "state database %s: jobs row %r no longer reads (%s); it is ended (kept in "
+                    "the file); the job's agent registers it again if it is still running",
+                    self.path,
+                    str(r[0])[:64],
+                    exc,
+                )
+                self.end_job(r[0])
+                continue
+            out.append(rec)
+        return out
 
     # ------------------------------------------------------------------ reports and models
 

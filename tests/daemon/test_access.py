@@ -135,7 +135,9 @@ def test_allocator_jobs_belong_to_their_token_and_nodes_to_node_callers(
                                                       "scaling": scaling}),
                 ("complete-other", "allocator", "CompleteJob", other),
                 ("complete-other-bad-token", "allocator", "CompleteJob", {**other, "token": "x"}),
+                ("reprioritise-other", "allocator", "UpdateJob", {**other, "priority": 9.0}),
                 ("node", "allocator", "RegisterNode", {"node_id": "fake", "gpus": 1024}),
+                ("report-node", "allocator", "ReportNode", {"node_id": "n0", "free_gpus": 0}),
                 ("configure", "allocator", "Configure", {"set_dry_run": True}),
                 ("read", "allocator", "GetAllocations", {}),
             ],
@@ -143,7 +145,9 @@ def test_allocator_jobs_belong_to_their_token_and_nodes_to_node_callers(
         assert got["submit"][0] == "OK" and got["submit"][1]
         assert got["complete-other"][0] == "PERMISSION_DENIED"
         assert got["complete-other-bad-token"][0] == "PERMISSION_DENIED"
+        assert got["reprioritise-other"][0] == "PERMISSION_DENIED"
         assert got["node"][0] == "PERMISSION_DENIED"
+        assert got["report-node"][0] == "PERMISSION_DENIED"
         assert got["configure"][0] == "PERMISSION_DENIED"
         assert got["read"][0] == "OK"
         # the user's own token completes the user's job

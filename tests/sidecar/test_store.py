@@ -30,3 +30,18 @@ def test_reports_are_pruned_to_the_most_recent(
         kept = [body for j, body in rows if j == job]
         assert 10 <= len(kept) < 10 + 5  # pruned every 5 reports to the newest 10
         assert kept[-1] == '{"i": 32}'  # the newest is always there
+
+
+def test_a_row_that_no_longer_reads_is_ended_not_fatal(tmp_path: Path) -> None:
+    from dloader._messages import JobLimits
+    from dloader.sidecar.store import JobRecord
+
+    s = Store(tmp_path / "s.db")
+    good = JobRecord("good", "a", "t", JobLimits(), [1], [], 1, 8, 0.0)
+    bad = JobRecord("bad", "b", "t", JobLimits(), [1], [], 1, 8, 0.0)
+    s.add_job(good)
+    s.add_job(bad)
+    s._exec("UPDATE jobs SET limits = '{\"bogus\": 1}' WHERE job_id = 'bad'")
+    assert [r.job_id for r in s.active_jobs()] == ["good"]
+    assert [r.job_id for r in s.active_jobs()] == ["good"]  # ended, not retried
+    s.close()
