@@ -31,6 +31,7 @@ class Daemon:
     """A daemon process on a Unix socket, killed and restarted at will."""
 
     def __init__(self, module: str, folder: Path, *extra: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
         self.socket = folder / "run" / "d.sock"
         self.cmd = [
             sys.executable,
@@ -192,6 +193,7 @@ def test_sidecar_keeps_every_acknowledged_operation(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_many_kills(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys.modules[__name__], "KILLS", 15)
     test_allocator_keeps_every_acknowledged_operation(tmp_path / "a")

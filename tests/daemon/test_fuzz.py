@@ -211,6 +211,7 @@ def run_both(tmp_path: Path, examples: int) -> dict[str, dict[str, int]]:
         allocator.stop()
 
 
+@pytest.mark.timeout(600)
 def test_every_rpc_survives_random_requests(tmp_path: Path) -> None:
     results = run_both(tmp_path, FUZZ_EXAMPLES)
     assert len(results) == 9 + 8  # every method of both services was tried
@@ -218,5 +219,6 @@ def test_every_rpc_survives_random_requests(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_every_rpc_survives_many_random_requests(tmp_path: Path) -> None:
     run_both(tmp_path, 300)
