@@ -117,6 +117,25 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_health(args: argparse.Namespace, console: Console) -> int:
+    """gRPC health of the daemon at the socket or target (the sidecar's or the allocator's):
+    exit 0 when it is SERVING; for container health checks and Kubernetes exec probes."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    endpoint = Endpoint.of(
+        args.target or f"unix://{args.socket}", args.token or _env.sidecar_token(), args.tls_ca
+    )
+    with endpoint.channel() as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""),
+            timeout=args.timeout,
+            metadata=endpoint.metadata,
+        )
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(name)
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
 def cmd_policy(args: argparse.Namespace, console: Console) -> int:
     stub, md = _stub(args)
     if args.action == "get":
@@ -190,6 +209,11 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--interval", type=float, default=1.0, help="refresh every N seconds")
     t.add_argument("--duration", type=float, default=0.0, help="stop after N seconds (0: never)")
     sub.add_parser("status", help="the node: CPU, disk, GPUs, policy")
+    sub.add_parser(
+        "health",
+        help="gRPC health of the daemon on --socket/--target (sidecar or allocator): exit 0 "
+        "when SERVING (for container health checks and probes)",
+    )
     pol = sub.add_parser("policy", help="get or set the node policy")
     pol.add_argument("action", choices=["get", "set"])
     pol.add_argument("name", nargs="?", choices=POLICIES)
@@ -209,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "jobs": cmd_jobs,
         "top": cmd_top,
         "status": cmd_status,
+        "health": cmd_health,
         "policy": cmd_policy,
         "explain": cmd_explain,
     }

@@ -258,3 +258,19 @@ def test_gpu_monitor_adapter() -> None:
     assert broken.read() == [] and "driver went away" in broken.message
     real = GpuMonitor()  # no driver on CI machines: says so instead of failing
     assert real.available or "NVML unavailable" in real.message
+
+
+def test_dloaderctl_health_checks_either_daemon(
+    sidecar: Sidecar, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dloader.sidecar.ctl import main as ctl
+    from tests.allocator.test_service import Allocator
+
+    assert ctl(["--socket", sidecar.socket, "health"]) == 0
+    a = Allocator(tmp_path / "alloc")
+    try:
+        assert ctl(["--socket", a.socket, "health"]) == 0
+    finally:
+        a.stop()
+    assert capsys.readouterr().out.split() == ["SERVING", "SERVING"]
+    assert ctl(["--socket", str(tmp_path / "nobody.sock"), "--timeout", "1", "health"]) == 1
