@@ -34,7 +34,12 @@ from dloader.errors import (
 from dloader.predictor import LoaderModel, LoaderObservation, PredictorError
 from dloader.sidecar import policy as pol
 from dloader.sidecar.config import STORED_POLICY, PolicySettings
-from dloader.sidecar.monitors import ProcessTreeStats, process_owner, process_tree_stats
+from dloader.sidecar.monitors import (
+    ProcessTreeStats,
+    host_pids,
+    process_owner,
+    process_tree_stats,
+)
 from dloader.sidecar.store import JobRecord, Store
 
 __all__ = ["CpuWeights", "Directive", "Job", "NodeCore", "PolicySettings"]
@@ -98,6 +103,7 @@ class NodeCore:
         cgroup: CpuWeights | None = None,
         job_timeout_s: float = 60.0,
         owner_of: Callable[[int], int | None] = process_owner,
+        translate_pids: Callable[[Sequence[int], int], list[int]] = host_pids,
     ) -> None:
         """Args:
         store: the state database.
@@ -111,8 +117,11 @@ class NodeCore:
         job_timeout_s: a job that neither reports nor registers for this long is ended (its
             agent re-registers if it comes back); 0: never.
         owner_of: the uid owning a process (a fake in tests).
+        translate_pids: a local caller's PIDs (numbered in its PID namespace, e.g. a pod's)
+            in this process's numbering, given the caller's PID.
         """
         self._owner_of = owner_of
+        self._translate_pids = translate_pids
         if not (math.isfinite(job_timeout_s) and job_timeout_s >= 0):
             raise ValueError(f"job_timeout_s={job_timeout_s} must be >= 0 (0: never)")
         self.job_timeout_s = job_timeout_s
@@ -178,7 +187,7 @@ class NodeCore:
             )
         if reg.batch_size < 1:
             raise InvalidArgument("batch_size", f"{reg.batch_size} must be >= 1")
-        pids = list(reg.pids)
+        pids = self._local_pids(list(reg.pids))
         self._check_owner(pids)
         tree = self._tree_stats(pids)
         if not tree.alive:
@@ -210,6 +219,16 @@ class NodeCore:
         )
         self.decide()
         return job
+
+    def _local_pids(self, pids: list[int]) -> list[int]:
+        """A local caller's PIDs in the sidecar's numbering (a pod numbers its own)."""
+        caller = current_caller()
+        if caller.pid is None:
+            return pids
+        try:
+            return self._translate_pids(pids, caller.pid)
+        except ValueError as exc:
+            raise InvalidArgument("pids", str(exc)) from None
 
     def _check_owner(self, pids: list[int]) -> None:
         """A local caller claims only its own processes (operators: any). The sidecar divides

@@ -9,6 +9,7 @@ reports no GPU; the sidecar then relies on the loaders' own data-wait measuremen
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ __all__ = [
     "NodeMonitor",
     "NvmlBackend",
     "ProcessTreeStats",
+    "host_pids",
     "process_owner",
     "process_tree_stats",
     "run_delay_s",
@@ -218,6 +220,41 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
     workers = tuple(sorted(p for p in tree if p not in pids))
     delays = {pid: d for pid in tree if (d := run_delay_s(pid)) is not None}
     return ProcessTreeStats(tuple(pids), alive, cpu, rss, rd, wr, workers, main, delays)
+
+
+def _pid_namespace(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def host_pids(pids: Sequence[int], peer_pid: int) -> list[int]:
+    """``pids`` as the caller (process ``peer_pid``) numbers them, in this process's numbering.
+
+    A training pod has its own PID namespace: its trainer may be PID 7 inside and PID 41234 on
+    the node, where the sidecar (``hostPID``) measures it. The kernel gives the sidecar the
+    caller's node PID; the caller's PID namespace tells which node process each claimed PID is
+    (the last field of ``NSpid``). Raises ``ValueError`` naming a PID not in that namespace.
+    """
+    theirs = _pid_namespace(peer_pid)
+    if theirs is None or theirs == _pid_namespace("self"):
+        return list(pids)
+    inner: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and _pid_namespace(entry.name) == theirs:
+            try:
+                with open(f"/proc/{entry.name}/status") as f:
+                    for line in f:
+                        if line.startswith("NSpid:"):
+                            inner[int(line.split()[-1])] = int(entry.name)
+                            break
+            except (OSError, ValueError):
+                continue
+    missing = [p for p in pids if p not in inner]
+    if missing:
+        raise ValueError(f"process {missing[0]} is not in the caller's PID namespace")
+    return [inner[p] for p in pids]
 
 
 def process_owner(pid: int) -> int | None:

@@ -200,3 +200,44 @@ def test_token_files_must_be_private(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="readable by other users"):
         secret(f"@{f}", "--token")
     assert stat.S_IMODE(os.stat(f).st_mode) == 0o644
+
+
+POD = r"""
+import os, sys, time, grpc
+from dloader.v1 import node_pb2 as pb, node_pb2_grpc as pbg
+stub = pbg.NodeServiceStub(grpc.insecure_channel(f"unix://{sys.argv[1]}"))
+req = pb.RegisterJobRequest(name="pod", pids=[os.getpid()], batch_size=8)
+r = stub.RegisterJob(req, timeout=10)
+print(os.getpid(), r.job_id, flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.skipif(
+    subprocess.run(["unshare", "-pf", "--mount-proc", "true"], capture_output=True).returncode,
+    reason="cannot make a PID namespace here",
+)
+def test_a_pod_registers_the_pid_it_sees_and_the_sidecar_measures_the_node_pid(
+    tmp_path: Path,
+) -> None:
+    s = Sidecar(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    pod = subprocess.Popen(
+        ["unshare", "-pf", "--kill-child", "--mount-proc", sys.executable, "-c", POD, s.socket],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert pod.stdout is not None
+        inner, job_id = pod.stdout.readline().split()
+        jobs = {j.job_id: j for j in s.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs}
+        (node_pid,) = jobs[job_id].pids
+        assert node_pid != int(inner)  # the pod's own numbering (1 here) was translated
+        status = Path(f"/proc/{node_pid}/status").read_text()
+        nspid = next(line for line in status.splitlines() if line.startswith("NSpid:"))
+        assert nspid.split()[1:] == [str(node_pid), inner]
+    finally:
+        pod.kill()
+        pod.wait()
+        s.stop()
