@@ -79,6 +79,12 @@ def parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on 127.0.0.1:PORT (default: off)",
     )
     p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the metrics are served on (0.0.0.0 in a pod, for the scraper; "
+        "default: %(default)s)",
+    )
+    p.add_argument(
         "--pin-cpus",
         action="store_true",
         help="pin each job's loader workers to its own CPU set, sized by its CPU share "
@@ -151,7 +157,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
             address=f"unix://{os.path.abspath(config.listen.socket or '')}",
         )
     if config.metrics_port:
-        metrics.serve(config.metrics_port)
+        metrics.serve(config.metrics_port, config.metrics_host)
     last = {"cpu": 0.0, "rd": 0.0, "wr": 0.0}
 
     def sum_normalized() -> float:

@@ -85,7 +85,8 @@ class SidecarConfig:
     state_dir: str
     policy: PolicySettings
     metrics_port: int = 0
-    """Prometheus metrics on 127.0.0.1:PORT (0: off)."""
+    """Prometheus metrics on ``metrics_host:PORT`` (0: off)."""
+    metrics_host: str = "127.0.0.1"
     pin_cpus: bool = False
     cgroup_weights: bool = False
     allocator: Endpoint | None = None
@@ -137,6 +138,7 @@ class SidecarConfig:
             state_dir=args.state_dir,
             policy=policy,
             metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
             pin_cpus=args.pin_cpus,
             cgroup_weights=args.cgroup_weights,
             allocator=(

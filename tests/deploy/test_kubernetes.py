@@ -1,0 +1,103 @@
+"""The Kubernetes manifests: valid against the Kubernetes schemas (offline, strict), and
+consistent with each other and with the daemons' real command lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dloader.allocator.cli import parser as allocator_parser
+from dloader.sidecar.cli import parser as sidecar_parser
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "kubernetes"
+VERSION = "1.33"  # a maintained Kubernetes release; the schemas ship with kubernetes-validate
+
+
+def documents(*folders: str) -> list[tuple[Path, dict[str, Any]]]:
+    out = []
+    for folder in folders:
+        for path in sorted((K8S / folder).glob("*.yaml")):
+            if path.name == "kustomization.yaml":
+                continue
+            out += [(path, d) for d in yaml.safe_load_all(path.read_text()) if d]
+    return out
+
+
+MANIFESTS = documents("base", "examples")
+
+
+def find(kind: str, name: str) -> dict[str, Any]:
+    return next(d for _, d in MANIFESTS if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+@pytest.mark.parametrize(
+    "doc", [d for _, d in MANIFESTS], ids=lambda d: f"{d['kind']}/{d['metadata']['name']}"
+)
+def test_every_manifest_validates_strictly(doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, VERSION, strict=True)
+
+
+def test_kustomizations_list_files_that_exist() -> None:
+    for kfile in K8S.rglob("kustomization.yaml"):
+        k = yaml.safe_load(kfile.read_text())
+        for entry in [*k.get("resources", []), *(p["path"] for p in k.get("patches", []))]:
+            assert (kfile.parent / entry).exists(), f"{kfile}: {entry} does not exist"
+
+
+def test_the_overlay_patches_name_objects_of_the_base() -> None:
+    base = {(d["kind"], d["metadata"]["name"]) for _, d in MANIFESTS}
+    for path in (K8S / "overlays").rglob("*.yaml"):
+        if path.name == "kustomization.yaml":
+            continue
+        for d in yaml.safe_load_all(path.read_text()):
+            assert (d["kind"], d["metadata"]["name"]) in base, path
+
+
+def _container(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc["spec"]["template"]["spec"]["containers"][0]
+
+
+def _arg(args: list[str], flag: str) -> str:
+    return next(a.split("=", 1)[1] for a in args if a.startswith(flag + "="))
+
+
+def test_the_job_reaches_the_socket_the_daemonset_serves() -> None:
+    ds, job = find("DaemonSet", "dloader-sidecar"), find("Job", "resnet-train")
+    sidecar, train = _container(ds), _container(job)
+    socket = _arg(sidecar["args"], "--socket")
+    env = {e["name"]: e.get("value") for e in train["env"]}
+    assert env["DLOADER_SIDECAR"] == f"unix://{socket}"
+    folder = str(Path(socket).parent)
+
+    def host_folder(doc: dict[str, Any], container: dict[str, Any]) -> str:
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == folder)
+        volumes = doc["spec"]["template"]["spec"]["volumes"]
+        return str(next(v for v in volumes if v["name"] == mount["name"])["hostPath"]["path"])
+
+    assert host_folder(ds, sidecar) == host_folder(job, train)
+    # the job's user can open the socket: it joins the group that owns it
+    group = sidecar["securityContext"]["runAsGroup"]
+    assert group in job["spec"]["template"]["spec"]["securityContext"]["supplementalGroups"]
+
+
+def test_the_commands_are_the_daemons_real_command_lines() -> None:
+    ds, alloc = find("DaemonSet", "dloader-sidecar"), find("Deployment", "dloader-allocator")
+    sidecar_parser().parse_args(_container(ds)["args"])  # an unknown flag exits here
+    allocator_parser().parse_args(_container(alloc)["args"])
+    probe = _container(ds)["livenessProbe"]["exec"]["command"]
+    assert probe[0] == "dloaderctl" and probe[-1] == "health"
+    assert _arg(probe, "--socket") == _arg(_container(ds)["args"], "--socket")
+
+
+def test_the_image_is_the_one_scripts_build_image_builds() -> None:
+    k = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
+    (image,) = k["images"]
+    script = (ROOT / "scripts" / "build_image").read_text()
+    assert f'IMAGE="${{IMAGE:-{image["newName"]}}}"' in script
+    assert f'TAG="${{TAG:-{image["newTag"]}}}"' in script
