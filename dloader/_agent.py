@@ -254,12 +254,15 @@ class SidecarAgent:
             log.warning("dloader: sidecar directive %s refused: %s", d, exc)
 
     def _enforce_cpus(self, workers: Any) -> None:
-        if not self._cpus:
+        # Only within the job's own allocation (a Slurm or Kubernetes CPU set): CPUs the
+        # trainer may not use are dropped; if none is left, the workers keep theirs.
+        cpus = set(self._cpus) & os.sched_getaffinity(0)
+        if not cpus:
             return
         for w in workers:
             if w.pid:
                 with contextlib.suppress(OSError):  # exited meanwhile, or not permitted
-                    os.sched_setaffinity(w.pid, self._cpus)
+                    os.sched_setaffinity(w.pid, cpus)
 
 
 def _data_parallel() -> bool:

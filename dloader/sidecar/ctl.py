@@ -136,6 +136,23 @@ def cmd_health(args: argparse.Namespace, console: Console) -> int:
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
+def cmd_end(args: argparse.Namespace, console: Console) -> int:
+    """Ends jobs by id or name prefix (operators; e.g. a Slurm Epilog after a job)."""
+    stub, md = _stub(args)
+    jobs = stub.ListJobs(pb.ListJobsRequest(), timeout=args.timeout, metadata=md).jobs
+    chosen = [
+        j
+        for j in jobs
+        if j.job_id in args.job or (args.name_prefix and j.name.startswith(args.name_prefix))
+    ]
+    for j in chosen:
+        stub.DeregisterJob(
+            pb.DeregisterJobRequest(job_id=j.job_id), timeout=args.timeout, metadata=md
+        )
+        print(f"ended {j.job_id} ({j.name})")
+    return 0
+
+
 def cmd_policy(args: argparse.Namespace, console: Console) -> int:
     stub, md = _stub(args)
     if args.action == "get":
@@ -220,6 +237,9 @@ def parser() -> argparse.ArgumentParser:
     pol.add_argument("--worker-budget", type=int, default=None)
     pol.add_argument("--cpu-budget", type=int, default=None)
     pol.add_argument("--period", type=float, default=None)
+    end = sub.add_parser("end", help="end jobs now, by id or name prefix (operators)")
+    end.add_argument("job", nargs="*", help="job ids")
+    end.add_argument("--name-prefix", default="", help="end every job whose name starts so")
     e = sub.add_parser("explain", help="why a job's last allocation was chosen")
     e.add_argument("job", help="job id (see `dloaderctl jobs`)")
     return p
@@ -234,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         "top": cmd_top,
         "status": cmd_status,
         "health": cmd_health,
+        "end": cmd_end,
         "policy": cmd_policy,
         "explain": cmd_explain,
     }
