@@ -10,6 +10,12 @@ It needs a cgroup v2 hierarchy with the ``cpu`` controller enabled for the jobs'
 write access to their ``cpu.weight`` (root, or a delegated subtree). :func:`detect` says whether
 that holds and why not; without it the sidecar says so once and enforces nothing this way.
 
+On Kubernetes a training process sits in its container's cgroup inside its pod's
+(``.../kubepods/burstable/pod<uid>/<container>``, or the systemd ``kubepods-...-pod<uid>.slice``
+form). Pods are the siblings that compete for the node's CPU, so the weight is set on the pod's
+cgroup, the level at which a node agent can shift CPU between pods without the cluster API
+(within what each pod's CPU limit allows; changing limits needs the API and is not done).
+
 The file-system root is a parameter so the logic can be tested against a directory laid out
 like cgroupfs; this project's machines have no cgroup v2 ``cpu`` controller to test against.
 """
@@ -17,10 +23,11 @@ like cgroupfs; this project's machines have no cgroup v2 ``cpu`` controller to t
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["CgroupWeights", "detect"]
+__all__ = ["CgroupWeights", "detect", "weighted_group"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +54,19 @@ def _cgroup_of(pid: int | str, proc: Path) -> str | None:
     except OSError:
         return None
     return None
+
+
+_POD = re.compile(r"^(pod[0-9a-f-]{8,}|kubepods(-[a-z]+)*-pod[0-9a-f_]+\.slice)$")
+
+
+def weighted_group(group: str) -> str:
+    """The cgroup whose weight divides CPU for a process in ``group``: its Kubernetes pod's
+    cgroup if it is in a pod, else ``group`` itself."""
+    parts = group.strip("/").split("/")
+    for i, part in enumerate(parts):
+        if _POD.match(part):
+            return "/" + "/".join(parts[: i + 1])
+    return group
 
 
 def detect(proc: Path = Path("/proc")) -> tuple[Path | None, str]:
@@ -80,7 +100,8 @@ class CgroupWeights:
             return
         mean = sum(s for _, s in shares.values()) / len(shares)
         for job_id, (pids, share) in shares.items():
-            group = next((g for p in pids if (g := _cgroup_of(p, self.proc))), None)
+            found = next((g for p in pids if (g := _cgroup_of(p, self.proc))), None)
+            group = weighted_group(found) if found else None
             if group in (None, "/", self.own):
                 self._warn(job_id, f"job {job_id}: not in a cgroup of its own; no cpu.weight")
                 continue

@@ -189,3 +189,25 @@ def test_pinned_cpu_sets_reach_the_loader_workers(tmp_path: Path) -> None:
             x.sidecar_agent.stop()
     finally:
         s.stop()
+
+
+def test_cpu_sets_stay_within_the_jobs_own_allocation(tmp_path: Path) -> None:
+    import subprocess
+    from types import SimpleNamespace
+
+    from dloader._agent import SidecarAgent
+
+    loader = dloader.DataLoader(D.Range(8), batch_size=2)
+    agent = SidecarAgent(loader, f"unix://{tmp_path}/none.sock")
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        mine = sorted(os.sched_getaffinity(0))
+        agent._cpus = [10_000]  # outside the job's allocation (e.g. another Slurm job's CPUs)
+        agent._enforce_cpus([SimpleNamespace(pid=child.pid)])
+        assert sorted(os.sched_getaffinity(child.pid)) == mine  # left alone
+        agent._cpus = [mine[0], 10_000]
+        agent._enforce_cpus([SimpleNamespace(pid=child.pid)])
+        assert sorted(os.sched_getaffinity(child.pid)) == [mine[0]]  # only the allowed part
+    finally:
+        child.kill()
+        child.wait()

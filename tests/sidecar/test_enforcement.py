@@ -86,3 +86,40 @@ def test_weights_follow_shares_and_skip_shared_cgroups(tmp_path: Path, caplog) -
         w.apply({"a": ([101], 1.0), "b": ([102], 1.0)})
     assert (fs / "kubepods/pod-a/cpu.weight").read_text() == "100\n"
     assert "job b: cannot write" in caplog.text
+
+
+def test_kubernetes_pods_are_weighted_at_the_pod_level() -> None:
+    from dloader.sidecar.cgroups import weighted_group
+
+    uid = "0e6f2a3c-1b2d-4c5e-8f90-a1b2c3d4e5f6"
+    assert (
+        weighted_group(f"/kubepods/burstable/pod{uid}/cri-containerd-0123abcd")
+        == f"/kubepods/burstable/pod{uid}"
+    )
+    slice_pod = "kubepods-burstable-pod0e6f2a3c_1b2d_4c5e_8f90_a1b2c3d4e5f6.slice"
+    assert (
+        weighted_group(
+            f"/kubepods.slice/kubepods-burstable.slice/{slice_pod}/cri-containerd-1.scope"
+        )
+        == f"/kubepods.slice/kubepods-burstable.slice/{slice_pod}"
+    )
+    assert weighted_group("/user.slice/user-1000.slice/session-3.scope") == (
+        "/user.slice/user-1000.slice/session-3.scope"
+    )  # not a pod: its own cgroup
+
+
+def test_a_pod_containers_weight_is_written_on_the_pod(tmp_path: Path) -> None:
+    proc, fs = tmp_path / "proc", tmp_path / "cgroupfs"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text("0::/system.slice/dloader-sidecar.service\n")
+    pods = {}
+    for pid, pod in ((201, "pod11111111-aaaa"), (202, "pod22222222-bbbb")):
+        group = f"/kubepods/burstable/{pod}/cri-containerd-{pid}"
+        (proc / str(pid)).mkdir()
+        (proc / str(pid) / "cgroup").write_text(f"0::{group}\n")
+        (fs / group.lstrip("/")).mkdir(parents=True)
+        pods[pid] = fs / "kubepods" / "burstable" / pod
+    weights = CgroupWeights(fs, proc=proc)
+    weights.apply({"a": ([201], 1.5), "b": ([202], 0.5)})
+    assert (pods[201] / "cpu.weight").read_text() == "150\n"
+    assert (pods[202] / "cpu.weight").read_text() == "50\n"
