@@ -24,6 +24,7 @@ import contextvars
 import enum
 import logging
 import os
+import secrets
 import socket
 import struct
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from dloader.errors import PermissionDenied
 
-__all__ = ["CALLER", "Caller", "Role", "UnixFront", "current_caller", "require"]
+__all__ = ["CALLER", "Caller", "Role", "UnixFront", "current_caller", "require", "same_token"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,12 @@ def require(role: Role, action: str) -> Caller:
             "caller", f"{action} needs the {role.name.lower()} role; the caller is {caller}"
         )
     return caller
+
+
+def same_token(expected: str, given: str) -> bool:
+    """Whether ``given`` is the credential ``expected`` (constant time; any text, ASCII or not;
+    an empty ``expected`` matches nothing)."""
+    return bool(expected) and secrets.compare_digest(expected.encode(), given.encode())
 
 
 def local_role(uid: int) -> Role:

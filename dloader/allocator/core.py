@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dloader._daemon.peer import Role, current_caller, require
+from dloader._daemon.peer import Role, current_caller, require, same_token
 from dloader.allocator.config import STORED_SETTINGS, Settings
 from dloader.allocator.optimizer import Cluster
 from dloader.allocator.policies import JobState, Policy, make_policy
@@ -424,7 +424,7 @@ class AllocatorCore:
         job = self.get(job_id)
         if current_caller().at_least(Role.OPERATOR):
             return job
-        if not (job.token and secrets.compare_digest(job.token.encode(), token.encode())):
+        if not same_token(job.token, token):
             raise PermissionDenied(
                 "token", f"{action} of job {shown(job_id)} needs its token (from SubmitJob)"
             )

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from dloader._daemon.peer import Role, current_caller, require
+from dloader._daemon.peer import Role, current_caller, require, same_token
 from dloader._messages import Directive, JobReport, Registration
 from dloader.errors import (
     InvalidArgument,
@@ -247,10 +247,8 @@ class NodeCore:
 
     def authenticate(self, job_id: str, token: str) -> Job:
         """The job ``job_id`` if ``token`` is its token."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            raise NotFound("job_id", f"no job {shown(job_id)} on this node")
-        if not secrets.compare_digest(job.record.token.encode(), token.encode()):
+        job = self.get(job_id)
+        if not same_token(job.record.token, token):
             raise PermissionDenied("token", f"the token does not authorise job {shown(job_id)}")
         return job
 
