@@ -475,9 +475,11 @@ class AllocatorCore:
                 )
         return staged
 
-    def _as_operator(
+    def _stage_for_node(
         self, job_id: str, measurements: Sequence[Measurement], gradient: GradientStats | None
     ) -> _Job:
+        """An update a node reports for a job running on it (the caller holds the node role,
+        checked by :meth:`report_node`, not the job's token)."""
         job = self.get(job_id)
         return self.stage_update(job_id, measurements, gradient, token=job.token)
 
@@ -554,7 +556,7 @@ class AllocatorCore:
             job = self.get(r.job_id)
             job.samples_per_second = rate
             if r.measurements or r.gradient is not None:  # a node reports for the jobs on it
-                self.apply_update(self._as_operator(r.job_id, r.measurements, r.gradient))
+                self.apply_update(self._stage_for_node(r.job_id, r.measurements, r.gradient))
         node.last_seen = self._clock()
         if free != node.free or node.silent:
             node.free = free
