@@ -37,13 +37,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch._utils import ExceptionWrapper
+from torch.utils.data import IterDataPipe, MapDataPipe
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from dloader._config import DEATH_GRACE_S, JOIN_TIMEOUT_S, POLL_INTERVAL_S
 from dloader._pipe import ResultPipe
 from dloader._state import STATE_VERSION, IndexStream
-from dloader._worker import ITER_END, READY, Fetcher, worker_loop
+from dloader._worker import (
+    ITER_END,
+    READY,
+    Fetcher,
+    seed_datapipe,
+    shard_datapipe,
+    worker_loop,
+)
 from dloader.errors import WorkerDiedError, WorkerStartError
 
 if TYPE_CHECKING:
@@ -134,6 +143,18 @@ class ElasticIterator:
         self._result_queue: Any = None
         self._done_event: Any = None
         self._in_process: Fetcher | None = None
+        # Datapipes, as torch: their graph's shuffles are seeded from a seed drawn from the
+        # loader's generator (shared by every rank) for each epoch, and sharded over ranks (and
+        # workers).
+        self._datapipe = isinstance(self._dataset, (IterDataPipe, MapDataPipe))
+        self._seed_group: Any = None
+        self._world, self._rank = (
+            (dist.get_world_size(), dist.get_rank())
+            if dist.is_available() and dist.is_initialized()
+            else (1, 0)
+        )
+        self._shared_seed: int | None = None
+        self._share_seed(loader)
         self._new_epoch(loader, restore)
         # As torch: the workers' base seed is drawn after the sampler iterator is made and before
         # its first index, from the loader's generator.
@@ -142,7 +163,10 @@ class ElasticIterator:
         )
         if initial > 0:
             self._spawn(initial, ready=True)
+            self._share_seed(loader)  # as torch's first reset: a second draw, for this process
             self._fill()
+        elif self._datapipe:
+            shard_datapipe(self._dataset, self._world, self._rank)
         elif self._loader_kind_iterable:
             self._in_process_fetcher()  # as torch: iter(dataset) when the iterator is made
 
@@ -199,9 +223,24 @@ class ElasticIterator:
         if self._in_process is not None:
             self._in_process.restart()
 
+    def _share_seed(self, loader: DataLoader[Any]) -> None:
+        """Draws the epoch's datapipe seed (rank 0's, for every rank) and seeds this process's
+        graph with it; workers get it with their next task."""
+        if not isinstance(self._dataset, IterDataPipe):
+            return
+        seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        if self._world > 1:
+            if self._seed_group is None:
+                self._seed_group = dist.new_group(backend="gloo")
+            dist.broadcast(seed, src=0, group=self._seed_group)
+        self._shared_seed = int(seed.item())
+        self._dataset = seed_datapipe(self._dataset, self._shared_seed)
+
     def reset(self, loader: DataLoader[Any], restore: dict[str, Any] | None = None) -> None:
         """Starts a new epoch on the same (persistent) workers."""
+        self._len_called = loader._IterableDataset_len_called  # as torch: len() may be new
         self._new_epoch(loader, restore)
+        self._share_seed(loader)
         self._target = loader.num_workers
         self._apply_target()
         self._fill()
@@ -314,6 +353,7 @@ class ElasticIterator:
                     self._base_seed,
                     self._worker_init_fn,
                     self._gen,
+                    (self._shared_seed, self._world, self._rank) if self._datapipe else None,
                 ),
                 daemon=True,
             )
@@ -444,7 +484,7 @@ class ElasticIterator:
             if index is _PENDING:
                 return
             w = workers[slot]
-            w.index_queue.put((self._gen, self._send_idx, index))
+            w.index_queue.put((self._gen, self._send_idx, index, self._shared_seed))
             self._tasks[self._send_idx] = _Task(slot, num)
             self._send_idx += 1
             self._last_slot = slot

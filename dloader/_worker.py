@@ -33,7 +33,8 @@ from typing import Any
 import numpy.random  # imported here so that forked workers inherit it (see seed_worker)
 import torch
 from torch._utils import ExceptionWrapper
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe
+from torch.utils.data import graph_settings as _graph_settings
 from torch.utils.data._utils import worker as _torch_worker
 
 from dloader._config import WORKER_POLL_INTERVAL_S
@@ -127,6 +128,23 @@ def seed_worker(base_seed: int, worker_id: int) -> int:
     return seed
 
 
+def seed_datapipe(dataset: Any, shared_seed: int | None) -> Any:
+    """Seeds the random operations (shuffle) of an ``IterDataPipe`` graph from the shared seed,
+    as torch's DataLoader does in the main process and in each worker; other datasets as they are.
+    """
+    if shared_seed is None or not isinstance(dataset, IterDataPipe):
+        return dataset
+    rng = torch.Generator()
+    rng.manual_seed(shared_seed)
+    return _graph_settings.apply_random_seed(dataset, rng)
+
+
+def shard_datapipe(dataset: Any, num_shards: int, shard: int) -> None:
+    """Shards a datapipe graph (``sharding_filter``) as torch does: ranks first, then workers."""
+    if isinstance(dataset, (IterDataPipe, MapDataPipe)):
+        _graph_settings.apply_sharding(dataset, num_shards, shard)
+
+
 def _watch_parent(parent: int) -> None:
     """Ends the worker when its main process is gone, even while user code runs."""
     while True:
@@ -172,11 +190,22 @@ def worker_loop(
     base_seed: int,
     init_fn: Callable[[int], None] | None,
     generation: int,
+    datapipe: tuple[int | None, int, int] | None = None,
 ) -> None:
-    """Body of a worker process (module-level so that it works with spawn and forkserver)."""
+    """Body of a worker process (module-level so that it works with spawn and forkserver).
+
+    ``datapipe``: for a datapipe dataset, ``(shared seed, world size, rank)``: the worker seeds
+    the graph's random operations and takes its shard of it, in torch's order (after the
+    worker's own seeding, before ``init_fn``). Each task is ``(generation, index, key, shared
+    seed)``: a new generation (epoch) re-seeds the graph with the seed it carries.
+    """
     try:
         torch.set_num_threads(1)
         seed = seed_worker(base_seed, slot)
+        if datapipe is not None:
+            shared_seed, world, rank = datapipe
+            dataset = seed_datapipe(dataset, shared_seed)
+            shard_datapipe(dataset, num_workers * world, slot * world + rank)
         # torch.utils.data.get_worker_info() reads this module global; set it so that user code
         # (sharding in an IterableDataset, per-worker seeding) sees the usual values.
         _torch_worker._worker_info = _torch_worker.WorkerInfo(
@@ -206,11 +235,12 @@ def worker_loop(
                 break
             if done_event.is_set():
                 continue  # shutting down: skip queued work, wait for the final None
-            gen, task_idx, index = task
+            gen, task_idx, index, shared_seed = task
             if gen != generation:
                 generation = gen
                 ended = False
                 if fetcher is not None:
+                    fetcher.dataset = seed_datapipe(fetcher.dataset, shared_seed)
                     fetcher.restart()
             t0, c0 = time.perf_counter(), time.process_time()
             num = 0

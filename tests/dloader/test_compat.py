@@ -217,3 +217,58 @@ def test_iterable_length_warning_like_torch() -> None:
 
     assert warns(dloader.DataLoader) == warns(tud.DataLoader)
     assert warns(dloader.DataLoader)
+
+
+def test_iterable_length_warning_every_epoch_with_persistent_workers() -> None:
+    """torch re-reads ``len()`` at each epoch of a persistent iterator and warns again."""
+
+    class Liar(D.Sharded):
+        def __len__(self) -> int:
+            return 2
+
+    def warnings_per_epoch(cls: type) -> list[int]:
+        loader = cls(Liar(5), batch_size=None, num_workers=2, persistent_workers=True)
+        counts = []
+        for _ in range(3):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                list(loader)
+            len(loader)  # after the first epoch: the next epochs know the length
+            counts.append(sum("Length of IterableDataset" in str(w.message) for w in caught))
+        return counts
+
+    assert warnings_per_epoch(dloader.DataLoader) == warnings_per_epoch(tud.DataLoader)
+    assert warnings_per_epoch(dloader.DataLoader)[1:] == [3, 3]
+
+
+def _shuffled_pipe() -> Any:
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    return IterableWrapper(range(23)).shuffle().sharding_filter()
+
+
+@pytest.mark.parametrize(
+    ("num_workers", "persistent"), [(0, False), (2, False), (2, True), (3, True)]
+)
+def test_datapipe_shuffle_seeded_like_torch(num_workers: int, persistent: bool) -> None:
+    """An IterDataPipe's shuffle is seeded from the loader's generator per epoch, as torch does
+    (same order, and the global RNG left in the same state)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's datapipe deprecation notices
+        got = assert_same(
+            _shuffled_pipe(),
+            epochs=3,
+            batch_size=4,
+            num_workers=num_workers,
+            persistent_workers=persistent,
+        )
+        assert run(tud.DataLoader, _shuffled_pipe(), seed=99, batch_size=4) != got[:1]
+        for cls in (tud.DataLoader, dloader.DataLoader):
+            torch.manual_seed(5)
+            list(cls(_shuffled_pipe(), batch_size=4, num_workers=num_workers))
+            if cls is tud.DataLoader:
+                after_torch = torch.rand(3)
+            else:
+                assert torch.equal(torch.rand(3), after_torch)
+    epoch = sorted(x for batch in got[0] for x in batch)
+    assert epoch == list(range(23))  # sharded over workers: each sample once
