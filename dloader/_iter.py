@@ -199,6 +199,17 @@ class ElasticIterator:
                 skip = (
                     self._batches_yielded if loader._user_batch_sampler else self._samples_yielded
                 )
+        skip_batches, loader._pending_skip = loader._pending_skip, 0
+        if skip_batches:  # DataLoader.skip_batches(): as if they had been delivered
+            self._batches_yielded += skip_batches
+            if self._loader_kind_iterable:
+                self._replay += skip_batches
+                self._batches_yielded -= skip_batches  # counted while replaying
+            elif loader._user_batch_sampler:
+                skip += skip_batches
+            else:
+                skip += skip_batches * (loader.batch_size or 1)
+                self._samples_yielded += skip_batches * (loader.batch_size or 1)
         self._batch_size = loader.batch_size
         self._stream: IndexStream | None = None
         if not self._loader_kind_iterable:
@@ -298,6 +309,11 @@ class ElasticIterator:
         elif self._stream is not None:
             self._stream.batch_size = batch_size
         self._batch_size = batch_size
+
+    @property
+    def batches_yielded(self) -> int:
+        """Batches of this epoch delivered so far (with those skipped or restored past)."""
+        return self._batches_yielded
 
     @property
     def batches_cut(self) -> int:

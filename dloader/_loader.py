@@ -18,6 +18,7 @@ from dloader._config import STATS_WINDOW_S
 from dloader._iter import ElasticIterator
 from dloader._state import STATE_VERSION, check_state
 from dloader._stats import LoaderStats, Telemetry
+from dloader.errors import StateError
 
 __all__ = ["DataLoader"]
 
@@ -141,6 +142,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._live_id: int | None = None  # id() of the newest iterator (see _leave_state)
         self._last_state: dict[str, Any] | None = None  # position left by a closed iterator
         self._pending_state: dict[str, Any] | None = None
+        self._pending_skip = 0  # batches the next epoch skips (skip_batches)
         self._control = threading.Lock()
         target = sidecar if sidecar is not None else _env.sidecar_target()
         self.sidecar_agent: SidecarAgent | None = None
@@ -287,6 +289,25 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             if it is not None:
                 it.set_batch_size(batch_size, at_batch)
             self.staged_batch_size = None
+
+    def skip_batches(self, num_batches: int) -> None:
+        """Makes the next ``iter(loader)`` start ``num_batches`` into its epoch, as if they had
+        been delivered: they are not loaded (a map-style dataset's indices are skipped; an
+        iterable dataset's batches are read and dropped, as torch has no other way). For
+        resuming a run that counts steps (``accelerate.skip_first_batches``); a saved
+        :meth:`state_dict` resumes more exactly.
+
+        Raises:
+            TypeError, ValueError: ``num_batches`` is not an int >= 0.
+            dloader.errors.StateError: a state loaded by :meth:`load_state_dict` is pending.
+        """
+        _check_int("num_batches", num_batches, 0)
+        if self._pending_state is not None and num_batches:
+            raise StateError(
+                "skip_batches() with a state from load_state_dict() pending: the state "
+                "already positions the next epoch"
+            )
+        self._pending_skip = num_batches
 
     # ------------------------------------------------------------------ telemetry and state
 

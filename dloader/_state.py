@@ -17,6 +17,9 @@ sampler draws its randomness (its first index), what that randomness comes from:
   skip instead of iterating over them;
 * anything else (``SequentialSampler``, ``DistributedSampler`` after ``set_epoch``): assumed to
   give the same order again, as torch's samplers do for the same epoch.
+
+A sampler with ``begin_batch(size)`` is told the size of each batch before the batch's first
+index is drawn (a sampler that shards whole batches over ranks needs it when the size changes).
 """
 
 from __future__ import annotations
@@ -142,6 +145,7 @@ class IndexStream:
         self.batched = batched
         sampler = getattr(source, "sampler", source) if batched else source
         self._snap = SamplerSnapshot(sampler)
+        self._begin_batch = None if batched else getattr(sampler, "begin_batch", None)
         self._restore = restore
         self._skip = skip
         self._it: Iterator[Any] = iter(source)
@@ -161,6 +165,8 @@ class IndexStream:
         sentinel = object()
         sampler = self._snap.sampler
         restore = self._restore
+        if self._begin_batch is not None and self.batch_size is not None:
+            self._begin_batch(self.batch_size)  # the first index is drawn here
         if (
             restore is not None
             and restore.get("kind") == "stateful"
@@ -205,6 +211,8 @@ class IndexStream:
             if bs is None:
                 self.tasks += 1
                 return next(self._it), 1
+            if self._begin_batch is not None:
+                self._begin_batch(bs)
             batch = list(itertools.islice(self._it, bs))
             if not batch or (self.drop_last and len(batch) < bs):
                 raise StopIteration

@@ -1,0 +1,85 @@
+"""dloader inside the training frameworks, with the real libraries on 2 CPU processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+
+
+def torchrun(script: str, nproc: int, *args: str, timeout: float = 240) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(HERE / script),
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+def reports(folder: Path, phase: str) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob(f"{phase}.rank*.json"))]
+
+
+@pytest.mark.parametrize("seedable", [False, True], ids=["generator", "seedable-sampler"])
+def test_accelerate_prepare_keeps_dloader_and_accelerates_samples(
+    tmp_path: Path, seedable: bool
+) -> None:
+    pytest.importorskip("accelerate")
+    torchrun("accelerate_job.py", 2, "--out", str(tmp_path), *(["--seedable"] if seedable else []))
+    ranks = reports(tmp_path, "compare")
+    assert len(ranks) == 2
+    for case_index in range(3):
+        cases = [r["cases"][case_index] for r in ranks]
+        for c in cases:
+            assert c["is_dloader"]
+            assert c["dloader"] == c["accelerate"], c  # batch for batch, both epochs
+        n, bs = cases[0]["n"], cases[0]["bs"]
+        for epoch in range(2):
+            seen = Counter(i for c in cases for b in c["dloader"][epoch] for i in b)
+            if cases[0]["drop_last"]:
+                assert set(seen.values()) == {1}
+                assert len(seen) == n - n % (2 * bs)
+            else:  # every sample, the padding (accelerate's even_batches) from the start
+                assert sorted(seen) == list(range(n))
+                assert sum(seen.values()) - n < 2 * bs
+    for r in ranks:
+        assert r["iterable"]["dloader"] == r["iterable"]["accelerate"]
+        assert r["iterable"]["dloader"]
+        assert r["skip"]["same_loader"]
+        assert len(r["skip"]["batches"]) == 2  # 40 / (2 x 4) = 5 batches, 3 skipped
+        assert [len(b) for b in r["changed"]["batches"]] == [4, 4, 4, 4, 8, 8]
+        assert r["changed"]["workers"] == 1
+        assert r["ends"] == [False, False, False, True]
+    changed = Counter(i for r in ranks for b in r["changed"]["batches"] for i in b)
+    assert sorted(changed) == list(range(64)) and set(changed.values()) == {1}
+    skipped = [i for r in ranks for b in r["skip"]["batches"] for i in b]
+    assert len(set(skipped)) == 16
+
+
+def test_accelerate_save_state_load_state_resumes_exactly(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    torchrun("accelerate_job.py", 2, "--out", str(tmp_path), "--phase", "save")
+    torchrun("accelerate_job.py", 2, "--out", str(tmp_path), "--phase", "load")
+    saved, loaded = reports(tmp_path, "save"), reports(tmp_path, "load")
+    for before, after in zip(saved, loaded, strict=True):
+        assert after["restored"] == before["rest"]
+        assert after["next_epoch"] == before["next_epoch"]
+    epoch = Counter(i for s in saved for b in s["first"] + s["rest"] for i in b)
+    assert sorted(epoch) == list(range(40)) and set(epoch.values()) == {1}
