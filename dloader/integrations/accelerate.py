@@ -26,8 +26,10 @@ process, ``even_batches`` padding, the shuffle generator shared from rank 0, acc
 The same samples reach each process as with accelerate's own loader at the same seed (tested on
 2 CPU processes). An ``IterableDataset`` is sharded with accelerate's ``IterableDatasetShard``,
 every process loading its own share (accelerate's ``dispatch_batches=False``; accelerate's default
-for iterable datasets is to load on rank 0 and send slices to the others). Not supported (a clear error): ``split_batches=True``,
-``dispatch_batches=True``, ``even_batches=False``, a user-supplied ``batch_sampler``.
+for iterable datasets is to load on rank 0 and send slices to the others).
+
+Not supported (a clear error): ``split_batches=True``, ``dispatch_batches=True``,
+``even_batches=False``, a user-supplied ``batch_sampler``.
 """
 
 from __future__ import annotations
