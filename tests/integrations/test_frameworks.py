@@ -83,3 +83,25 @@ def test_accelerate_save_state_load_state_resumes_exactly(tmp_path: Path) -> Non
         assert after["next_epoch"] == before["next_epoch"]
     epoch = Counter(i for s in saved for b in s["first"] + s["rest"] for i in b)
     assert sorted(epoch) == list(range(40)) and set(epoch.values()) == {1}
+
+
+def test_hf_trainer_trains_on_dloader_and_resumes_exactly(tmp_path: Path) -> None:
+    """DLoaderTrainer: the same samples per step and rank as the Trainer's own loader, the
+    same weights; stopped at a checkpoint mid-epoch and resumed, the same again."""
+    pytest.importorskip("transformers")
+    torchrun("trainer_job.py", 2, "--out", str(tmp_path))
+    ranks = reports(tmp_path, "trainer")
+    assert len(ranks) == 2
+    for r in ranks:
+        own, mine = r["torch"], r["dloader"]
+        assert mine[1] is True  # the training loader was a dloader.DataLoader
+        assert mine[0] == own[0] and len(mine[0]) == 14  # 2 epochs x ceil(38 / 6) steps
+        assert mine[2] == own[2]  # trained weight
+        first, resumed = r["first"], r["resumed"]
+        assert len(first[0]) == 9
+        assert first[0] + resumed[0] == mine[0]
+        assert resumed[2] == pytest.approx(mine[2], abs=1e-6)
+    for epoch in range(2):
+        steps = [b for r in ranks for b in r["dloader"][0][epoch * 7 : (epoch + 1) * 7]]
+        seen = Counter(i for b in steps for i in b)
+        assert sorted(seen) == list(range(38))  # and 4 padded from the start (42 slots)
