@@ -105,3 +105,48 @@ def test_hf_trainer_trains_on_dloader_and_resumes_exactly(tmp_path: Path) -> Non
         steps = [b for r in ranks for b in r["dloader"][0][epoch * 7 : (epoch + 1) * 7]]
         seen = Counter(i for b in steps for i in b)
         assert sorted(seen) == list(range(38))  # and 4 padded from the start (42 slots)
+
+
+def _lightning(tmp_path: Path, phase: str, devices: int) -> list[dict[str, Any]]:
+    torchrun(
+        "lightning_job.py",
+        devices,
+        "--out",
+        str(tmp_path),
+        "--phase",
+        phase,
+        "--devices",
+        str(devices),
+    )
+    return reports(tmp_path, phase)
+
+
+def test_lightning_ddp_keeps_dloader_features(tmp_path: Path) -> None:
+    """Lightning re-instantiates the loader with its DistributedSampler: it stays a
+    dloader.DataLoader with its options, resizes live, and the ranks cover the epoch once."""
+    pytest.importorskip("lightning")
+    ranks = _lightning(tmp_path, "ddp", 2)
+    assert len(ranks) == 2
+    for r in ranks:
+        assert r["loader"]["class"] == "dloader._loader.DataLoader"
+        assert r["loader"]["max_workers"] == 2
+        assert r["loader"]["sampler"] == "DistributedSampler"
+        assert r["loader"]["stats"] and r["loader"]["resized_to"] == 2
+    seen = Counter(i for r in ranks for b in r["seen"] for i in b)
+    assert sorted(seen) == list(range(60)) and set(seen.values()) == {1}
+    assert ranks[0]["weight"] == ranks[1]["weight"]  # DDP kept the replicas equal
+
+
+def test_lightning_elastic_sampler_resumes_mid_epoch_under_another_world_size(
+    tmp_path: Path,
+) -> None:
+    """ElasticDistributedSampler with use_distributed_sampler=False: Lightning saves the loader's
+    state in its checkpoint; a run on 3 processes resumes the epoch a 2-process run left at
+    step 4, every index once."""
+    pytest.importorskip("lightning")
+    saved = _lightning(tmp_path, "save", 2)
+    resumed = _lightning(tmp_path, "resume", 3)
+    assert [len(r["seen"]) for r in saved] == [4, 4]  # 2 x 4 x 3 = 24 samples
+    assert [len(r["seen"]) for r in resumed] == [4, 4, 4]  # the other 36 over 3 ranks
+    seen = Counter(i for r in saved + resumed for b in r["seen"] for i in b)
+    assert sorted(seen) == list(range(60)) and set(seen.values()) == {1}
