@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from dloader._daemon import add_daemon_arguments, run_daemon, shut_down, stop_on_signals
-from dloader.allocator.config import STORED_SETTINGS, AllocatorConfig
+from dloader.allocator.config import STORED_SETTINGS, AllocatorConfig, port_range
 from dloader.allocator.core import AllocatorCore
 from dloader.allocator.policies import POLICIES
 from dloader.allocator.server import build_server
@@ -66,6 +66,14 @@ def parser() -> argparse.ArgumentParser:
         "default: %(default)s)",
     )
     p.add_argument(
+        "--rendezvous-ports",
+        type=port_range,
+        default=(29400, 29999),
+        metavar="FIRST-LAST",
+        help="TCP ports handed out, in turn, for the c10d rendezvous of jobs placed on several "
+        "nodes (dloader-launch on the job's first node hosts it) (default: 29400-29999)",
+    )
+    p.add_argument(
         "--dry-run",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -80,7 +88,12 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     store = Store(Path(args.state_dir) / "allocator.db")
     try:
         config = AllocatorConfig.resolve(args, store.get_setting(STORED_SETTINGS))
-        core = AllocatorCore(store, config.settings, node_timeout_s=config.node_timeout_s)
+        core = AllocatorCore(
+            store,
+            config.settings,
+            node_timeout_s=config.node_timeout_s,
+            rendezvous_ports=config.rendezvous_ports,
+        )
     except BaseException:
         store.close()
         raise

@@ -65,6 +65,17 @@ class Settings:
             raise ConfigError(f"stored settings {raw!r} are unreadable: {exc}") from None
 
 
+def port_range(text: str) -> tuple[int, int]:
+    """``FIRST-LAST`` (argparse type of ``--rendezvous-ports``)."""
+    try:
+        lo, hi = (int(x) for x in text.split("-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected FIRST-LAST, two port numbers, e.g. 29400-29999"
+        ) from None
+    return lo, hi
+
+
 @dataclass(frozen=True)
 class AllocatorConfig:
     """Everything ``dloader-allocator`` runs with."""
@@ -75,11 +86,18 @@ class AllocatorConfig:
     node_timeout_s: float = 60.0
     """A node silent this long leaves the pool until it reports again (0: never)."""
     log_level: str = "INFO"
+    rendezvous_ports: tuple[int, int] = (29400, 29999)
+    """TCP ports handed out for the rendezvous of jobs that span nodes."""
 
     def __post_init__(self) -> None:
         t = self.node_timeout_s
         if not (math.isfinite(t) and 0 <= t <= 86400):
             raise ConfigError(f"--node-timeout {t}: expected seconds within [0, 86400] (0: never)")
+        lo, hi = self.rendezvous_ports
+        if not 1024 <= lo <= hi <= 65535:
+            raise ConfigError(
+                f"--rendezvous-ports {lo}-{hi}: expected FIRST-LAST within 1024-65535"
+            )
 
     @classmethod
     def resolve(cls, args: argparse.Namespace, stored: str | None) -> AllocatorConfig:
@@ -111,4 +129,5 @@ class AllocatorConfig:
             settings=settings,
             node_timeout_s=args.node_timeout,
             log_level=args.log_level,
+            rendezvous_ports=args.rendezvous_ports,
         )

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -63,6 +64,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _ID_MAX = 200
+#: a hostname, an IPv4 address, or an IPv6 address in brackets (what goes before ":port")
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]")
+#: TCP ports handed out for multi-node rendezvous (dloader-allocator --rendezvous-ports)
+DEFAULT_RENDEZVOUS_PORTS = (29400, 29999)
 _DEBOUNCE_S = 0.05  # events within this window share one decision
 _MAX_MEASUREMENTS = 2000  # per job; the oldest are dropped beyond
 MAX_MEASUREMENTS_PER_CALL = 1000
@@ -261,6 +266,10 @@ class _Job:
     placement: dict[str, int] = field(default_factory=dict)
     batch_size: int = 0
     samples_per_second: float = 0.0
+    generation: int = 0
+    """How many times its placement changed: its launchers restart into each new one."""
+    rendezvous: str = ""
+    """``host:port`` of the c10d rendezvous of the current generation while it spans nodes."""
 
 
 @dataclass(frozen=True)
@@ -273,6 +282,8 @@ class AllocationView:
     batch_size: int
     reason: str
     queue_position: int = 0
+    rendezvous: str = ""
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -294,6 +305,7 @@ class _Node:
     address: str
     last_seen: float  # clock of the core
     silent: bool = False  # said to be silent (its GPUs out of the pool)
+    host: str = ""  # where other nodes reach it ("": its node id)
 
 
 class AllocatorCore:
@@ -306,6 +318,7 @@ class AllocatorCore:
         *,
         clock: Callable[[], float] = time.time,
         node_timeout_s: float = 0.0,
+        rendezvous_ports: tuple[int, int] = DEFAULT_RENDEZVOUS_PORTS,
     ) -> None:
         """Args:
         store: the state database (jobs, nodes and allocations are restored from it).
@@ -313,9 +326,16 @@ class AllocatorCore:
         clock: seconds (wall clock; a fake in tests).
         node_timeout_s: a node that neither registers nor reports for this long loses its
             GPUs from the pool until it reports again (0: never).
+        rendezvous_ports: ``(first, last)`` TCP ports handed out, in turn, for the rendezvous
+            of jobs that span nodes (each placement of such a job gets the next free one).
         """
         if not node_timeout_s >= 0:
             raise ValueError(f"node_timeout_s={node_timeout_s} must be >= 0 (0: never)")
+        first, last = rendezvous_ports
+        if not 1 <= first <= last <= 65535:
+            raise ValueError(f"rendezvous_ports={rendezvous_ports} must be 1 <= first <= last")
+        self._ports = rendezvous_ports
+        self._next_port = first
         self.node_timeout_s = node_timeout_s
         self.store = store
         self.settings = settings  # resolved against the stored Configure by the config
@@ -324,7 +344,7 @@ class AllocatorCore:
         self.jobs: dict[str, _Job] = {}
         self.nodes: dict[str, _Node] = {
             # restored nodes get a full timeout to report again
-            n.node_id: _Node(n.gpus, n.free, n.address, clock())
+            n.node_id: _Node(n.gpus, n.free, n.address, clock(), host=n.host)
             for n in store.nodes()
         }
         self._seq = store.max_seq()
@@ -348,6 +368,7 @@ class AllocatorCore:
                 )
                 continue
             job.placement, job.batch_size = row.placement, row.batch_size
+            job.generation, job.rendezvous = row.generation, row.rendezvous
             self.jobs[req.job_id] = job
         self._reasons: dict[str, str] = {}
         self._recommended: dict[str, tuple[dict[str, int], int]] = {}
@@ -515,8 +536,11 @@ class AllocatorCore:
         log.info("job %s %s", job_id, "failed" if failed else "completed")
         self._wake.set()
 
-    def register_node(self, node_id: str, gpus: int, address: str = "") -> None:
-        """Adds a node (or updates its GPU count); nodes and operators only."""
+    def register_node(self, node_id: str, gpus: int, address: str = "", host: str = "") -> None:
+        """Adds a node (or updates its GPU count); nodes and operators only.
+
+        ``host``: where the launchers of other nodes reach this node's launcher for a job's
+        rendezvous (a hostname or IP address; "": the node id)."""
         require(Role.NODE, "RegisterNode")
         if not node_id or len(node_id) > _ID_MAX or not node_id.isprintable():
             raise InvalidArgument(
@@ -524,8 +548,12 @@ class AllocatorCore:
             )
         if not 1 <= gpus <= 1024:
             raise InvalidArgument("gpus", f"{gpus} must be within [1, 1024]")
-        self.nodes[node_id] = _Node(gpus, gpus, address, self._clock())
-        self.store.upsert_node(node_id, gpus, gpus, address)
+        if host and not _HOST.fullmatch(host):
+            raise InvalidArgument(
+                "host", f"{shown(host)} must be a hostname, an IPv4 address or [IPv6 address]"
+            )
+        self.nodes[node_id] = _Node(gpus, gpus, address, self._clock(), host=host)
+        self.store.upsert_node(node_id, gpus, gpus, address, host)
         log.info("node %s registered with %d GPU(s)", node_id, gpus)
         self._wake.set()
 
@@ -561,7 +589,7 @@ class AllocatorCore:
         if free != node.free or node.silent:
             node.free = free
             self._wake.set()
-        self.store.upsert_node(node_id, node.gpus, free, node.address)
+        self.store.upsert_node(node_id, node.gpus, free, node.address, node.host)
 
     def configure(
         self,
@@ -675,8 +703,13 @@ class AllocatorCore:
                 reasons.setdefault(jid, "waiting: the policy gave it no GPUs")
             changed.append((jid, sum(new.values()), new, batch, reasons.get(jid, "")))
             if not dry:
+                if new != job.placement:
+                    job.generation += 1
+                    job.rendezvous = self._rendezvous(jid, new)
                 job.placement, job.batch_size = new, batch if new else job.batch_size
-                self.store.set_allocation(jid, job.placement, job.batch_size)
+                self.store.set_allocation(
+                    jid, job.placement, job.batch_size, job.generation, job.rendezvous
+                )
         version = self._snapshot.version + 1
         if changed:
             self.store.add_decisions(version, changed, dry)
@@ -697,6 +730,32 @@ class AllocatorCore:
             q.put_nowait(self._snapshot)
         return self._snapshot
 
+    def _rendezvous(self, job_id: str, placement: dict[str, int]) -> str:
+        """``host:port`` for a placement over several nodes (its first node hosts it), else "".
+
+        Each new placement gets the next port of the range not used by another job's current
+        rendezvous on that host, so that a restart never meets the previous generation's store.
+        """
+        if len(placement) < 2:
+            return ""
+        first = min(placement)
+        host = self.nodes[first].host if first in self.nodes else ""
+        host = host or first
+        taken = {
+            j.rendezvous for j in self.jobs.values() if j.req.job_id != job_id and j.rendezvous
+        }
+        lo, hi = self._ports
+        for _ in range(hi - lo + 1):
+            port, self._next_port = self._next_port, self._next_port + 1
+            if self._next_port > hi:
+                self._next_port = lo
+            if f"{host}:{port}" not in taken:
+                return f"{host}:{port}"
+        raise AllocatorError(
+            f"no free rendezvous port in {lo}-{hi} on {host} for job {job_id}: widen "
+            "--rendezvous-ports"
+        )
+
     def _current(self, version: int, ms: float) -> Snapshot:
         views = []
         queue = 0
@@ -708,7 +767,18 @@ class AllocatorCore:
             pos = 0
             if not nodes:
                 pos, queue = queue, queue + 1
-            views.append(AllocationView(jid, sum(nodes.values()), dict(nodes), batch, why, pos))
+            views.append(
+                AllocationView(
+                    jid,
+                    sum(nodes.values()),
+                    dict(nodes),
+                    batch,
+                    why,
+                    pos,
+                    job.rendezvous if jid not in rec else "",
+                    job.generation,
+                )
+            )
         return Snapshot(
             version, self.settings.dry_run, self.settings.policy, tuple(views), self._clock(), ms
         )

@@ -85,6 +85,8 @@ def snapshot_pb(snap: Snapshot, job_id: str = "", node_id: str = "") -> pb.Alloc
             batch_size=a.batch_size,
             reason=a.reason,
             queue_position=a.queue_position,
+            rendezvous=a.rendezvous,
+            generation=a.generation,
         )
         for a in snap.allocations
         if (not job_id or a.job_id == job_id) and (not node_id or node_id in a.nodes)
@@ -137,7 +139,9 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
     async def RegisterNode(
         self, request: pb.RegisterNodeRequest, context: object
     ) -> pb.RegisterNodeResponse:
-        self.core.register_node(request.node_id, request.gpus, request.sidecar_address)
+        self.core.register_node(
+            request.node_id, request.gpus, request.sidecar_address, request.host
+        )
         return pb.RegisterNodeResponse()
 
     async def ReportNode(

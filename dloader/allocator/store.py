@@ -51,6 +51,10 @@ CREATE TABLE IF NOT EXISTS decisions (
     + SETTINGS_TABLE,
     # 2: each job's fitted scaling model (a restart does not refit every job) and its token
     "ALTER TABLE jobs ADD COLUMN model TEXT;\nALTER TABLE jobs ADD COLUMN token TEXT;",
+    # 3: multi-node jobs: each node's host, each job's placement generation and rendezvous
+    "ALTER TABLE nodes ADD COLUMN host TEXT NOT NULL DEFAULT '';\n"
+    "ALTER TABLE jobs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE jobs ADD COLUMN rendezvous TEXT NOT NULL DEFAULT '';",
 )
 
 
@@ -69,6 +73,10 @@ class JobRow:
     """The fitted ``ScalingModel.to_dict()`` as JSON (None: fit it from the spec)."""
     token: str | None = None
     """The job's credential (None: a job stored before tokens; operators act on it)."""
+    generation: int = 0
+    """How many times its placement changed."""
+    rendezvous: str = ""
+    """``host:port`` of its rendezvous while it spans nodes."""
 
 
 @dataclass
@@ -80,6 +88,7 @@ class NodeRow:
     free: int
     address: str
     last_seen: float
+    host: str = ""
 
 
 class Store(SqliteState):
@@ -107,11 +116,19 @@ class Store(SqliteState):
                 "UPDATE jobs SET spec = ?, model = ? WHERE job_id = ?", (spec, model, job_id)
             )
 
-    def set_allocation(self, job_id: str, placement: dict[str, int], batch_size: int) -> None:
+    def set_allocation(
+        self,
+        job_id: str,
+        placement: dict[str, int],
+        batch_size: int,
+        generation: int = 0,
+        rendezvous: str = "",
+    ) -> None:
         """Stores what a job runs on now."""
         self._exec(
-            "UPDATE jobs SET placement = ?, batch_size = ? WHERE job_id = ?",
-            (json.dumps(placement), batch_size, job_id),
+            "UPDATE jobs SET placement = ?, batch_size = ?, generation = ?, rendezvous = ? "
+            "WHERE job_id = ?",
+            (json.dumps(placement), batch_size, generation, rendezvous, job_id),
         )
 
     def complete_job(self, job_id: str, failed: bool) -> None:
@@ -136,8 +153,8 @@ class Store(SqliteState):
     def active_jobs(self) -> list[JobRow]:
         """Jobs not completed, in submission order."""
         rows = self._exec(
-            "SELECT job_id, seq, spec, submitted_at, placement, batch_size, model, token "
-            "FROM jobs WHERE completed_at IS NULL ORDER BY seq"
+            "SELECT job_id, seq, spec, submitted_at, placement, batch_size, model, token, "
+            "generation, rendezvous FROM jobs WHERE completed_at IS NULL ORDER BY seq"
         )
         return [JobRow(r[0], r[1], r[2], r[3], json.loads(r[4]), *r[5:]) for r in rows]
 
@@ -145,18 +162,21 @@ class Store(SqliteState):
         """The highest submission number used."""
         return int(self._exec("SELECT COALESCE(MAX(seq), 0) FROM jobs")[0][0])
 
-    def upsert_node(self, node_id: str, gpus: int, free: int, address: str) -> None:
+    def upsert_node(self, node_id: str, gpus: int, free: int, address: str, host: str = "") -> None:
         """Adds or refreshes a node."""
         self._exec(
-            "INSERT INTO nodes (node_id, gpus, free, address, last_seen) VALUES (?, ?, ?, ?, ?) "
+            "INSERT INTO nodes (node_id, gpus, free, address, last_seen, host) "
+            "VALUES (?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(node_id) DO UPDATE SET gpus = excluded.gpus, free = excluded.free, "
-            "address = excluded.address, last_seen = excluded.last_seen",
-            (node_id, gpus, free, address, time.time()),
+            "address = excluded.address, last_seen = excluded.last_seen, host = excluded.host",
+            (node_id, gpus, free, address, time.time(), host),
         )
 
     def nodes(self) -> list[NodeRow]:
         """Every registered node, by id."""
-        rows = self._exec("SELECT node_id, gpus, free, address, last_seen FROM nodes ORDER BY 1")
+        rows = self._exec(
+            "SELECT node_id, gpus, free, address, last_seen, host FROM nodes ORDER BY 1"
+        )
         return [NodeRow(*r) for r in rows]
 
     def add_decisions(

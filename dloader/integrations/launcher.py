@@ -14,10 +14,31 @@ job waits. When the script exits by itself the job is completed (or failed) at t
 Batch-size changes do not restart anything: the node sidecar applies them to the running
 loaders (the script's ``dloader.DataLoader(..., job_name=JOB_ID, batch_size_range=...)``).
 
-The script sees ``DLOADER_JOB_NAME`` (the job id), ``DLOADER_ALLOCATED_GPUS`` and
-``DLOADER_GLOBAL_BATCH_SIZE`` (the allocation when it was started). One node per launcher: a job
-whose allocation spans nodes runs only its share on ``--node-id`` (multi-node rendezvous is not
-managed here).
+The script sees ``DLOADER_JOB_NAME`` (the job id), ``DLOADER_ALLOCATED_GPUS`` (its processes on
+this node), ``DLOADER_GLOBAL_BATCH_SIZE`` (the allocation when it was started) and
+``DLOADER_GENERATION`` (the allocation's placement generation).
+
+Several nodes: run one launcher per node of the job, each with its ``--node-id``; one submits the
+job (and writes its credential to ``--token-file`` on storage the others share, as they share
+the checkpoints), the others ``--follow`` it::
+
+    node-a$ dloader-launch --job-id bert-7 --node-id node-a --token-file /shared/bert-7.token \
+                --batch-size 256 --max-gpus 16 -- train.py
+    node-b$ dloader-launch --job-id bert-7 --node-id node-b --token-file /shared/bert-7.token \
+                --follow -- train.py
+
+When the allocation spans nodes, each launcher with a share runs ``torchrun --nnodes=1:N
+--nproc-per-node=K --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT --rdzv-id=JOB-GENERATION`` with
+the endpoint the allocator hands out; the launcher on the job's first node hosts that
+rendezvous store itself (so the store outlives any torchrun). Every change of placement is a new
+generation: all launchers restart into it and the script resumes from its elastic checkpoint. A
+node that dies between allocator decisions makes torchrun's own elasticity (``--max-restarts``,
+minimum 1 node) restart the survivors without it, from the same checkpoint. The first node
+hosts the rendezvous: if that node dies, the survivors cannot meet until the allocator moves the
+job (its ``--node-timeout``).
+
+Any launcher whose script exits 0 completes the job (the first one wins); a follower's SIGTERM
+stops only its share, a submitter's cancels the job.
 """
 
 from __future__ import annotations
@@ -34,6 +55,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -71,7 +93,31 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--job-id", required=True, help="unique job id (also the loaders' job_name)")
     p.add_argument("--node-id", default=socket.gethostname(), help="the node this runs on")
-    p.add_argument("--batch-size", type=int, required=True, help="requested global batch size")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="run this node's share of a job another launcher submits (multi-node jobs); "
+        "its completion needs --token-file",
+    )
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        help="the job's credential: written (mode 0600) by the launcher that submits, read by "
+        "--follow launchers so that whichever finishes the script can complete the job",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="torchrun's --max-restarts for jobs on several nodes (a dead peer node)",
+    )
+    p.add_argument(
+        "--last-call",
+        type=float,
+        default=10.0,
+        help="seconds torchrun's rendezvous waits for more nodes once one has joined",
+    )
+    p.add_argument("--batch-size", type=int, help="requested global batch size (to submit)")
     p.add_argument("--min-batch-size", type=int, default=0)
     p.add_argument("--max-batch-size", type=int, default=0)
     p.add_argument("--min-local-batch-size", type=int, default=0)
@@ -134,6 +180,14 @@ def _spec(args: argparse.Namespace) -> pb.JobSpec:
     return spec
 
 
+def _write_private(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path``, readable by its owner only (a credential)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
+
+
 class Launcher:
     """Keeps a torchrun process at the job's allocated size."""
 
@@ -142,21 +196,60 @@ class Launcher:
         self.allocator = allocator
         self.proc: asyncio.subprocess.Process | None = None
         self.gpus = 0
+        self.generation = -1  # the placement generation torchrun runs in
         self.restarts = 0
-        self.submitted = False
+        self.submitted = args.follow  # a follower never submits
+        self.seen = False  # the job has appeared in an allocation (a follower waits for it)
+        self.store: Any = None  # the c10d rendezvous store this launcher hosts
         self.exit_code: int | None = None
         self._backoff = Backoff()  # its failures: consecutive failed connections
         self.job_token = ""  # the job's credential from SubmitJob (for CompleteJob)
         self._meta = allocator.metadata or None
 
-    async def _start(self, gpus: int, batch: int) -> None:
+    def _torchrun(self, gpus: int, mine: pb.Allocation) -> list[str]:
+        """torchrun's arguments for this node's share of the allocation ``mine``."""
+        nodes = sum(1 for n in mine.nodes if n.gpus)
+        if nodes < 2 or not mine.rendezvous:
+            return ["--standalone", f"--nproc-per-node={gpus}"]
+        return [
+            f"--nnodes=1:{nodes}",
+            f"--nproc-per-node={gpus}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={mine.rendezvous}",
+            f"--rdzv-id={self.args.job_id}-{mine.generation}",
+            f"--rdzv-conf=is_host=false,last_call_timeout={self.args.last_call:g}",
+            f"--max-restarts={self.args.max_restarts}",
+        ]
+
+    def _host_rendezvous(self, mine: pb.Allocation) -> None:
+        """Hosts the generation's rendezvous store when this node is the job's first (the
+        torchrun agents all connect to it as clients, so it outlives any of them)."""
+        self.store = None  # the previous generation's store closes
+        nodes = sorted(n.node_id for n in mine.nodes if n.gpus)
+        if len(nodes) < 2 or not mine.rendezvous or nodes[0] != self.args.node_id:
+            return
+        from torch.distributed import TCPStore  # only where a rendezvous is hosted
+
+        port = int(mine.rendezvous.rsplit(":", 1)[1])
+        try:
+            self.store = TCPStore(
+                "0.0.0.0", port, is_master=True, wait_for_workers=False, multi_tenant=True
+            )
+        except (RuntimeError, ValueError) as exc:  # the port is taken: torchrun will say so
+            log.error(
+                "job %s: cannot host the rendezvous on port %d: %s", self.args.job_id, port, exc
+            )
+            return
+        log.info("job %s: hosting the rendezvous on port %d", self.args.job_id, port)
+
+    async def _start(self, gpus: int, mine: pb.Allocation) -> None:
         a = self.args
+        self._host_rendezvous(mine)
         cmd = [
             sys.executable,
             "-m",
             "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={gpus}",
+            *self._torchrun(gpus, mine),
             a.script,
             *[x for x in a.script_args if x != "--"],
         ]
@@ -164,15 +257,20 @@ class Launcher:
             **os.environ,
             "DLOADER_JOB_NAME": a.job_id,
             "DLOADER_ALLOCATED_GPUS": str(gpus),
-            "DLOADER_GLOBAL_BATCH_SIZE": str(batch),
+            "DLOADER_GLOBAL_BATCH_SIZE": str(mine.batch_size),
+            "DLOADER_GENERATION": str(mine.generation),
         }
         self.proc = await asyncio.create_subprocess_exec(*cmd, env=env, start_new_session=True)
-        self.gpus = gpus
+        self.gpus, self.generation = gpus, mine.generation
         log.info(
-            "job %s: started torchrun with %d process(es), global batch %d (pid %d)",
+            "job %s: started torchrun with %d process(es) on %s, global batch %d, generation "
+            "%d%s (pid %d)",
             a.job_id,
             gpus,
-            batch,
+            a.node_id,
+            mine.batch_size,
+            mine.generation,
+            f", rendezvous {mine.rendezvous}" if mine.rendezvous else "",
             self.proc.pid,
         )
 
@@ -188,7 +286,7 @@ class Launcher:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
-        self.gpus = 0
+        self.gpus, self.generation = 0, -1
 
     async def run(self, stop: asyncio.Event) -> int:
         """Follows the allocation until the script exits (its exit code) or ``stop`` (130).
@@ -226,6 +324,8 @@ class Launcher:
                 pb.SubmitJobRequest(job=_spec(self.args)), metadata=self._meta, timeout=30
             )
             self.job_token = r.token
+            if self.args.token_file is not None:
+                _write_private(self.args.token_file, r.token)
             log.info("job %s submitted (queue position %d)", r.job_id, r.queue_position)
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
@@ -245,12 +345,25 @@ class Launcher:
             self.exit_code, self.proc, self.gpus = self.proc.returncode, None, 0
         return stop.is_set()
 
+    def _token(self) -> str:
+        if not self.job_token and self.args.token_file is not None:
+            with contextlib.suppress(OSError):
+                self.job_token = self.args.token_file.read_text().strip()
+        return self.job_token
+
     async def _complete(self, stub: pb_grpc.ClusterAllocatorStub, code: int) -> int:
-        await stub.CompleteJob(
-            pb.CompleteJobRequest(job_id=self.args.job_id, failed=code != 0, token=self.job_token),
-            metadata=self._meta,
-            timeout=10,
-        )
+        try:
+            await stub.CompleteJob(
+                pb.CompleteJobRequest(
+                    job_id=self.args.job_id, failed=code != 0, token=self._token()
+                ),
+                metadata=self._meta,
+                timeout=10,
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            log.info("job %s was already completed (by another node)", self.args.job_id)
         log.info(
             "job %s finished (exit code %d, %d restart(s))", self.args.job_id, code, self.restarts
         )
@@ -274,6 +387,9 @@ class Launcher:
                     exited.cancel()
                 if stopping in done:
                     await self._stop()
+                    if a.follow:  # a follower stops its share; the job goes on elsewhere
+                        log.info("job %s: stopped on %s", a.job_id, a.node_id)
+                        return 130
                     with contextlib.suppress(grpc.aio.AioRpcError):
                         await stub.CompleteJob(
                             pb.CompleteJobRequest(job_id=a.job_id, failed=True),
@@ -283,8 +399,19 @@ class Launcher:
                     log.info("job %s cancelled", a.job_id)
                     return 130
                 if exited is not None and exited in done:
-                    self.exit_code, self.proc, self.gpus = exited.result(), None, 0
-                    return await self._complete(stub, self.exit_code)
+                    code = exited.result()
+                    self.proc, self.gpus, self.generation = None, 0, -1
+                    if code != 0 and a.follow:
+                        log.warning(
+                            "job %s: torchrun on %s exited with %d; waiting for the next "
+                            "allocation (the submitting launcher decides the job's fate)",
+                            a.job_id,
+                            a.node_id,
+                            code,
+                        )
+                        continue
+                    self.exit_code = code
+                    return await self._complete(stub, code)
                 snapshot = watch.result()  # an RPC error here: reconnect, training goes on
                 if snapshot is grpc.aio.EOF:
                     raise grpc.aio.AioRpcError(
@@ -297,30 +424,46 @@ class Launcher:
                     log.info("job %s: allocator back", a.job_id)
                     self._backoff.reset()
                 watch = asyncio.ensure_future(stream.read())
-                await self._follow(snapshot)
+                if await self._follow(snapshot):
+                    await self._stop()
+                    log.info("job %s ended; nothing left to run on %s", a.job_id, a.node_id)
+                    return 0
         finally:
             watch.cancel()
             stopping.cancel()
 
-    async def _follow(self, snapshot: pb.AllocationSet) -> None:
+    async def _follow(self, snapshot: pb.AllocationSet) -> bool:
+        """Keeps torchrun at this node's share of the job's allocation; True once the job has
+        left the allocations (completed or cancelled elsewhere)."""
+        if snapshot.dry_run:
+            return False
         mine = next((x for x in snapshot.allocations if x.job_id == self.args.job_id), None)
-        if mine is None or snapshot.dry_run:
-            return
+        if mine is None:
+            return self.seen
+        self.seen = True
         here = sum(n.gpus for n in mine.nodes if n.node_id == self.args.node_id)
-        if here == self.gpus and (self.proc is not None or here == 0):
-            return
-        if self.proc is not None:
+        running = self.proc is not None
+        if (
+            here == self.gpus
+            and (mine.generation == self.generation or not here)
+            and (running or here == 0)
+        ):
+            return False
+        if running:
             log.info(
-                "job %s: GPUs %d -> %d (%s); restarting",
+                "job %s: GPUs here %d -> %d, generation %d -> %d (%s); restarting",
                 self.args.job_id,
                 self.gpus,
                 here,
+                self.generation,
+                mine.generation,
                 mine.reason,
             )
             self.restarts += 1
             await self._stop()
         if here:
-            await self._start(here, mine.batch_size)
+            await self._start(here, mine)
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -337,6 +480,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ValueError as exc:
         print(f"dloader-launch: --allocator: {exc}", file=sys.stderr)
+        return 2
+    if args.follow == (args.batch_size is not None):
+        print(
+            "dloader-launch: give --batch-size to submit the job, or --follow to run this "
+            "node's share of a job another launcher submits (not both)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.follow and args.token_file is None:
+        print("dloader-launch: --follow needs --token-file (to complete the job)", file=sys.stderr)
         return 2
     if not Path(args.script).is_file():
         print(f"dloader-launch: script {args.script!r} does not exist", file=sys.stderr)

@@ -129,14 +129,16 @@ class CompleteJobResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "gpus", "sidecar_address")
+    __slots__ = ("node_id", "gpus", "sidecar_address", "host")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     SIDECAR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     gpus: int
     sidecar_address: str
-    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ..., sidecar_address: _Optional[str] = ...) -> None: ...
+    host: str
+    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ..., sidecar_address: _Optional[str] = ..., host: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ()
@@ -179,20 +181,24 @@ class NodeShare(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("job_id", "gpus", "nodes", "batch_size", "reason", "queue_position")
+    __slots__ = ("job_id", "gpus", "nodes", "batch_size", "reason", "queue_position", "rendezvous", "generation")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     gpus: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeShare]
     batch_size: int
     reason: str
     queue_position: int
-    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeShare, _Mapping]]] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., queue_position: _Optional[int] = ...) -> None: ...
+    rendezvous: str
+    generation: int
+    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeShare, _Mapping]]] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., queue_position: _Optional[int] = ..., rendezvous: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class GetAllocationsRequest(_message.Message):
     __slots__ = ()

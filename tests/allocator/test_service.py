@@ -16,10 +16,11 @@ import pytest
 from dloader._client import Endpoint
 from dloader._messages import JobLimits, Registration
 from dloader.allocator.cli import parser, serve
-from dloader.allocator.config import Settings
+from dloader.allocator.config import AllocatorConfig, Settings
 from dloader.allocator.core import AllocatorCore
 from dloader.allocator.server import job_request
 from dloader.allocator.store import Store
+from dloader.errors import ConfigError
 from dloader.sidecar.allocator_link import AllocatorLink
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import NodeCore
@@ -300,3 +301,45 @@ def test_a_silent_node_leaves_the_pool_until_it_reports(tmp_path: Path, caplog) 
     assert core.decide().allocations[0].gpus == 4
     with pytest.raises(ValueError, match="node_timeout_s=-1"):
         AllocatorCore(Store(tmp_path / "b.db"), Settings(), node_timeout_s=-1)
+
+
+def test_jobs_across_nodes_get_a_rendezvous_per_placement(tmp_path: Path) -> None:
+    """A placement over several nodes gets ``host:port`` on its first node, a new port and a
+    new generation whenever the placement changes; one node: no rendezvous. Kept by a
+    restart."""
+    a = Allocator(tmp_path, "--rendezvous-ports", "31000-31001")
+    try:
+        s = a.stub
+        s.RegisterNode(pb.RegisterNodeRequest(node_id="n1", gpus=2, host="10.0.0.1"))
+        s.RegisterNode(pb.RegisterNodeRequest(node_id="n2", gpus=2))  # no host: its id
+        s.SubmitJob(job("x", max_gpus=4))
+        first = by_job(until(s, lambda x: by_job(x).get("x") and by_job(x)["x"].gpus == 4))["x"]
+        assert (first.rendezvous, first.generation) == ("10.0.0.1:31000", 1)
+        s.ReportNode(pb.ReportNodeRequest(node_id="n1", free_gpus=0))
+        alone = by_job(until(s, lambda x: by_job(x)["x"].generation == 2))["x"]
+        assert {n.node_id: n.gpus for n in alone.nodes} == {"n2": 2}
+        assert alone.rendezvous == ""
+        s.ReportNode(pb.ReportNodeRequest(node_id="n1", free_gpus=1))
+        s.ReportNode(pb.ReportNodeRequest(node_id="n2", free_gpus=1))
+        spread = by_job(until(s, lambda x: by_job(x)["x"].generation == 3))["x"]
+        assert spread.rendezvous == "10.0.0.1:31001"  # the next port: never the old store's
+        with pytest.raises(grpc.RpcError) as bad:
+            s.RegisterNode(pb.RegisterNodeRequest(node_id="n3", gpus=1, host="a b;c"))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "host" in (bad.value.details() or "")
+    finally:
+        a.stop()
+    again = Allocator(tmp_path, "--rendezvous-ports", "31000-31001")
+    try:
+        kept = by_job(again.stub.GetAllocations(pb.GetAllocationsRequest(), timeout=5))["x"]
+        assert (kept.rendezvous, kept.generation) == (spread.rendezvous, spread.generation)
+    finally:
+        again.stop()
+
+
+def test_rendezvous_ports_flag_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--rendezvous-ports", "abc"])
+    a_args = parser().parse_args(["--rendezvous-ports", "80-90", "--state-dir", str(tmp_path)])
+    with pytest.raises(ConfigError, match="--rendezvous-ports 80-90"):
+        AllocatorConfig.resolve(a_args, None)

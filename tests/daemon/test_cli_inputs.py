@@ -54,6 +54,8 @@ ALLOCATOR = [
     ["--policy", "fastest"],
     ["--dry-run", "yes"],
     ["--socket", "/dev/null/a.sock"],
+    ["--rendezvous-ports", "29400"],
+    ["--rendezvous-ports", "2000-1000"],
 ]
 CTL = [
     ["--target", "nohost", "jobs"],
@@ -66,6 +68,9 @@ LAUNCH = [
     ["--allocator", "nohost", "--job-id", "j", "--batch-size", "8", "train.py"],
     ["--allocator", "unix:///nonexistent.sock", "--job-id", "j", "--batch-size", "8", "nope.py"],
     ["--job-id", "j", "--batch-size", "8", "train.py"],
+    ["--allocator", "unix:///a.sock", "--job-id", "j", "--follow", "--batch-size", "8", "t.py"],
+    ["--allocator", "unix:///a.sock", "--job-id", "j", "--follow", "t.py"],
+    ["--allocator", "unix:///a.sock", "--job-id", "j", "t.py"],
 ]
 SIM = [
     ["--workload", "7", "--out", "x.json"],
