@@ -39,6 +39,7 @@ class AllocatorLink:
         node_id: str,
         gpus: int,
         address: str = "",
+        host: str = "",
         period_s: float = 5.0,
     ) -> None:
         if gpus < 1:
@@ -49,6 +50,7 @@ class AllocatorLink:
         self.node_id = node_id
         self.gpus = gpus
         self.address = address
+        self.host = host  # where other nodes reach this one for a job's rendezvous
         self.period_s = period_s
         self._metadata = allocator.metadata or None
         self.managed: dict[str, int] = {}  # allocator job id -> its GPUs (all nodes)
@@ -63,7 +65,10 @@ class AllocatorLink:
                     stub = pb_grpc.ClusterAllocatorStub(channel)
                     await stub.RegisterNode(
                         pb.RegisterNodeRequest(
-                            node_id=self.node_id, gpus=self.gpus, sidecar_address=self.address
+                            node_id=self.node_id,
+                            gpus=self.gpus,
+                            sidecar_address=self.address,
+                            host=self.host,
                         ),
                         metadata=self._metadata,
                         timeout=10,

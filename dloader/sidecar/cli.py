@@ -112,6 +112,12 @@ def parser() -> argparse.ArgumentParser:
         "--node-id", default=None, help="this node's id for the allocator (default: host name)"
     )
     p.add_argument(
+        "--node-host",
+        default="",
+        help="where other nodes reach this one (hostname or IP) for the rendezvous of jobs "
+        "that span nodes (default: the node id)",
+    )
+    p.add_argument(
         "--gpus",
         type=int,
         default=0,
@@ -155,6 +161,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
             node_id=config.node_id,
             gpus=config.gpus or len(gpus.read()),
             address=f"unix://{os.path.abspath(config.listen.socket or '')}",
+            host=config.node_host,
         )
     if config.metrics_port:
         metrics.serve(config.metrics_port, config.metrics_host)

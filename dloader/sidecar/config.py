@@ -92,6 +92,8 @@ class SidecarConfig:
     allocator: Endpoint | None = None
     """The cluster allocator to join (None: none)."""
     node_id: str = ""
+    node_host: str = ""
+    """Where other nodes reach this one for a multi-node job's rendezvous ("": the node id)."""
     gpus: int = 0
     """GPUs offered to the allocator (0: the GPUs NVML sees)."""
     log_level: str = "INFO"
@@ -152,6 +154,7 @@ class SidecarConfig:
                 else None
             ),
             node_id=args.node_id or socket.gethostname(),
+            node_host=args.node_host,
             gpus=args.gpus,
             log_level=args.log_level,
             job_timeout_s=args.job_timeout,
