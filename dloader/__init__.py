@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from dloader._elastic_sampler import ElasticDistributedSampler
     from dloader._loader import DataLoader
     from dloader._stats import LoaderStats, WorkerStats
+    from dloader._strings import StringArray
 
 __all__ = [
     "DLoaderError",
@@ -34,6 +35,7 @@ __all__ = [
     "ElasticDistributedSampler",
     "LoaderStats",
     "StateError",
+    "StringArray",
     "WorkerDiedError",
     "WorkerStartError",
     "WorkerStats",
@@ -45,6 +47,7 @@ _LAZY = {
     "DataLoader": "dloader._loader",
     "ElasticDistributedSampler": "dloader._elastic_sampler",
     "LoaderStats": "dloader._stats",
+    "StringArray": "dloader._strings",
     "WorkerStats": "dloader._stats",
 }
 
