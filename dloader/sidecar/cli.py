@@ -13,7 +13,7 @@ from pathlib import Path
 from dloader._daemon import add_daemon_arguments, run_daemon, shut_down, stop_on_signals
 from dloader.sidecar.allocator_link import AllocatorLink
 from dloader.sidecar.cgroups import CgroupWeights, detect
-from dloader.sidecar.config import STORED_POLICY, SidecarConfig
+from dloader.sidecar.config import STORED_POLICY, SidecarConfig, memory_size
 from dloader.sidecar.core import NodeCore
 from dloader.sidecar.metrics import Metrics
 from dloader.sidecar.monitors import GpuMonitor, NodeMonitor
@@ -110,6 +110,15 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--node-id", default=None, help="this node's id for the allocator (default: host name)"
+    )
+    p.add_argument(
+        "--memory-budget",
+        type=memory_size,
+        default=None,
+        metavar="FRACTION|SIZE",
+        help="memory the jobs' loader workers may hold together: a fraction of what the node "
+        "could give them (available memory plus what they hold; default 0.5), or a size such "
+        "as 16G. The policy never adds a worker past it.",
     )
     p.add_argument(
         "--node-host",

@@ -31,6 +31,22 @@ STORED_POLICY = "policy"
 
 _DEFAULT_PERIOD_S = 2.0
 _WORKERS_PER_CPU = 8  # default worker budget per usable CPU
+DEFAULT_MEMORY_BUDGET = 0.5  # of the memory the node could give the loader workers
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def memory_size(text: str) -> float:
+    """``--memory-budget``: a fraction (``0.5``) or a size (``16G``, ``512M``, bytes)."""
+    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = raw[-1:] if raw[-1:] in _UNITS else ""
+    try:
+        value = float(raw[: len(raw) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a fraction of available memory (e.g. 0.5) or a size "
+            "(e.g. 16G, 512M, or bytes)"
+        ) from None
+    return value
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,9 @@ class PolicySettings:
     """Cores loader work may use, all jobs together."""
     period_s: float
     """Seconds between periodic decisions."""
+    memory_budget: float = DEFAULT_MEMORY_BUDGET
+    """Memory the jobs' loader workers may hold together: a fraction (0, 1] of what the node
+    could give them (available memory plus what they hold), or bytes (> 1)."""
 
     def __post_init__(self) -> None:
         check_policy(self.name, "config.name")
@@ -59,6 +78,12 @@ class PolicySettings:
         if not (math.isfinite(self.period_s) and 0.1 <= self.period_s <= 3600):
             raise InvalidArgument(
                 "config.period_seconds", f"{self.period_s} must be within [0.1, 3600]"
+            )
+        m = self.memory_budget
+        if not (math.isfinite(m) and (0 < m <= 1 or 2**26 <= m <= 2**50)):
+            raise InvalidArgument(
+                "config.memory_budget",
+                f"{m} must be a fraction in (0, 1] or bytes in [64 MiB, 1 PiB]",
             )
 
     def to_json(self) -> str:
@@ -122,6 +147,7 @@ class SidecarConfig:
             args.worker_budget if args.worker_budget is not None else base.worker_budget,
             args.cpu_budget if args.cpu_budget is not None else base.cpu_budget,
             args.period if args.period is not None else base.period_s,
+            args.memory_budget if args.memory_budget is not None else base.memory_budget,
         )
         if stored is not None:
             log.info(

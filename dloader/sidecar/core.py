@@ -36,6 +36,7 @@ from dloader.sidecar import policy as pol
 from dloader.sidecar.config import STORED_POLICY, PolicySettings
 from dloader.sidecar.monitors import (
     ProcessTreeStats,
+    available_memory_bytes,
     host_pids,
     process_owner,
     process_tree_stats,
@@ -54,6 +55,7 @@ MAX_JOBS = 256  # registered jobs on one node
 MAX_PIDS = 64  # training processes one job may name
 MAX_GPUS = 64  # GPUs one job may name
 _MAIN_CPU_CHANGE = 0.1  # relative change of a job's main-process CPU that calls for a decision
+_MEMORY_CHANGE = 0.1  # a worker's peak memory grown by this much: re-decide
 _EWMA = 0.3  # weight of a new measurement of a job's main-process CPU per sample
 
 
@@ -82,6 +84,7 @@ class Job:
     initial_workers: int = 0  # the count the job registered with (exploration starts there)
     main_cpu_per_sample: float = 0.0  # CPU seconds the training process spends per sample
     run_length: int = 0  # windows observed in a row at the current worker count
+    worker_memory_bytes: float = 0.0  # the most private memory (USS) one of its workers held
     watchers: set[asyncio.Queue[Directive | None]] = field(default_factory=set)
 
     @property
@@ -104,6 +107,7 @@ class NodeCore:
         job_timeout_s: float = 60.0,
         owner_of: Callable[[int], int | None] = process_owner,
         translate_pids: Callable[[Sequence[int], int], list[int]] = host_pids,
+        available_memory: Callable[[], int] = available_memory_bytes,
     ) -> None:
         """Args:
         store: the state database.
@@ -119,7 +123,9 @@ class NodeCore:
         owner_of: the uid owning a process (a fake in tests).
         translate_pids: a local caller's PIDs (numbered in its PID namespace, e.g. a pod's)
             in this process's numbering, given the caller's PID.
+        available_memory: bytes of memory the node has available now (``MemAvailable``).
         """
+        self._available_memory = available_memory
         self._owner_of = owner_of
         self._translate_pids = translate_pids
         if not (math.isfinite(job_timeout_s) and job_timeout_s >= 0):
@@ -346,6 +352,38 @@ class NodeCore:
 
     # ------------------------------------------------------------------ decisions
 
+    def _note_memory(self, job: Job) -> None:
+        """One more worker of ``job`` costs what its largest worker holds privately (its USS
+        grows over an epoch as the worker copies the dataset pages Python touches: the peak
+        is kept). Before any worker was measured, the training process's own USS: what a
+        worker that touched all of it would copy."""
+        tree = job.tree
+        if tree is None:
+            return
+        workers = [tree.uss_bytes[p] for p in tree.worker_pids if p in tree.uss_bytes]
+        if workers:
+            peak = max(workers)
+            if peak > job.worker_memory_bytes * (1 + _MEMORY_CHANGE):
+                self._dirty = True
+            job.worker_memory_bytes = max(job.worker_memory_bytes, peak)
+        elif job.worker_memory_bytes == 0:
+            main = [tree.uss_bytes[p] for p in tree.pids if p in tree.uss_bytes]
+            job.worker_memory_bytes = float(sum(main))
+
+    def memory_budget(self) -> tuple[float, float]:
+        """``(budget, used)``: bytes the loader workers of all jobs may hold, and hold now.
+
+        ``--memory-budget`` as a fraction is a share of what the node could give them: the
+        memory available now plus what their workers already hold."""
+        used = 0.0
+        for job in self.jobs.values():
+            if job.tree is not None:
+                used += sum(job.tree.uss_bytes.get(p, 0) for p in job.tree.worker_pids)
+        limit = self.settings.memory_budget
+        if limit <= 1:
+            return limit * (self._available_memory() + used), used
+        return limit, used
+
     def decide(self) -> None:
         """Runs the policy and sends every changed directive."""
         self._dirty = False
@@ -362,10 +400,12 @@ class NodeCore:
                 j.model,
                 j.initial_workers,
                 j.main_cpu_per_sample,
+                j.worker_memory_bytes,
             )
             for j in jobs
         ]
-        budget = pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget))
+        memory, _ = self.memory_budget()
+        budget = pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget), memory)
         decisions = pol.decide(self.settings.name, views, budget)
         self._enforce_cpu(jobs, decisions)
         for job in jobs:
@@ -472,6 +512,7 @@ class NodeCore:
                     if p in now and p in was
                 ]
                 job.cpu_wait_share = min(sum(waits) / len(waits), 1.0) if waits else None
+            self._note_memory(job)
             rate = job.last_report.samples_per_second if job.last_report else 0.0
             if rate > 0 and job.tree.main_cpu_percent > 0:
                 x = job.tree.main_cpu_percent / 100.0 / rate

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from dloader import _env
 from dloader._client import Endpoint
+from dloader.sidecar.config import memory_size
 from dloader.sidecar.policy import POLICIES
 from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc
@@ -168,6 +169,7 @@ def cmd_policy(args: argparse.Namespace, console: Console) -> int:
                     worker_budget=args.worker_budget or 0,
                     cpu_budget=args.cpu_budget or 0,
                     period_seconds=args.period or 0.0,
+                    memory_budget=args.memory_budget or 0.0,
                 )
             ),
             timeout=args.timeout,
@@ -181,6 +183,13 @@ def cmd_explain(args: argparse.Namespace, console: Console) -> int:
     stub, md = _stub(args)
     e = stub.Explain(pb.ExplainRequest(job_id=args.job), timeout=args.timeout, metadata=md)
     console.print(f"[bold]{e.job_id}[/] under policy [bold]{e.policy}[/]: {e.reason}")
+    if e.memory_budget_bytes:
+        mib = 2**20
+        console.print(
+            f"memory: {e.worker_memory_bytes / mib:,.0f} MiB per worker; all jobs' workers hold "
+            f"{e.memory_used_bytes / mib:,.0f} of a {e.memory_budget_bytes / mib:,.0f} MiB budget"
+            + (" - [bold]memory, not CPU, limits this job[/]" if e.memory_limited else "")
+        )
     if e.candidates:
         t = Table(
             title=f"predictions per candidate (accelerator limit "
@@ -237,6 +246,12 @@ def parser() -> argparse.ArgumentParser:
     pol.add_argument("--worker-budget", type=int, default=None)
     pol.add_argument("--cpu-budget", type=int, default=None)
     pol.add_argument("--period", type=float, default=None)
+    pol.add_argument(
+        "--memory-budget",
+        type=memory_size,
+        default=None,
+        help="a fraction of available memory (0.5) or a size (16G)",
+    )
     end = sub.add_parser("end", help="end jobs now, by id or name prefix (operators)")
     end.add_argument("job", nargs="*", help="job ids")
     end.add_argument("--name-prefix", default="", help="end every job whose name starts so")

@@ -140,6 +140,11 @@ class ProcessTreeStats:
     run_delay_s: dict[int, float] = field(default_factory=dict)
     """Per process: seconds it has ever waited, runnable, for a CPU (Linux schedstat; empty
     where the kernel does not say). Its rate is the CPU contention the process meets."""
+    uss_bytes: dict[int, int] = field(default_factory=dict)
+    """Per process: its unique set size, the memory only it holds (what a forked worker has
+    copied from its parent; empty where the kernel does not say)."""
+    pss_bytes: int = 0
+    """The tree's proportional set size (shared pages counted once overall)."""
 
 
 _procs: dict[int, psutil.Process] = {}  # cache so that cpu_percent() measures between calls
@@ -201,14 +206,20 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
                 continue
             todo += kids.get(child, ())
     cpu = main = 0.0
-    rss = rd = wr = 0
+    rss = rd = wr = pss = 0
+    uss: dict[int, int] = {}
     for pid in tree:
         try:
             p = _proc(pid)
             used = p.cpu_percent(None)
             cpu += used
             main += used if pid in pids else 0.0
-            rss += p.memory_info().rss
+            try:
+                full = p.memory_full_info()  # smaps_rollup: USS and PSS, not only RSS
+                rss += full.rss
+                uss[pid], pss = full.uss, pss + getattr(full, "pss", full.uss)
+            except psutil.AccessDenied:
+                rss += p.memory_info().rss
             try:
                 io = p.io_counters()
                 rd += io.read_bytes
@@ -219,7 +230,12 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
             continue
     workers = tuple(sorted(p for p in tree if p not in pids))
     delays = {pid: d for pid in tree if (d := run_delay_s(pid)) is not None}
-    return ProcessTreeStats(tuple(pids), alive, cpu, rss, rd, wr, workers, main, delays)
+    return ProcessTreeStats(tuple(pids), alive, cpu, rss, rd, wr, workers, main, delays, uss, pss)
+
+
+def available_memory_bytes() -> int:
+    """Memory the node can give without swapping, now (``MemAvailable``)."""
+    return int(psutil.virtual_memory().available)
 
 
 def _pid_namespace(pid: int | str) -> str | None:

@@ -15,7 +15,12 @@ by the job's accelerator limit (equivalently: minimise accelerator idle), subjec
   prediction scaled by the smaller fraction of demand its workers or its training process get,
   so a worker added to a CPU-bound job on a full node is worth what it takes from the other
   jobs, not what it would do alone;
-* each job's own limits, and a floor of one worker (no job is starved).
+* each job's own limits, and a floor of one worker (no job is starved);
+* the node's memory budget ``sum k_j * m_j <= M``, ``m_j`` what one more worker of job ``j``
+  costs (the private memory, USS, its workers reach: forked workers copy the dataset pages
+  Python touches). No decision takes the node past ``M``: where even one worker per job would,
+  the floors drop to the jobs' ``min_workers`` (0: loading in the training process), and a
+  job whose next worker would gain but does not fit is reported as limited by memory.
 
 It allocates greedily: every job starts at its floor and the next worker goes to the job whose
 extra worker raises the node's objective (under that CPU sharing) the most, until none adds
@@ -87,6 +92,8 @@ class JobView:
     main_cpu_per_sample: float = 0.0
     """CPU seconds its training process spends per sample (receiving and collating batches);
     it competes for the same cores as the loader workers (0: unknown)."""
+    worker_memory_bytes: float = 0.0
+    """What one more of its workers costs in memory (0: nothing known: not limited)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,8 @@ class Budget:
     """Loader worker processes, all jobs together."""
     cores: float
     """Cores loader work may use, all jobs together."""
+    memory_bytes: float = math.inf
+    """Memory the loader workers of all jobs may use together."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,8 @@ class Decision:
     cpu_share: float = 0.0
     """Cores the job gets under the node's CPU sharing (workers and training process; 0:
     unknown, e.g. while exploring)."""
+    memory_limited: bool = False
+    """Memory, not CPU, stops it from getting a worker the model says would help."""
 
 
 def _bounds(job: JobView, budget: Budget) -> tuple[int, int]:
@@ -130,18 +141,54 @@ def _bounds(job: JobView, budget: Budget) -> tuple[int, int]:
     return low, max(high, low)
 
 
+def _memory(alloc: dict[str, int], per_worker: dict[str, float]) -> float:
+    return sum(k * per_worker[j] for j, k in alloc.items())
+
+
+def _fit_memory(
+    alloc: dict[str, int], per_worker: dict[str, float], floors: dict[str, int], limit: float
+) -> dict[str, int]:
+    """``alloc`` with workers taken, largest memory first, down to ``floors``, until it fits."""
+    out = dict(alloc)
+    while _memory(out, per_worker) > limit:
+        over = [j for j in out if out[j] > floors[j] and per_worker[j] > 0]
+        if not over:
+            break
+        big = max(over, key=lambda j: (per_worker[j], out[j]))
+        out[big] -= 1
+    return out
+
+
+def _floors(
+    jobs: Sequence[JobView], budget: Budget, per_worker: dict[str, float]
+) -> dict[str, int]:
+    """Each job's lowest count: one worker, or its ``min_workers`` where memory is short."""
+    floors = {j.job_id: _bounds(j, budget)[0] for j in jobs}
+    hard = {j.job_id: min(j.min_workers, floors[j.job_id]) for j in jobs}
+    return _fit_memory(floors, per_worker, hard, budget.memory_bytes)
+
+
 def _even(jobs: Sequence[JobView], budget: Budget) -> dict[str, Decision]:
     share = max(budget.workers // max(len(jobs), 1), 1)
+    per_worker = {j.job_id: j.worker_memory_bytes for j in jobs}
+    wanted = {}
+    for job in jobs:
+        low, high = _bounds(job, budget)
+        wanted[job.job_id] = min(max(share, low), high)
+    alloc = _fit_memory(wanted, per_worker, _floors(jobs, budget, per_worker), budget.memory_bytes)
     out = {}
     for job in jobs:
         low, high = _bounds(job, budget)
-        k = min(max(share, low), high)
-        out[job.job_id] = Decision(
-            job.job_id,
-            k,
-            f"even split: {budget.workers} workers / {len(jobs)} jobs, within [{low}, {high}]",
-        )
+        k, cut = alloc[job.job_id], alloc[job.job_id] < wanted[job.job_id]
+        why = f"even split: {budget.workers} workers / {len(jobs)} jobs, within [{low}, {high}]"
+        if cut:
+            why += f"; {k} to fit the memory budget ({_mb(budget.memory_bytes)})"
+        out[job.job_id] = Decision(job.job_id, k, why, memory_limited=cut)
     return out
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"
 
 
 def _curve(job: JobView, budget: Budget, high: int) -> tuple[Candidate, ...]:
@@ -275,8 +322,16 @@ def decide(
 
     out: dict[str, Decision] = {}
     planned: list[JobView] = []
+    per_worker = {j.job_id: j.worker_memory_bytes for j in jobs}
+    floors = _floors(jobs, budget, per_worker)
+    held = {j.job_id: j.current_workers for j in jobs}
     for job in jobs:
         low, high = _bounds(job, budget)
+        low = floors[job.job_id]
+        m = per_worker[job.job_id]
+        if m > 0 and math.isfinite(budget.memory_bytes):  # others keep what they hold
+            others = _memory({**held, job.job_id: 0}, per_worker)
+            high = max(min(high, int((budget.memory_bytes - others) // m)), low)
         model = job.model
         seen = model.observations if model is not None else ()
         # One window with its workers' timings gives each worker's I/O and CPU per sample:
@@ -296,6 +351,7 @@ def decide(
                     k,
                     f"exploring (cold start, {len(seen)} observations): trying {k} workers",
                 )
+                held[job.job_id] = k  # the next job's memory cap counts these
                 continue
         if model is None:
             out[job.job_id] = Decision(
@@ -308,14 +364,20 @@ def decide(
 
     used_workers = sum(d.num_workers for d in out.values())
     slots = max(budget.workers - used_workers, 0)
+    # the memory the planned jobs may share: what the decided (exploring) jobs do not take
+    room = budget.memory_bytes - _memory({j: d.num_workers for j, d in out.items()}, per_worker)
     curves = {j.job_id: _curve(j, budget, _bounds(j, budget)[1]) for j in planned}
-    alloc = {j.job_id: _bounds(j, budget)[0] for j in planned}
+    alloc = {j.job_id: floors[j.job_id] for j in planned}
     main_cpu = {j.job_id: j.main_cpu_per_sample for j in planned}
+
+    def fits(trial: dict[str, int]) -> bool:
+        return _memory(trial, per_worker) <= room
+
     objective_new = _objective(alloc, curves, main_cpu, budget.cores)
     while sum(alloc.values()) < slots:
         best: tuple[float, str] | None = None
         for jid, k in alloc.items():
-            if k + 1 >= len(curves[jid]):
+            if k + 1 >= len(curves[jid]) or not fits({**alloc, jid: k + 1}):
                 continue
             value = _objective({**alloc, jid: k + 1}, curves, main_cpu, budget.cores)
             if best is None or value > best[0]:
@@ -327,7 +389,6 @@ def decide(
     # The jobs are coupled through the shared cores, so the greedy order can strand workers
     # (an early CPU-bound worker crowds out later I/O-bound ones): improve by local moves,
     # one worker removed or moved from one job to another, while that gains at least min_gain.
-    floors = {j.job_id: _bounds(j, budget)[0] for j in planned}
     for _ in range(4 * slots):
         move: tuple[float, dict[str, int]] | None = None
         for src in alloc:
@@ -339,6 +400,8 @@ def decide(
                 trial = {**alloc, src: alloc[src] - 1}
                 if dst is not None:
                     trial[dst] += 1
+                if not fits(trial):
+                    continue
                 value = _objective(trial, curves, main_cpu, budget.cores)
                 if move is None or value > move[0]:
                     move = (value, trial)
@@ -358,8 +421,9 @@ def decide(
     keep = (
         objective_new < objective_old * (1 + hysteresis)
         and not (releases and objective_new >= objective_old - release_loss)
-        and all(_bounds(j, budget)[0] <= current[j.job_id] for j in planned)
+        and all(floors[j.job_id] <= current[j.job_id] for j in planned)
         and sum(current.values()) <= slots
+        and fits(current)
     )
     final = current if keep else alloc
     _, _, got = _shares(final, curves, main_cpu, budget.cores)
@@ -376,6 +440,20 @@ def decide(
             f"the accelerator limit, {c.cpu_cores:.2f} cores; node sum "
             f"{objective_new:.3f} (was {objective_old:.3f})"
         )
+        # memory, not CPU, limits it: one more worker would gain and fits every other budget
+        more = {**final, jid: k + 1}
+        limited = (
+            k + 1 < len(curves[jid])
+            and sum(more.values()) <= slots
+            and not fits(more)
+            and _objective(more, curves, main_cpu, budget.cores)
+            > _objective(final, curves, main_cpu, budget.cores) + min_gain
+        )
+        if limited:
+            why += (
+                f"; limited by memory: one more worker ({_mb(per_worker[jid])}) would pass "
+                f"the budget ({_mb(_memory(final, per_worker))} of {_mb(room)} used)"
+            )
         out[jid] = Decision(
             jid,
             k,
@@ -383,6 +461,7 @@ def decide(
             job.model.accelerator_limit(job.batch_size) if job.model else 0.0,
             curves[jid],
             share[jid],
+            limited,
         )
     return out
 

@@ -109,6 +109,7 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
             worker_budget=s.worker_budget,
             cpu_budget=s.cpu_budget,
             period_seconds=s.period_s,
+            memory_budget=s.memory_budget,
         )
 
     async def SetPolicy(self, request: pb.SetPolicyRequest, context: Any) -> pb.PolicyConfig:
@@ -119,6 +120,7 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
                 c.worker_budget or s.worker_budget,
                 c.cpu_budget or s.cpu_budget,
                 c.period_seconds or s.period_s,
+                c.memory_budget or s.memory_budget,
             )
         )
         return self._policy_pb()
@@ -126,27 +128,36 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
     async def Explain(self, request: pb.ExplainRequest, context: Any) -> pb.ExplainResponse:
         job = self.core.get(request.job_id)
         d = job.decision
-        if d is None:
-            return pb.ExplainResponse(
-                job_id=job.job_id, policy=self.core.settings.name, reason="no decision yet"
-            )
-        return pb.ExplainResponse(
+        budget, used = self.core.memory_budget()
+        out = pb.ExplainResponse(
             job_id=job.job_id,
             policy=self.core.settings.name,
-            reason=d.reason,
-            accelerator_limit=d.accelerator_limit,
-            candidates=[
-                pb.Candidate(
-                    num_workers=c.num_workers,
-                    cpus=self.core.settings.cpu_budget,
-                    predicted_samples_per_second=c.predicted,
-                    relative_std=c.relative_std,
-                    normalized=c.normalized,
-                    chosen=c.num_workers == d.num_workers,
-                )
-                for c in d.candidates
-            ],
+            worker_memory_bytes=job.worker_memory_bytes,
+            memory_budget_bytes=budget,
+            memory_used_bytes=used,
         )
+        if d is None:
+            out.reason = "no decision yet"
+            return out
+        out.MergeFrom(
+            pb.ExplainResponse(
+                reason=d.reason,
+                accelerator_limit=d.accelerator_limit,
+                memory_limited=d.memory_limited,
+                candidates=[
+                    pb.Candidate(
+                        num_workers=c.num_workers,
+                        cpus=self.core.settings.cpu_budget,
+                        predicted_samples_per_second=c.predicted,
+                        relative_std=c.relative_std,
+                        normalized=c.normalized,
+                        chosen=c.num_workers == d.num_workers,
+                    )
+                    for c in d.candidates
+                ],
+            )
+        )
+        return out
 
 
 async def build_server(

@@ -219,16 +219,18 @@ class GetPolicyRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PolicyConfig(_message.Message):
-    __slots__ = ("name", "worker_budget", "cpu_budget", "period_seconds")
+    __slots__ = ("name", "worker_budget", "cpu_budget", "period_seconds", "memory_budget")
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKER_BUDGET_FIELD_NUMBER: _ClassVar[int]
     CPU_BUDGET_FIELD_NUMBER: _ClassVar[int]
     PERIOD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_FIELD_NUMBER: _ClassVar[int]
     name: str
     worker_budget: int
     cpu_budget: int
     period_seconds: float
-    def __init__(self, name: _Optional[str] = ..., worker_budget: _Optional[int] = ..., cpu_budget: _Optional[int] = ..., period_seconds: _Optional[float] = ...) -> None: ...
+    memory_budget: float
+    def __init__(self, name: _Optional[str] = ..., worker_budget: _Optional[int] = ..., cpu_budget: _Optional[int] = ..., period_seconds: _Optional[float] = ..., memory_budget: _Optional[float] = ...) -> None: ...
 
 class SetPolicyRequest(_message.Message):
     __slots__ = ("config",)
@@ -259,15 +261,23 @@ class Candidate(_message.Message):
     def __init__(self, num_workers: _Optional[int] = ..., cpus: _Optional[int] = ..., predicted_samples_per_second: _Optional[float] = ..., relative_std: _Optional[float] = ..., normalized: _Optional[float] = ..., chosen: _Optional[bool] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("job_id", "policy", "reason", "accelerator_limit", "candidates")
+    __slots__ = ("job_id", "policy", "reason", "accelerator_limit", "candidates", "worker_memory_bytes", "memory_budget_bytes", "memory_used_bytes", "memory_limited")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     ACCELERATOR_LIMIT_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    WORKER_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMITED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     policy: str
     reason: str
     accelerator_limit: float
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
-    def __init__(self, job_id: _Optional[str] = ..., policy: _Optional[str] = ..., reason: _Optional[str] = ..., accelerator_limit: _Optional[float] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ...) -> None: ...
+    worker_memory_bytes: float
+    memory_budget_bytes: float
+    memory_used_bytes: float
+    memory_limited: bool
+    def __init__(self, job_id: _Optional[str] = ..., policy: _Optional[str] = ..., reason: _Optional[str] = ..., accelerator_limit: _Optional[float] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., worker_memory_bytes: _Optional[float] = ..., memory_budget_bytes: _Optional[float] = ..., memory_used_bytes: _Optional[float] = ..., memory_limited: _Optional[bool] = ...) -> None: ...

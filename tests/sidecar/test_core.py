@@ -95,3 +95,62 @@ def test_registration_lists_are_bounded(tmp_path: Path) -> None:
         core.register(Registration("many", pids=tuple(range(50_000)), num_workers=1, batch_size=8))
     with pytest.raises(InvalidArgument, match="num_workers"):
         core.register(Registration("w", pids=(100,), num_workers=10**9, batch_size=8))
+
+
+MiB = 2**20
+
+
+def tree_with_memory(pids: list[int]) -> ProcessTreeStats:
+    return ProcessTreeStats(
+        tuple(pids),
+        True,
+        150.0,
+        1 << 30,
+        0,
+        0,
+        (201, 202),
+        10.0,
+        {},
+        {100: 400 * MiB, 201: 150 * MiB, 202: 250 * MiB},
+        700 * MiB,
+    )
+
+
+@pytest.mark.parametrize(
+    ("setting", "budget"), [(0.5, 0.5 * (1000 + 400) * MiB), (1 << 30, 1 << 30)]
+)
+def test_memory_budget_and_the_cost_of_a_worker(
+    tmp_path: Path, setting: float, budget: float
+) -> None:
+    """A worker costs the peak private memory of the job's workers; a fractional budget is a
+    share of the available memory plus what the workers hold; the policy stays under it."""
+    core = NodeCore(
+        Store(tmp_path / "s.db"),
+        PolicySettings("even", 16, 2, 1.0, setting),
+        tree_stats=tree_with_memory,
+        available_memory=lambda: 1000 * MiB,
+    )
+    job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    core.reap()
+    assert job.worker_memory_bytes == 250 * MiB  # the larger of its two workers
+    assert core.memory_budget() == (pytest.approx(budget), 400 * MiB)
+    core.decide()
+    assert job.directive.num_workers * 250 * MiB <= budget
+    assert job.decision is not None and job.decision.memory_limited
+    assert "memory budget" in job.decision.reason
+
+
+def test_before_any_worker_a_worker_is_assumed_to_copy_the_trainer(tmp_path: Path) -> None:
+    def no_workers(pids: list[int]) -> ProcessTreeStats:
+        return ProcessTreeStats(tuple(pids), True, 1.0, 1, 0, 0, (), 1.0, {}, {100: 300 * MiB})
+
+    core = NodeCore(
+        Store(tmp_path / "s.db"),
+        PolicySettings("even", 16, 2, 1.0, 1 << 30),
+        tree_stats=no_workers,
+    )
+    job = core.register(Registration("a", pids=(100,), num_workers=0, batch_size=32))
+    core.reap()
+    assert job.worker_memory_bytes == 300 * MiB
+    core.decide()
+    assert job.directive.num_workers == 3  # 3 x 300 MiB fit in 1 GiB; 4 would not

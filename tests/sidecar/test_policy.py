@@ -169,3 +169,51 @@ def test_workers_on_a_rising_curve_are_not_released() -> None:
     assert decide("adaptive", jobs, Budget(30, 2), hysteresis=0.5)["io"].num_workers == 20
     lenient = decide("adaptive", jobs, Budget(30, 2), hysteresis=0.5, release_loss=0.005)
     assert lenient["io"].num_workers == 19
+
+
+MiB = 2**20
+
+
+@pytest.mark.parametrize("policy", ["adaptive", "even"])
+def test_memory_budget_is_never_passed(policy: str) -> None:
+    """Workers of a job whose dataset they copy cost 200 MiB each: under a 1 GiB budget the
+    node never holds more, and the I/O-bound job (the one that wants many) says memory, not
+    CPU, limits it."""
+    jobs = [
+        JobView("io", 32, 4, model=fitted(IO_HEAVY), worker_memory_bytes=200 * MiB),
+        JobView("cpu", 32, 4, model=fitted(CPU_HEAVY), worker_memory_bytes=20 * MiB),
+        JobView("gpu", 32, 4, model=fitted(GPU_BOUND, (1, 2, 4)), worker_memory_bytes=300 * MiB),
+    ]
+    budget = Budget(workers=24, cores=2, memory_bytes=1024 * MiB)
+    d = decide(policy, jobs, budget, hysteresis=0)
+    k = {j: v.num_workers for j, v in d.items()}
+    used = 200 * k["io"] + 20 * k["cpu"] + 300 * k["gpu"]
+    assert used * MiB <= budget.memory_bytes, k
+    assert min(k.values()) >= 1
+    if policy == "adaptive":
+        unlimited = decide("adaptive", jobs, Budget(24, 2), hysteresis=0)
+        assert unlimited["io"].num_workers > k["io"]  # it wanted more
+        assert d["io"].memory_limited and "limited by memory" in d["io"].reason
+        assert not d["gpu"].memory_limited  # one worker is all it needs
+    else:
+        assert any(v.memory_limited for v in d.values())
+
+
+def test_memory_shorter_than_one_worker_each_drops_to_min_workers() -> None:
+    """Not even one worker per job fits: jobs that allow 0 load in the training process."""
+    jobs = [
+        JobView("a", 32, 2, model=fitted(IO_HEAVY), worker_memory_bytes=600 * MiB),
+        JobView("b", 32, 2, min_workers=1, model=fitted(CPU_HEAVY), worker_memory_bytes=600 * MiB),
+    ]
+    d = decide("adaptive", jobs, Budget(workers=16, cores=2, memory_bytes=1000 * MiB))
+    assert (d["a"].num_workers, d["b"].num_workers) == (0, 1)
+
+
+def test_exploring_jobs_stay_within_memory() -> None:
+    """A cold job explores only up to what memory leaves it."""
+    hot = JobView("hot", 32, 6, model=fitted(IO_HEAVY), worker_memory_bytes=100 * MiB)
+    cold = JobView("cold", 32, 1, initial_workers=8, worker_memory_bytes=100 * MiB)
+    d = decide("adaptive", [hot, cold], Budget(workers=32, cores=2, memory_bytes=1000 * MiB))
+    assert d["cold"].num_workers <= 4 and "exploring" in d["cold"].reason
+    total = sum(v.num_workers for v in d.values())
+    assert total * 100 * MiB <= 1000 * MiB

@@ -1,0 +1,23 @@
+"""benchmarks/bench_memory.py at a small size: it runs, writes its table data and plot, and the
+list's workers hold more private memory than the StringArray's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_memory
+
+
+@pytest.mark.integration
+def test_bench_memory_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, plot = tmp_path / "m.json", tmp_path / "m.png"
+    argv = ["--paths", "150000", "--workers", "1", "--seconds", "2", "--json", str(out)]
+    assert bench_memory.main([*argv, "--plot", str(plot)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert set(runs) == {"list/1", "StringArray/1"}
+    assert runs["list/1"]["worker_uss_mib"] > 2 * runs["StringArray/1"]["worker_uss_mib"]
+    assert plot.stat().st_size > 0
+    assert "USS per worker" in capsys.readouterr().out
