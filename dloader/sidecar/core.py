@@ -139,6 +139,7 @@ class NodeCore:
         self._clock = clock
         self.jobs: dict[str, Job] = {}
         self._revision = 0
+        self._changed_at = -math.inf  # when any job's worker count last changed
         self._wake = asyncio.Event()
         self._dirty = True  # something the decision depends on changed since the last one
         for rec in store.active_jobs():  # a restart keeps the jobs and what was learned
@@ -216,7 +217,9 @@ class NodeCore:
             Directive(reg.num_workers, reg.batch_size, reason="registered"),
             last_report_at=self._clock(),
             tree=tree,
-            directive_at=self._clock(),
+            # Nothing changed for it: it runs at its own count, so its first report's window
+            # (from its first batch, after registration) teaches the model at once.
+            directive_at=self._clock() - pol.SETTLE_S,
             initial_workers=reg.num_workers,
         )
         self.jobs[rec.job_id] = job
@@ -337,6 +340,7 @@ class NodeCore:
             directed_workers=job.directive.num_workers,
             busy_workers=len(busy),
             since_directive_s=self._clock() - job.directive_at,
+            since_node_change_s=self._clock() - self._changed_at,
             reports=job.reports,
             run_length=job.run_length,
         )
@@ -419,7 +423,7 @@ class NodeCore:
                     reason=d.reason,
                     revision=self._revision,
                 )
-                job.directive_at = self._clock()
+                job.directive_at = self._changed_at = self._clock()
                 self.store.add_decision(
                     job.job_id,
                     d.num_workers,

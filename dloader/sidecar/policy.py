@@ -489,11 +489,14 @@ def learning_gate(
     since_directive_s: float,
     reports: int,
     run_length: int,
+    since_node_change_s: float = math.inf,
 ) -> Learning:
     """Whether a report window teaches the model something.
 
     Only steady windows at the allocation the job was told to run count: the whole window must
-    lie after the last change plus ``SETTLE_S``, and (with workers) some worker must have
+    lie after the last change plus ``SETTLE_S``, of this job's worker count and of any other
+    job's on the node (``since_node_change_s``: a neighbour's change shifts the CPU contention,
+    which would be credited to this job's own count), and (with workers) some worker must have
     delivered a batch. One observation per window, not one per report. An allocation the model
     knows and predicts well (within ``SURPRISE``) is sampled one window in ``STEADY_EVERY``
     after ``STEADY_AFTER``.
@@ -505,7 +508,7 @@ def learning_gate(
         and window_s >= 1.0
         and k == directed_workers
         and (k == 0 or busy_workers > 0)
-        and since_directive_s >= window_s + SETTLE_S
+        and min(since_directive_s, since_node_change_s) >= window_s + SETTLE_S
     )
     if not usable:
         return Learning(False, run_length, False)

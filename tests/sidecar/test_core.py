@@ -154,3 +154,42 @@ def test_before_any_worker_a_worker_is_assumed_to_copy_the_trainer(tmp_path: Pat
     assert job.worker_memory_bytes == 300 * MiB
     core.decide()
     assert job.directive.num_workers == 3  # 3 x 300 MiB fit in 1 GiB; 4 would not
+
+
+def test_a_new_job_is_learned_from_its_first_window(tmp_path: Path) -> None:
+    """Registration changes nothing for the job: its first report (a 2 s window after
+    registration) feeds the model at once, no settling time added."""
+    node = FakeNode(0.0)
+    core = NodeCore(
+        Store(tmp_path / "s.db"),
+        PolicySettings("adaptive", 4, 2, 1.0),
+        tree_stats=node.tree,
+        clock=node.clock,
+    )
+    job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    assert job.directive.num_workers == 2  # it explores from its own count
+    node.now += 2.0
+    core.report(job, report(2, 300.0))
+    assert len(job.model.observations) == 1
+
+
+def test_a_neighbours_change_is_not_credited_to_a_job(tmp_path: Path) -> None:
+    """While another job's worker count has just changed, a job's window is not observed: the
+    CPU contention moved under it."""
+    node = FakeNode(0.0)
+    core = NodeCore(
+        Store(tmp_path / "s.db"),
+        PolicySettings("even", 4, 2, 1.0),
+        tree_stats=node.tree,
+        clock=node.clock,
+    )
+    a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    node.now += 10.0
+    b = core.register(Registration("b", pids=(100,), num_workers=4, batch_size=32))
+    assert b.directive.num_workers == 2  # even split: b changed, a did not
+    node.now += 2.0
+    core.report(a, report(2, 300.0))
+    assert not a.model.observations  # b's change lies within a's window
+    node.now += 4.0
+    core.report(a, report(2, 300.0))
+    assert len(a.model.observations) == 1
