@@ -26,11 +26,13 @@ from torch.utils.data import Dataset
 
 __all__ = [
     "PROFILES",
+    "REAL_MIX",
     "EmulatedDataset",
     "Profile",
     "RunResult",
     "burn_cpu",
     "main",
+    "make_dataset",
     "run_job",
 ]
 
@@ -50,6 +52,10 @@ class Profile:
     """Accelerator step: fixed part."""
     step_per_sample_ms: float
     """Accelerator step: part per sample in the batch."""
+    pipeline: str = "emulated"
+    """The data: ``emulated`` (``io_ms`` and ``cpu_ms`` per sample), or a real pipeline of
+    :mod:`dloader.pipelines` (``jpeg``, ``text``, ``remote``: costs vary per sample; ``io_ms``
+    and ``cpu_ms`` are then their measured means, for information)."""
 
     def step_s(self, batch_size: int) -> float:
         """Accelerator time for one batch, seconds: ``base + per_sample * b``."""
@@ -72,7 +78,33 @@ PROFILES: dict[str, Profile] = {
     "gpu_bound": Profile(
         "gpu_bound", io_ms=1.0, cpu_ms=0.5, batch_size=32, step_base_ms=40.0, step_per_sample_ms=5.0
     ),
+    # real pipelines (dloader.pipelines), costs measured on a 2-core EPYC
+    "image_jpeg": Profile("image_jpeg", 0.0, 4.1, 32, 8.0, 0.6, pipeline="jpeg"),
+    "text_pack": Profile("text_pack", 0.0, 1.6, 32, 6.0, 0.3, pipeline="text"),
+    "remote_read": Profile("remote_read", 10.4, 0.2, 32, 4.0, 0.4, pipeline="remote"),
 }
+#: The real-pipeline mix (the accelerator emulated, the data real).
+REAL_MIX = ("image_jpeg", "text_pack", "remote_read")
+
+
+def make_dataset(profile: Profile, length: int, jpegs: int = 3000) -> Dataset[Any]:
+    """The dataset of ``profile`` with ``length`` samples (``jpegs``: files generated once into
+    :func:`dloader.pipelines.default_cache` for the image pipeline)."""
+    if profile.pipeline == "emulated":
+        return EmulatedDataset.from_profile(profile, length)
+    from dloader import pipelines
+
+    if profile.pipeline == "jpeg":
+        files = pipelines.make_jpegs(pipelines.default_cache() / str(jpegs), jpegs)
+        return pipelines.JpegImages(files, length)
+    if profile.pipeline == "text":
+        return pipelines.PackedText(length)
+    if profile.pipeline == "remote":
+        return pipelines.RemoteReads(length)
+    raise ValueError(
+        f"profile {profile.name}: pipeline={profile.pipeline!r}, expected emulated, jpeg, text "
+        "or remote"
+    )
 
 
 def burn_cpu(seconds: float) -> None:
@@ -261,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", default=None, help="write a JSON timeline (time, samples, wait, workers per step)"
     )
+    parser.add_argument(
+        "--jpegs",
+        type=int,
+        default=3000,
+        help="image_jpeg: JPEG files to generate once into the cache and read (default: 3000)",
+    )
     args = parser.parse_args(argv)
     if args.seconds is not None and args.samples is not None:
         parser.error("give --seconds or --samples, not both")
@@ -279,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     if bs < 1:
         parser.error(f"--batch-size={bs} must be >= 1")
     started = time.time()
-    dataset = EmulatedDataset.from_profile(profile, 1_000_000)
+    dataset = make_dataset(profile, 1_000_000, args.jpegs)
     if args.loader == "torch":
         loader: Any = torch.utils.data.DataLoader(
             dataset, batch_size=bs, shuffle=True, num_workers=args.workers
