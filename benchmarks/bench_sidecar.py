@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -60,6 +61,32 @@ def with_sidecar(policy: str, budget: int, seconds: float, tmp: Path) -> dict[st
     folder = tmp / f"{policy}-{budget}"
     with sidecar_process(folder, policy=policy, worker_budget=budget) as sc:
         return run_jobs(specs(START_WORKERS), folder, seconds=seconds, sidecar=sc.target)
+
+
+_REGISTERED = re.compile(r"job (\S+) \((\S+)\) registered")
+_PREDICTED = re.compile(r"job (\S+): (\d+) workers \((\d+) workers: predicted ([\d,]+) samples/s")
+
+
+def prediction_errors(log: Path, per: dict[str, Any]) -> dict[str, float | None]:
+    """Per job: the adaptive sidecar's last prediction for the worker count the job ran in the
+    scored window, vs what it measured there: ``|predicted / measured - 1|`` (None: no
+    prediction was logged for that count)."""
+    names: dict[str, str] = {}
+    last: dict[str, tuple[int, float]] = {}
+    for line in log.read_text().splitlines():
+        if m := _REGISTERED.search(line):
+            names[m.group(1)] = m.group(2)
+        elif m := _PREDICTED.search(line):
+            last[names.get(m.group(1), m.group(1))] = (
+                int(m.group(2)),
+                float(m.group(4).replace(",", "")),
+            )
+    out: dict[str, float | None] = {}
+    for job, p in per.items():
+        k, predicted = last.get(job, (None, 0.0))
+        ok = k == p["workers"] and p["samples_per_s"] > 0
+        out[job] = abs(predicted / p["samples_per_s"] - 1) if ok else None
+    return out
 
 
 def specs(workers: int | dict[str, int]) -> list[JobSpec]:
@@ -195,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     for budget in grids:
         even = next(t for n, t, _ in rows if n == f"even, budget {budget}")
         label = f"adaptive, budget {budget}"
-        adaptive = next(t for n, t, _ in rows if n == label)
+        adaptive, per = next((t, q) for n, t, q in rows if n == label)
         conv = converged_at(runs[label], adaptive, args.seconds)
+        errors = prediction_errors(tmp / f"adaptive-{budget}" / "sidecar.log", per)
         better = max(even, none)
         summary[budget] = {
             "adaptive_vs_better_baseline": adaptive / better,
@@ -204,13 +232,16 @@ def main(argv: list[str] | None = None) -> int:
             "adaptive_vs_no_sidecar": adaptive / none,
             "adaptive_vs_static_best_same_budget": adaptive / best[budget][0],
             "converged_s": conv,
+            "prediction_error": errors,
         }
         print(
             f"budget {budget}: adaptive / the better of (no sidecar, even at this budget) = "
             f"{adaptive / better:.2f} (target >= {targets[0]:.2f}); adaptive / the best static "
             f"split within this budget = {adaptive / best[budget][0]:.2f} (target >= "
             f"{targets[1]:.2f}); reached 95% of its final score after "
-            f"{conv if conv is not None else 'n/a'} s"
+            f"{conv if conv is not None else 'n/a'} s; the model's error on the final worker "
+            "counts: "
+            + ", ".join(f"{j} {e:.0%}" if e is not None else f"{j} n/a" for j, e in errors.items())
         )
     stem = "bench_sidecar" if args.mix == "emulated" else f"bench_sidecar_{args.mix}"
     out_path(f"{stem}.json").write_text(

@@ -105,7 +105,9 @@ class JpegImages(Dataset[Any]):
         else:
             cw = ch = min(w, h)
             x, y = (w - cw) // 2, (h - ch) // 2
-        img = img.resize((self.size, self.size), Image.Resampling.BILINEAR, box=(x, y, x + cw, y + ch))
+        img = img.resize(
+            (self.size, self.size), Image.Resampling.BILINEAR, box=(x, y, x + cw, y + ch)
+        )
         if rng.random() < 0.5:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         arr = (np.asarray(img, dtype=np.float32) - _MEAN) / _STD

@@ -8,6 +8,7 @@ reports no GPU; the sidecar then relies on the loaders' own data-wait measuremen
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -158,6 +159,21 @@ def _proc(pid: int) -> psutil.Process:
     return p
 
 
+_MEMORY_TTL_S = 10.0
+_memory: dict[int, tuple[float, int, int]] = {}  # pid -> (when, USS, PSS)
+
+
+def _uss_pss(p: psutil.Process) -> tuple[int, int]:
+    """A process's USS and PSS, read at most every ``_MEMORY_TTL_S`` (smaps_rollup walks the
+    page tables: the dearest thing the monitor reads; memory moves slowly)."""
+    now = time.monotonic()
+    seen = _memory.get(p.pid)
+    if seen is None or now - seen[0] > _MEMORY_TTL_S:
+        full = p.memory_full_info()
+        seen = _memory[p.pid] = (now, full.uss, getattr(full, "pss", full.uss))
+    return seen[1], seen[2]
+
+
 _CHILDREN_TTL_S = 0.5
 _children: tuple[float, dict[int, list[int]]] = (-1.0, {})
 
@@ -178,6 +194,7 @@ def _children_map() -> dict[int, list[int]]:
         alive = {pid for pids in kids.values() for pid in pids}
         for pid in [pid for pid in _procs if pid not in alive]:
             del _procs[pid]  # ended processes (resized-away workers, finished jobs)
+            _memory.pop(pid, None)
     return _children[1]
 
 
@@ -214,12 +231,10 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
             used = p.cpu_percent(None)
             cpu += used
             main += used if pid in pids else 0.0
-            try:
-                full = p.memory_full_info()  # smaps_rollup: USS and PSS, not only RSS
-                rss += full.rss
-                uss[pid], pss = full.uss, pss + getattr(full, "pss", full.uss)
-            except psutil.AccessDenied:
-                rss += p.memory_info().rss
+            rss += p.memory_info().rss
+            with contextlib.suppress(psutil.AccessDenied):
+                u, q = _uss_pss(p)  # USS and PSS, not only RSS
+                uss[pid], pss = u, pss + q
             try:
                 io = p.io_counters()
                 rd += io.read_bytes

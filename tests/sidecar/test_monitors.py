@@ -75,3 +75,34 @@ def test_run_delay_grows_under_contention() -> None:
         for p in spinners:
             p.kill()
             p.wait()
+
+
+def test_tree_stats_give_each_process_its_private_memory() -> None:
+    """USS per process (what a forked worker has copied) and the tree's PSS, from the kernel."""
+    import multiprocessing as mp
+    import os
+
+    from dloader.sidecar import monitors
+    from dloader.sidecar.monitors import process_tree_stats
+
+    ctx = mp.get_context("fork")
+    ready, done = ctx.Event(), ctx.Event()
+
+    def child() -> None:
+        blob = bytearray(32 * 2**20)  # 32 MiB written: private to the child
+        blob[::4096] = b"x" * len(blob[::4096])
+        ready.set()
+        done.wait(30)
+
+    p = ctx.Process(target=child)
+    p.start()
+    try:
+        assert ready.wait(30)
+        monitors._children = (-1.0, {})  # the scan is shared for 0.5 s: this child is newer
+        stats = process_tree_stats([os.getpid()])
+        assert p.pid in stats.worker_pids
+        assert stats.uss_bytes[p.pid] >= 32 * 2**20
+        assert stats.uss_bytes[os.getpid()] > 0 and stats.pss_bytes >= stats.uss_bytes[p.pid]
+    finally:
+        done.set()
+        p.join(10)
