@@ -302,6 +302,15 @@ class Launcher:
                         await self._submit(stub)
                         return await self._session(stub, stop)
                 except grpc.aio.AioRpcError as exc:
+                    if exc.code() == grpc.StatusCode.NOT_FOUND and self.submitted:
+                        if self.seen or not self.args.follow:
+                            log.info("job %s ended elsewhere", self.args.job_id)
+                            return 0
+                        if self._backoff.failures == 0:  # a follower can start first
+                            log.info("job %s: waiting for it to be submitted", self.args.job_id)
+                        if await self._wait_offline(stop, self._backoff.next()):
+                            return 130
+                        continue
                     if exc.code() not in _TRANSIENT:
                         raise
                     if self._backoff.failures == 0:

@@ -100,6 +100,15 @@ def test_two_nodes_resize_restart_and_survive_a_node_death(tmp_path: Path) -> No
         common += ["--token-file", str(tmp_path / "mn.token"), "--last-call", "4"]
         script = [str(SCRIPT), "--ckpt-dir", str(tmp_path / "ckpt"), "--events", str(events)]
         script += ["--samples", "240", "--step-s", "0.2"]
+        # the follower starts first: it waits for the job to be submitted
+        follower = ps.start(
+            "n2", str(BIN / "dloader-launch"), *common, "--node-id", "n2", "--follow", *script
+        )
+        wait_for(
+            "the follower to wait for the job",
+            lambda: "waiting for it to be submitted" in (tmp_path / "n2.log").read_text(),
+            procs=[follower],
+        )
         submitter = ps.start(
             "n1",
             str(BIN / "dloader-launch"),
@@ -113,9 +122,6 @@ def test_two_nodes_resize_restart_and_survive_a_node_death(tmp_path: Path) -> No
             "--scaling",
             SCALING,
             *script,
-        )
-        follower = ps.start(
-            "n2", str(BIN / "dloader-launch"), *common, "--node-id", "n2", "--follow", *script
         )
         procs = [submitter, follower]
 
