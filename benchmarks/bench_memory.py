@@ -64,7 +64,9 @@ def memory(pids: list[int]) -> tuple[list[int], int]:
     return uss, pss
 
 
-def run(paths: Any, workers: int, seconds: float, batch: int) -> dict[str, Any]:
+def run(
+    paths: Any, workers: int, seconds: float, batch: int, every: float = 2.0
+) -> dict[str, Any]:
     ds = PathDataset(paths)
     sampler = random.Random(0).sample(range(len(ds)), len(ds))  # a shuffled epoch
     loader = dloader.DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers)
@@ -81,7 +83,7 @@ def run(paths: Any, workers: int, seconds: float, batch: int) -> dict[str, Any]:
         samples += len(b)
         now = time.monotonic() - start
         done = now >= seconds or samples >= 0.9 * len(ds)
-        if now - last >= 0.25 or done:
+        if now - last >= every or done:  # smaps_rollup of big processes is not free
             uss, pss_workers = memory(pids)
             _, pss_all = memory([os.getpid(), *pids])
             trace.append((now, sum(uss) / max(len(uss), 1) / MiB))

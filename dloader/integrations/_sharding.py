@@ -29,9 +29,31 @@ from torch.utils.data import Sampler
 from dloader._state import SamplerSnapshot
 from dloader.errors import StateError
 
-__all__ = ["BatchShardSampler", "broadcast_generator"]
+__all__ = ["BatchShardSampler", "broadcast_generator", "worker_arguments"]
 
 _STATE_VERSION = 1
+
+
+#: torch DataLoader arguments a rebuilt loader keeps (not those of batching and sampling)
+_WORKER_ARGS = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+
+
+def worker_arguments(loader: Any) -> dict[str, Any]:
+    """A torch (or dloader) loader's arguments other than dataset, batching and sampling: what
+    a loader rebuilt around another sampler keeps."""
+    return {name: getattr(loader, name) for name in _WORKER_ARGS}
 
 
 def broadcast_generator(sampler: Any) -> None:

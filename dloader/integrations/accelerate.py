@@ -52,7 +52,11 @@ from accelerate.utils import send_to_device
 from torch.utils.data import IterableDataset, RandomSampler
 
 from dloader._loader import DataLoader
-from dloader.integrations._sharding import BatchShardSampler, broadcast_generator
+from dloader.integrations._sharding import (
+    BatchShardSampler,
+    broadcast_generator,
+    worker_arguments,
+)
 
 __all__ = ["AcceleratedDataLoader", "prepare", "prepare_data_loader", "skip_first_batches"]
 
@@ -225,22 +229,9 @@ def prepare_data_loader(
 def _loader_kwargs(loader: DataLoader[Any]) -> dict[str, Any]:
     """The arguments to rebuild ``loader`` (batching and sampling are set by the caller)."""
     kwargs: dict[str, Any] = {
-        name: getattr(loader, name)
-        for name in (
-            "dataset",
-            "num_workers",
-            "collate_fn",
-            "pin_memory",
-            "timeout",
-            "worker_init_fn",
-            "multiprocessing_context",
-            "generator",
-            "prefetch_factor",
-            "persistent_workers",
-            "pin_memory_device",
-            "in_order",
-            *_DLOADER_ARGS,
-        )
+        "dataset": loader.dataset,
+        **worker_arguments(loader),
+        **{name: getattr(loader, name) for name in _DLOADER_ARGS},
     }
     kwargs["stats_window_s"] = loader._telemetry.window_s
     agent = loader.sidecar_agent  # not started: it starts at the first iter()

@@ -33,30 +33,17 @@ import torch.utils.data
 from transformers import Trainer
 
 from dloader._loader import DataLoader
+from dloader.integrations._sharding import worker_arguments
 from dloader.integrations.accelerate import prepare_data_loader
 
 __all__ = ["DLoaderTrainer", "from_torch"]
-
-_TORCH_ARGS = (
-    "num_workers",
-    "collate_fn",
-    "pin_memory",
-    "timeout",
-    "worker_init_fn",
-    "multiprocessing_context",
-    "generator",
-    "prefetch_factor",
-    "persistent_workers",
-    "pin_memory_device",
-    "in_order",
-)
 
 
 def from_torch(loader: torch.utils.data.DataLoader[Any], **options: Any) -> DataLoader[Any]:
     """A ``dloader.DataLoader`` with ``loader``'s arguments (which must not have been iterated
     with workers yet) plus dloader's ``options`` (``min_workers``, ``max_workers``,
     ``batch_size_range``, ``sidecar``, ``job_name``, ...)."""
-    kwargs = {name: getattr(loader, name) for name in _TORCH_ARGS}
+    kwargs = worker_arguments(loader)
     if loader.batch_size is None and loader.batch_sampler is not None:
         kwargs["batch_sampler"] = loader.batch_sampler  # the user's own batches
     elif isinstance(loader.dataset, torch.utils.data.IterableDataset):

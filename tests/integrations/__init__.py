@@ -1,0 +1,28 @@
+"""Integration tests with real processes: torchrun, the daemons, the training frameworks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+
+
+def torchrun(script: str, nproc: int, *args: str, timeout: float = 240) -> None:
+    """``torchrun --standalone --nproc-per-node=nproc tests/integrations/<script> args``, in the
+    repository root, one thread per process; fails the test with its output's tail."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(HERE / script),
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

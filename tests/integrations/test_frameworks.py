@@ -3,34 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.integrations import torchrun
+
 pytestmark = pytest.mark.integration
-
-HERE = Path(__file__).parent
-ROOT = HERE.parents[1]
-
-
-def torchrun(script: str, nproc: int, *args: str, timeout: float = 240) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        str(HERE / script),
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
 
 def reports(folder: Path, phase: str) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integrations.test_frameworks import torchrun
+from tests.integrations import torchrun
 
 pytestmark = pytest.mark.integration
 

@@ -4,45 +4,26 @@ epoch is consumed exactly once and model/optimizer state survives each restart e
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from tests.integrations import torchrun
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # torchrun restarts
 
-SCRIPT = Path(__file__).with_name("train_elastic.py")
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def torchrun(nproc: int, root: Path, log: Path, steps: int | None) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        str(SCRIPT),
-        "--ckpt-dir",
-        str(root),
-        "--events",
-        str(log),
-    ]
-    if steps is not None:
-        cmd += ["--train-steps", str(steps)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+def run(nproc: int, root: Path, log: Path, steps: int | None) -> None:
+    args = ["--ckpt-dir", str(root), "--events", str(log)]
+    torchrun("train_elastic.py", nproc, *args, *(["--train-steps", str(steps)] if steps else []))
 
 
 def test_restart_with_other_world_sizes_consumes_each_index_once(tmp_path: Path) -> None:
     root, log = tmp_path / "ckpt", tmp_path / "log"
-    torchrun(2, root, log, steps=7)  # 2 ranks x 7 steps x 4 = 56 samples
-    torchrun(3, root, log, steps=3)  # 3 x 3 x 4 = 36 more
-    torchrun(1, root, log, steps=None)  # the remaining 28, to the end of the epoch
+    run(2, root, log, steps=7)  # 2 ranks x 7 steps x 4 = 56 samples
+    run(3, root, log, steps=3)  # 3 x 3 x 4 = 36 more
+    run(1, root, log, steps=None)  # the remaining 28, to the end of the epoch
 
     events = []
     for f in sorted(tmp_path.glob("log.rank*.jsonl")):

@@ -11,7 +11,6 @@ torchrun restarts the survivors from the last checkpoint.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import signal
@@ -27,15 +26,7 @@ sys.path.insert(0, os.getcwd())
 import dloader
 from dloader.integrations.torchrun import resume, save_checkpoint
 from tests.dloader.datasets import Range
-
-
-def state_hash(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
-    h = hashlib.sha256()
-    for v in model.state_dict().values():
-        h.update(v.detach().numpy().tobytes())
-    for st in opt.state_dict()["state"].values():
-        h.update(st["momentum_buffer"].numpy().tobytes())
-    return h.hexdigest()
+from tests.integrations.train_elastic import param_hash as state_hash
 
 
 def main() -> None:
