@@ -217,20 +217,24 @@ def cpu_shares(demands: Sequence[float], workers: Sequence[int], cores: float) -
     in proportion to their worker counts.
     """
     out = [0.0] * len(demands)
-    todo = [i for i, d in enumerate(demands) if d > 0]
-    left = cores
-    while todo:
-        weight = sum(max(workers[i], 1) for i in todo)
-        fair = {i: left * max(workers[i], 1) / weight for i in todo}
-        under = [i for i in todo if demands[i] <= fair[i]]
-        if not under:
-            for i in todo:
-                out[i] = fair[i]
-            break
-        for i in under:
+    weights = [max(w, 1) for w in workers]
+    # In order of demand per thread: while a consumer needs no more than its fair share of what
+    # is left, it gets its demand (which only raises the others' share); from the first that
+    # needs more, everyone left shares the rest by thread count. One sorted pass.
+    todo = sorted(
+        (i for i, d in enumerate(demands) if d > 0), key=lambda i: demands[i] / weights[i]
+    )
+    left, weight = cores, sum(weights[i] for i in todo)
+    for pos, i in enumerate(todo):
+        if demands[i] * weight <= left * weights[i]:
             out[i] = demands[i]
             left -= demands[i]
-        todo = [i for i in todo if i not in under]
+            weight -= weights[i]
+            continue
+        level = left / weight
+        for j in todo[pos:]:
+            out[j] = level * weights[j]
+        break
     return out
 
 
