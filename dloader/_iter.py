@@ -201,15 +201,15 @@ class ElasticIterator:
                 )
         skip_batches, loader._pending_skip = loader._pending_skip, 0
         if skip_batches:  # DataLoader.skip_batches(): as if they had been delivered
-            self._batches_yielded += skip_batches
             if self._loader_kind_iterable:
-                self._replay += skip_batches
-                self._batches_yielded -= skip_batches  # counted while replaying
+                self._replay += skip_batches  # read and dropped (counted then)
             elif loader._user_batch_sampler:
                 skip += skip_batches
+                self._batches_yielded += skip_batches
             else:
                 skip += skip_batches * (loader.batch_size or 1)
                 self._samples_yielded += skip_batches * (loader.batch_size or 1)
+                self._batches_yielded += skip_batches
         self._batch_size = loader.batch_size
         self._stream: IndexStream | None = None
         if not self._loader_kind_iterable:
