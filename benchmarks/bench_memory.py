@@ -64,9 +64,7 @@ def memory(pids: list[int]) -> tuple[list[int], int]:
     return uss, pss
 
 
-def run(
-    paths: Any, workers: int, seconds: float, batch: int, every: float = 2.0
-) -> dict[str, Any]:
+def run(paths: Any, workers: int, seconds: float, batch: int, every: float = 2.0) -> dict[str, Any]:
     ds = PathDataset(paths)
     sampler = random.Random(0).sample(range(len(ds)), len(ds))  # a shuffled epoch
     loader = dloader.DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers)
