@@ -198,11 +198,50 @@ def _children_map() -> dict[int, list[int]]:
     return _children[1]
 
 
+_HAVE_TASK_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def _children_of(pid: int) -> list[int]:
+    """Direct children of ``pid``: from ``/proc/PID/task/*/children`` where the kernel has it
+    (a few small reads per process, not a scan of every process on the node), else from the
+    shared scan."""
+    if not _HAVE_TASK_CHILDREN:
+        return _children_map().get(pid, [])
+    kids: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # gone
+        return kids
+    for task in tasks:
+        with (
+            contextlib.suppress(OSError, ValueError),  # a thread that ended meanwhile
+            open(f"/proc/{pid}/task/{task}/children") as f,
+        ):
+            kids += [int(x) for x in f.read().split()]
+    return kids
+
+
+_PRUNE_EVERY_S = 30.0
+_pruned_at = 0.0
+
+
+def _prune() -> None:
+    """Forgets the cached processes that have ended (resized-away workers, finished jobs)."""
+    global _pruned_at
+    now = time.monotonic()
+    if now - _pruned_at < _PRUNE_EVERY_S:
+        return
+    _pruned_at = now
+    for pid in [pid for pid in _procs if not os.path.exists(f"/proc/{pid}")]:
+        del _procs[pid]
+        _memory.pop(pid, None)
+
+
 def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
     """CPU, memory and I/O of ``pids`` and all their descendants."""
+    _prune()
     tree: dict[int, psutil.Process] = {}
     alive = False
-    kids = _children_map()
     for pid in pids:
         try:
             root = _proc(pid)
@@ -212,7 +251,7 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
             continue
         alive = True
         tree[pid] = root
-        todo = list(kids.get(pid, ()))
+        todo = _children_of(pid)
         while todo:
             child = todo.pop()
             if child in tree:
@@ -221,7 +260,7 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
                 tree[child] = _proc(child)
             except psutil.Error:  # gone since the scan
                 continue
-            todo += kids.get(child, ())
+            todo += _children_of(child)
     cpu = main = 0.0
     rss = rd = wr = pss = 0
     uss: dict[int, int] = {}
