@@ -277,6 +277,7 @@ class Launcher:
     async def _stop(self) -> None:
         proc, self.proc = self.proc, None
         if proc is None or proc.returncode is not None:
+            self.store = None
             return
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)  # torchrun passes it on to its workers
@@ -287,6 +288,7 @@ class Launcher:
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
         self.gpus, self.generation = 0, -1
+        self.store = None  # this generation's rendezvous store (if hosted here) closes
 
     async def run(self, stop: asyncio.Event) -> int:
         """Follows the allocation until the script exits (its exit code) or ``stop`` (130).
