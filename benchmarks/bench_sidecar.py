@@ -57,10 +57,14 @@ QUICK_GRIDS = {
 }
 
 
-def with_sidecar(policy: str, budget: int, seconds: float, tmp: Path) -> dict[str, Any]:
+def with_sidecar(
+    policy: str, budget: int, seconds: float, tmp: Path, extra: list[str]
+) -> dict[str, Any]:
     folder = tmp / f"{policy}-{budget}"
     with sidecar_process(folder, policy=policy, worker_budget=budget) as sc:
-        return run_jobs(specs(START_WORKERS), folder, seconds=seconds, sidecar=sc.target)
+        return run_jobs(
+            specs(START_WORKERS), folder, seconds=seconds, sidecar=sc.target, extra=extra
+        )
 
 
 _REGISTERED = re.compile(r"job (\S+) \((\S+)\) registered")
@@ -101,7 +105,7 @@ def converged_at(results: dict[str, Any], final: float, seconds: float) -> float
     return None
 
 
-def plot(runs: dict[str, dict[str, Any]], seconds: float, stem: str) -> None:
+def plot(runs: dict[str, dict[str, Any]], seconds: float, png: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,7 +134,7 @@ def plot(runs: dict[str, dict[str, Any]], seconds: float, stem: str) -> None:
     axes[-1].set_xlabel("seconds")
     fig.suptitle(f"Three jobs on one node\n{machine()}", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_path(f"{stem}.png"), dpi=110)
+    fig.savefig(png, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,10 +142,25 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.bench_sidecar",
         description="Three emulated jobs on one node: even vs adaptive vs the best static split.",
     )
-    p.add_argument("--seconds", type=float, default=90.0, help="length of a sidecar run")
-    p.add_argument("--window", type=float, default=30.0, help="scored final window, seconds")
-    p.add_argument("--grid-seconds", type=float, default=25.0, help="length of a grid run")
+    p.add_argument(
+        "--seconds", type=float, help="length of a sidecar run (default: 90, --quick: 40)"
+    )
+    p.add_argument(
+        "--window", type=float, help="scored final window, seconds (default: 30, --quick: 12)"
+    )
+    p.add_argument(
+        "--grid-seconds", type=float, help="length of a grid run (default: 25, --quick: 15)"
+    )
     p.add_argument("--quick", action="store_true", help="shorter runs, smaller grid")
+    p.add_argument(
+        "--jpegs",
+        type=int,
+        default=3000,
+        help="real mix: JPEG files the image job reads (generated once into the cache)",
+    )
+    p.add_argument(
+        "--out-dir", type=Path, help="where the JSON and the PNG go (default: benchmarks/out)"
+    )
     p.add_argument(
         "--mix",
         choices=sorted(GRIDS),
@@ -152,25 +171,36 @@ def main(argv: list[str] | None = None) -> int:
     global JOBS
     JOBS = REAL_MIX if args.mix == "real" else JOBS
     grids = (QUICK_GRIDS if args.quick else GRIDS)[args.mix]
-    if args.quick:
-        args.seconds, args.window, args.grid_seconds = 40.0, 12.0, 15.0
+    for name, full, quick in (
+        ("seconds", 90.0, 40.0),
+        ("window", 30.0, 12.0),
+        ("grid_seconds", 25.0, 15.0),
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if args.window >= args.seconds:
-        p.error("--window must be shorter than --seconds")
+        p.error(f"--window {args.window:g} must be shorter than --seconds {args.seconds:g}")
+    if args.jpegs < 1:
+        p.error(f"--jpegs {args.jpegs}: expected at least 1")
+    extra = ["--jpegs", str(args.jpegs)]
+    outs = (lambda name: args.out_dir / name) if args.out_dir else out_path
+    if args.out_dir:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-"))
     runs, rows = {}, []
     best: dict[int, tuple[float, str]] = {}
     if args.mix == "real":  # generate the JPEGs first: not inside the first run's time
-        make_dataset(PROFILES["image_jpeg"], 1)
+        make_dataset(PROFILES["image_jpeg"], 1, args.jpegs)
     print(f"  no sidecar: 3 jobs x {args.seconds:g} s ...", file=sys.stderr, flush=True)
-    res = run_jobs(specs(START_WORKERS), tmp / "none", seconds=args.seconds)
+    res = run_jobs(specs(START_WORKERS), tmp / "none", seconds=args.seconds, extra=extra)
     runs["no sidecar (4 each)"] = res
     rows.append(("no sidecar (4 each)", *score(res, args.seconds - args.window, args.seconds)))
     for budget, grid in grids.items():
         for policy in ("even", "adaptive"):
             label = f"{policy}, budget {budget}"
             print(f"  {label}: 3 jobs x {args.seconds:g} s ...", file=sys.stderr, flush=True)
-            res = with_sidecar(policy, budget, args.seconds, tmp)
+            res = with_sidecar(policy, budget, args.seconds, tmp, extra)
             runs[label] = res
             total, per = score(res, args.seconds - args.window, args.seconds)
             rows.append((label, total, per))
@@ -183,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            res = run_jobs(specs(workers), tmp / f"grid-{budget}-{i}", seconds=args.grid_seconds)
+            res = run_jobs(
+                specs(workers), tmp / f"grid-{budget}-{i}", seconds=args.grid_seconds, extra=extra
+            )
             total, per = score(
                 res,
                 args.grid_seconds - args.window * args.grid_seconds / args.seconds,
@@ -244,14 +276,14 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{j} {e:.0%}" if e is not None else f"{j} n/a" for j, e in errors.items())
         )
     stem = "bench_sidecar" if args.mix == "emulated" else f"bench_sidecar_{args.mix}"
-    out_path(f"{stem}.json").write_text(
+    outs(f"{stem}.json").write_text(
         json.dumps(
             {"machine": machine(), "rows": [[n, t, per] for n, t, per in rows], "summary": summary},
             indent=1,
         )
     )
-    plot(runs, args.seconds, stem)
-    print(f"wrote {out_path(stem + '.json')} and {out_path(stem + '.png')}")
+    plot(runs, args.seconds, outs(f"{stem}.png"))
+    print(f"wrote {outs(stem + '.json')} and {outs(stem + '.png')}")
     return 0
 
 

@@ -86,8 +86,10 @@ def run_jobs(
     *,
     seconds: float | None = None,
     sidecar: str | None = None,
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Runs the jobs (each arriving at its second) to completion; returns their timelines."""
+    """Runs the jobs (each arriving at its second) to completion; returns their timelines.
+    ``extra``: more ``dloader.testbed`` arguments for every job (e.g. ``--jpegs 200``)."""
     folder.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     procs, outs = [], {}
@@ -109,6 +111,7 @@ def run_jobs(
         cmd += ["--samples", str(samples)] if samples else ["--seconds", str(seconds)]
         if sidecar:
             cmd += ["--sidecar", sidecar]
+        cmd += extra
         procs.append(
             subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         )
