@@ -211,7 +211,8 @@ class JobRequest:
 
 
 def _model(req: JobRequest) -> ScalingModel:
-    """The job's scaling model: fitted to its measurements (>= 2), else its stated parameters."""
+    """The job's scaling model: learned from its measurements (>= 1) as the simulator learns
+    online (:meth:`ScalingModel.fit_observed`), else its stated parameters."""
     try:
         points = [
             ScalingPoint(m.nodes, m.replicas, m.local_batch_size, m.step_s, m.sync_s or None)
@@ -219,9 +220,9 @@ def _model(req: JobRequest) -> ScalingModel:
         ]
     except PredictorError as exc:
         raise InvalidArgument("job.measurements", str(exc)) from None
-    if len(points) >= 2:
+    if points:
         try:
-            return ScalingModel.fit(points)
+            return ScalingModel.fit_observed(points)
         except (PredictorError, ValueError) as exc:
             raise InvalidArgument("job.measurements", f"cannot fit a model: {exc}") from None
     if req.scaling:
@@ -238,7 +239,7 @@ def _model(req: JobRequest) -> ScalingModel:
             raise InvalidArgument("job.scaling", "alpha_c + beta_c must be > 0 (compute time)")
         return ScalingModel(params)
     raise InvalidArgument(
-        "job.scaling", "need scaling parameters or at least 2 measurements to predict throughput"
+        "job.scaling", "need scaling parameters or at least 1 measurement to predict throughput"
     )
 
 
@@ -270,6 +271,9 @@ class _Job:
     """How many times its placement changed: its launchers restart into each new one."""
     rendezvous: str = ""
     """``host:port`` of the c10d rendezvous of the current generation while it spans nodes."""
+    submitted_at: float | None = None
+    """Clock time of its submission (None: restored from the database; its age then counts
+    from the allocator's start)."""
 
 
 @dataclass(frozen=True)
@@ -341,6 +345,7 @@ class AllocatorCore:
         self.settings = settings  # resolved against the stored Configure by the config
         self._policy: Policy = make_policy(self.settings.policy)
         self._clock = clock
+        self._started = clock()
         self.jobs: dict[str, _Job] = {}
         self.nodes: dict[str, _Node] = {
             # restored nodes get a full timeout to report again
@@ -397,6 +402,7 @@ class AllocatorCore:
             raise ResourceExhausted("job.job_id", f"{len(self.jobs)} active jobs, the most allowed")
         self._seq += 1
         job.seq = self._seq
+        job.submitted_at = self._clock()
         job.token = secrets.token_hex(16)
         self.jobs[req.job_id] = job
         self.store.add_job(
@@ -653,6 +659,10 @@ class AllocatorCore:
             placement=tuple(job.placement.get(n, 0) for n in ids) if job.placement else (),
             batch_size=job.batch_size or None,
             restart_s=r.restart_s,
+            age_s=max(self._clock() - (job.submitted_at or self._started), 0.0),
+            restarts=max(job.generation - 1, 0),
+            # a model learned from measurements is trusted up to twice the GPUs they cover
+            explored_gpus=max(m.replicas for m in r.measurements) if r.measurements else None,
         )
 
     def decide(self) -> Snapshot:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -125,6 +125,11 @@ class JobSpec:
     current_batch: int | None = None
     restart_s: float = DEFAULT_RESTART_S
     """Seconds a change of GPU count costs (checkpoint, restart, resume)."""
+    restart_factor: float | None = None
+    """Share of the speedup a change keeps (None: ``1 - restart_s / horizon``)."""
+    placed: Mapping[int, float] = field(default_factory=dict, repr=False)
+    """Per GPU count: the share of the compact placement's speedup that the placement the job
+    would really get reaches (counts absent: 1, compact)."""
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
@@ -245,7 +250,13 @@ def _table(
         )
     best = good.argmax(axis=1)
     speedups = good[np.arange(len(counts)), best] / ref
-    keep = 1.0 - min(job.restart_s / horizon_s, 1.0)
+    if job.placed:
+        speedups = speedups * np.array([job.placed.get(int(k), 1.0) for k in counts])
+    keep = (
+        1.0 - min(job.restart_s / horizon_s, 1.0)
+        if job.restart_factor is None
+        else job.restart_factor
+    )
     factor = np.where((job.current_gpus > 0) & (counts != job.current_gpus), keep, 1.0 + _TIE)
     values = np.where(speedups > 0, job.priority * _utility(speedups * factor, power), -np.inf)
     return _Table(counts, values, speedups, batches[best].astype(np.int64))
@@ -329,10 +340,28 @@ def optimize(
     return Plan(ordered, tuple(j.job_id for j in waiting), float(best[capacity]) if tables else 0.0)
 
 
+def _compact(k: int, free: list[int], nodes: Sequence[int]) -> list[int] | None:
+    """GPUs per node for ``k`` GPUs on whole free nodes plus one node for the rest (the
+    best-fitting), or None when the free GPUs do not allow it."""
+    share = [0] * len(free)
+    need = k
+    for n, f in enumerate(free):
+        if need >= nodes[n] and f == nodes[n]:
+            share[n], need = f, need - f
+    if need:
+        fits = [n for n, f in enumerate(free) if f - share[n] >= need]
+        if not fits:
+            return None
+        n = min(fits, key=lambda n: (free[n] - share[n], n))
+        share[n] += need
+    return share
+
+
 def place(
     counts: Mapping[str, int],
     cluster: Cluster,
     current: Mapping[str, Sequence[int]] | None = None,
+    repack: Collection[str] = (),
 ) -> dict[str, tuple[int, ...]]:
     """Packs GPU counts onto nodes; returns each job's GPUs per node (one entry per node).
 
@@ -341,6 +370,9 @@ def place(
         cluster: the nodes.
         current: jobs' present placements (GPUs per node); a job whose count is unchanged keeps
             its placement.
+        repack: jobs whose count is unchanged but whose placement is spread over more nodes
+            than needed: each moves to a compact placement when the GPUs left free (and its
+            own) allow one, else keeps its placement.
     """
     current = current or {}
     total = sum(counts.values())
@@ -359,19 +391,18 @@ def place(
         if k > 0:
             moving.append((k, job))
     for k, job in sorted(moving, key=lambda kj: (-kj[0], kj[1])):
+        # whole free nodes for the multi-node part, the best-fitting node for the rest
+        compact = _compact(k, free, cluster.nodes)
+        if compact is not None:
+            out[job] = tuple(compact)
+            free = [f - n for f, n in zip(free, compact, strict=True)]
+            continue
+        # else spread: whole free nodes first, then the freest nodes
         share = [0] * len(free)
         need = k
-        # whole free nodes first, for the multi-node part
         for n, f in enumerate(free):
             if need >= cluster.nodes[n] and f == cluster.nodes[n]:
                 share[n], free[n], need = f, 0, need - f
-        if need:
-            fits = [n for n, f in enumerate(free) if f >= need]
-            if fits:
-                n = min(fits, key=lambda n: (free[n], n))  # best fit
-                share[n] += need
-                free[n] -= need
-                need = 0
         for n in sorted(range(len(free)), key=lambda n: (-free[n], n)):
             if not need:
                 break
@@ -380,4 +411,13 @@ def place(
             free[n] -= take
             need -= take
         out[job] = tuple(share)
+    for job in sorted(repack, key=lambda j: (-counts.get(j, 0), j)):
+        now = out.get(job)
+        if now is None or job not in current or tuple(current[job]) != now:
+            continue
+        mine = [f + n for f, n in zip(free, now, strict=True)]
+        packed = _compact(sum(now), mine, cluster.nodes)
+        if packed is not None and sum(1 for g in packed if g) < sum(1 for g in now if g):
+            out[job] = tuple(packed)
+            free = [f - n for f, n in zip(mine, packed, strict=True)]
     return out

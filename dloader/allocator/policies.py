@@ -21,8 +21,8 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from dloader.allocator.optimizer import (
     Cluster,
     JobSpec,
     Objective,
+    Plan,
     ThroughputFn,
     optimize,
     place,
@@ -50,6 +51,9 @@ __all__ = [
     "make_policy",
     "throughput_fn",
 ]
+
+
+RestartModel = Literal["age", "horizon"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,14 @@ class JobState:
     batch_size: int | None = None
     """Global batch it runs with now."""
     restart_s: float = DEFAULT_RESTART_S
+    age_s: float | None = None
+    """Seconds since submission (None: unknown; the restart cost is then amortised over the
+    policy's horizon)."""
+    restarts: int = 0
+    """Times its placement changed after its first start."""
+    explored_gpus: int | None = None
+    """The most GPUs its model has seen measurements for, when the model is learned online: it
+    may then get at most twice that (None: the model is trusted everywhere)."""
 
     def __post_init__(self) -> None:
         lo, hi = self.batch_range
@@ -209,7 +221,13 @@ class DpPolicy:
         batch_choices: int = 12,
         accumulate: bool = False,
         fairness: float = 1.0,
+        placement_aware: bool = True,
+        restart_model: RestartModel = "age",
     ) -> None:
+        if restart_model not in ("age", "horizon"):
+            raise AllocatorError(f"restart_model={restart_model!r}: expected 'age' or 'horizon'")
+        self.placement_aware = placement_aware
+        self.restart_model = restart_model
         self.name = name
         self.objective: Objective = objective
         self.fixed_batch = fixed_batch
@@ -228,6 +246,8 @@ class DpPolicy:
             batches = batch_grid(*job.batch_range, n=self.batch_choices, extra=extra)
         # more GPUs than the largest batch can feed at the smallest local batch never help
         top = max(job.min_gpus, min(job.max_gpus, math.floor(max(batches) / lo_local)))
+        if job.explored_gpus is not None:  # an online model: grow at most 2x past what it saw
+            top = max(job.min_gpus, min(top, max(2 * job.explored_gpus, 1)))
         least = job.min_gpus
         if not self.accumulate:  # the smallest batch must fit in the GPUs' memory
             least = max(least, math.ceil(min(batches) / hi_local))
@@ -246,20 +266,47 @@ class DpPolicy:
             current_gpus=job.gpus,
             current_batch=job.batch_size,
             restart_s=job.restart_s,
+            restart_factor=self.restart_factor(job),
         )
+
+    def restart_factor(self, job: JobState) -> float | None:
+        """The share of its speedup a job keeps when its placement changes.
+
+        ``age`` (Pollux's weighting): ``max(age - restarts * R, 0) / (age + R)``: a young job, or
+        one restarted often, pays more; an old job that rarely moved pays little. ``horizon``:
+        ``1 - R / H`` for every job (None here: the optimizer's default)."""
+        if self.restart_model == "horizon" or job.age_s is None:
+            return None
+        r = job.restart_s
+        return max(job.age_s - job.restarts * r, 0.0) / (job.age_s + r) if r > 0 else 1.0
 
     def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> Decision:
         specs = [self.spec(j, cluster) for j in jobs]
-        plan = optimize(
-            specs,
-            cluster,
-            objective=self.objective,
-            horizon_s=self.horizon_s,
-            fairness=self.fairness,
-        )
-        counts = {k: a.gpus for k, a in plan.assignments.items()}
-        placements = place(counts, cluster, _held(jobs))
+        held = _held(jobs)
+        repack = self._repack(jobs, specs, cluster) if self.placement_aware else set()
+        plan, placements = self._plan(specs, cluster, held, repack)
+        if self.placement_aware:
+            # The DP values a count as a compact placement; the placer may have to spread a job
+            # over more nodes. Charge such a count what the spread placement really delivers
+            # and decide again (twice at most: a new plan can spread another job).
+            models = {j.job_id: j for j in jobs}
+            for _ in range(2):
+                spread = _spread(placements, held, cluster)
+                if not spread:
+                    break
+                specs = [
+                    replace(
+                        s, placed={**s.placed, **self._spread_share(models[s.job_id], s, spread)}
+                    )
+                    if s.job_id in spread
+                    else s
+                    for s in specs
+                ]
+                plan, placements = self._plan(specs, cluster, held, repack)
         reasons = {k: a.reason for k, a in plan.assignments.items()}
+        for k, p in placements.items():
+            if sum(1 for g in p if g) > _nodes_needed(sum(p), cluster.gpus_per_node):
+                reasons[k] += f"; spread over {sum(1 for g in p if g)} nodes (none packs it)"
         floor = {s.job_id: s.min_gpus for s in specs}
         taken = sum(floor[k] for k in plan.assignments)
         for i, k in enumerate(plan.waiting):
@@ -273,6 +320,68 @@ class DpPolicy:
             reasons,
             plan.waiting,
         )
+
+    def _spread_share(
+        self, job: JobState, spec: JobSpec, spread: dict[str, tuple[int, int]]
+    ) -> dict[int, float]:
+        """``{GPUs: spread throughput / compact throughput}`` for the job's spread count, each at
+        its best batch. The scaling model tells one node from several, nothing finer."""
+        gpus, nodes = spread[job.job_id]
+        k, batches = np.array([float(gpus)]), np.asarray(spec.batch_sizes, dtype=float)
+        wide = throughput_fn(
+            job.model, -(-gpus // nodes), job.local_bsz_range, accumulate=self.accumulate
+        )
+        c = np.nan_to_num(spec.throughput(k, batches), nan=0.0).max()
+        w = np.nan_to_num(wide(k, batches), nan=0.0).max()
+        return {gpus: float(w / c) if c > 0 else 1.0}
+
+    def _repack(self, jobs: Sequence[JobState], specs: list[JobSpec], cluster: Cluster) -> set[str]:
+        """Running jobs spread over more nodes than they need whose model says a compact
+        placement is worth a restart (the spread share is below what a restart keeps)."""
+        out = set()
+        for j, s in zip(jobs, specs, strict=True):
+            gpus, nodes = j.gpus, sum(1 for g in j.placement if g)
+            if not gpus or nodes <= _nodes_needed(gpus, cluster.gpus_per_node):
+                continue
+            keep = s.restart_factor
+            if keep is None:
+                keep = 1.0 - min(s.restart_s / self.horizon_s, 1.0)
+            if self._spread_share(j, s, {j.job_id: (gpus, nodes)})[gpus] < keep:
+                out.add(j.job_id)
+        return out
+
+    def _plan(
+        self,
+        specs: list[JobSpec],
+        cluster: Cluster,
+        held: dict[str, tuple[int, ...]],
+        repack: set[str],
+    ) -> tuple[Plan, dict[str, tuple[int, ...]]]:
+        plan = optimize(
+            specs,
+            cluster,
+            objective=self.objective,
+            horizon_s=self.horizon_s,
+            fairness=self.fairness,
+        )
+        counts = {k: a.gpus for k, a in plan.assignments.items()}
+        return plan, place(counts, cluster, held, repack)
+
+
+def _nodes_needed(gpus: int, per_node: int) -> int:
+    return -(-gpus // per_node)
+
+
+def _spread(
+    placements: dict[str, tuple[int, ...]], held: dict[str, tuple[int, ...]], cluster: Cluster
+) -> dict[str, tuple[int, int]]:
+    """Jobs placed over more nodes than their count needs: job -> (GPUs, nodes)."""
+    out = {}
+    for k, p in placements.items():
+        gpus, nodes = sum(p), sum(1 for g in p if g)
+        if nodes > _nodes_needed(gpus, cluster.gpus_per_node):
+            out[k] = (gpus, nodes)
+    return out
 
 
 #: Policy names, as the CLI and the service accept them.

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dloader.allocator.optimizer import DEFAULT_HORIZON_S, DEFAULT_RESTART_S, Cluster
 from dloader.allocator.policies import POLICIES, make_policy
-from dloader.allocator.simulator import SimResult, Simulator
+from dloader.allocator.simulator import LEARNING, SimResult, Simulator
 from dloader.allocator.traces import (
     PACKAGED_PHILLY,
     PACKAGED_TRACES,
@@ -82,6 +82,18 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_RESTART_S,
         help="seconds a placement change costs",
+    )
+    p.add_argument(
+        "--learning",
+        choices=LEARNING,
+        default="online",
+        help="online: each job's throughput model is fitted only to what it has run so far "
+        "(the honest mode); oracle: fitted offline to every measurement of its application",
+    )
+    p.add_argument(
+        "--losses",
+        action="store_true",
+        help="also print, per application, where the time went (queue, restarts, placement)",
     )
     p.add_argument(
         "--horizon",
@@ -215,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cluster,
                 interval_s=args.interval,
                 restart_s=args.restart_delay,
+                learning=args.learning,
             )
             max_s = None if args.max_hours is None else args.max_hours * 3600
             results.append(_run(sim, name, len(jobs), args.quiet, max_s))
@@ -231,7 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError:
             log.warning("matplotlib is not installed; no plot (pip install matplotlib)")
     payload: dict = dict(summaries[names[0]]) if len(names) == 1 else {"policies": summaries}
+    payload["losses"] = {r.policy: r.losses() for r in results}
     payload.update(
+        learning=args.learning,
         jobs_csv=str(csv_path),
         cluster={"nodes": args.nodes, "gpus_per_node": args.gpus_per_node},
         interval_s=args.interval,
@@ -239,6 +254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     _table(summaries)
+    if args.losses:
+        for r in results:
+            _loss_table(r)
     return 0
 
 
@@ -260,6 +278,23 @@ def _table(summaries: dict[str, dict]) -> None:
             f"{s['gpu_utilisation']:.2f}",
             str(s["restarts"]),
             f"{s['optimizer_ms_p50']:.2f}",
+        )
+    Console(width=max(Console().width, 110)).print(t)
+
+
+def _loss_table(result: SimResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{result.policy}: where each application's time went (mean h per job)")
+    for col in ("application", "jobs", "JCT", "queue", "restart", "placement", "run", "restarts"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for app, m in result.losses().items():
+        t.add_row(
+            app,
+            f"{m['jobs']:.0f}",
+            *(f"{m[k] / 3600:.3f}" for k in ("jct", "queue", "restart", "placement", "run")),
+            f"{m['restarts']:.1f}",
         )
     Console(width=max(Console().width, 110)).print(t)
 

@@ -16,15 +16,29 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from dloader.allocator.optimizer import DEFAULT_RESTART_S, Cluster
 from dloader.allocator.policies import JobState, Policy
-from dloader.allocator.traces import AppTrace, WorkloadJob
+from dloader.allocator.traces import AppTrace, WorkloadJob, placement_key
 from dloader.errors import AllocatorError
+from dloader.predictor import ScalingModel, ScalingParams, ScalingPoint
 
-__all__ = ["JobRecord", "SimResult", "Simulator"]
+__all__ = ["LEARNING", "JobRecord", "Learning", "SimResult", "Simulator"]
+
+Learning = Literal["online", "oracle"]
+#: How jobs' throughput models are learned (see :class:`Simulator`).
+LEARNING: tuple[Learning, ...] = ("online", "oracle")
+#: Before a job has run: throughput proportional to GPUs, the same at every batch size.
+_PRIOR = ScalingModel(ScalingParams(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0))
+
+
+def _packed(gpus: int, per_node: int) -> tuple[int, ...]:
+    """The most compact placement of ``gpus`` GPUs (whole nodes, then the rest on one)."""
+    whole, rest = divmod(gpus, per_node)
+    return (per_node,) * whole + ((rest,) if rest else ())
 
 
 @dataclass
@@ -41,6 +55,16 @@ class _Job:
     gpu_seconds: float = 0.0
     restart_left: float = 0.0
     batch_changes: int = 0
+    held_s: float = 0.0
+    """Seconds it held GPUs (restarting or running)."""
+    restart_s: float = 0.0
+    """Seconds of restarts (its first start included)."""
+    placement_s: float = 0.0
+    """Seconds lost to a placement over more nodes than its GPU count needs."""
+    seen: dict[tuple[int, int, int], ScalingPoint] = field(default_factory=dict)
+    """Online learning: what it measured, by (nodes, replicas, local batch)."""
+    model: ScalingModel | None = None
+    """Online learning: its model, fitted to ``seen``."""
 
     @property
     def gpus(self) -> int:
@@ -62,6 +86,13 @@ class JobRecord:
     gpu_seconds: float
     final_gpus: int
     final_batch: int
+    queue_s: float = 0.0
+    """Seconds between submission and the end without GPUs (waiting, or preempted)."""
+    restart_s: float = 0.0
+    """Seconds spent restarting (checkpoint, restart, resume; the first start included)."""
+    placement_s: float = 0.0
+    """Seconds lost to spread placements: running time times the share of the packed
+    placement's progress rate that the actual placement did not reach."""
 
 
 @dataclass
@@ -109,6 +140,27 @@ class SimResult:
             "optimizer_ms_max": float(opt.max()),
         }
 
+    def losses(self) -> dict[str, dict[str, float]]:
+        """Per application (completed jobs), where the time went, in mean seconds per job:
+        ``jct``, ``queue`` (no GPUs), ``restart``, ``placement`` (lost to spread placements),
+        ``run`` (the rest), and ``restarts`` (mean count). JSON-compatible."""
+        by_app: dict[str, list[JobRecord]] = {}
+        for j in self.jobs:
+            if j.jct_s is not None:
+                by_app.setdefault(j.application, []).append(j)
+        out = {}
+        for app, jobs in sorted(by_app.items()):
+            n = len(jobs)
+            mean = {
+                "jct": sum(j.jct_s or 0.0 for j in jobs) / n,
+                "queue": sum(j.queue_s for j in jobs) / n,
+                "restart": sum(j.restart_s for j in jobs) / n,
+                "placement": sum(j.placement_s for j in jobs) / n,
+            }
+            mean["run"] = mean["jct"] - mean["queue"] - mean["restart"] - mean["placement"]
+            out[app] = {"jobs": float(n), **mean, "restarts": sum(j.restarts for j in jobs) / n}
+        return out
+
 
 class Simulator:
     """Replays ``workload`` on ``cluster`` under ``policy``.
@@ -120,6 +172,10 @@ class Simulator:
         cluster: the nodes.
         interval_s: seconds between decisions.
         restart_s: seconds a job loses when its placement changes (its first start included).
+        learning: ``online`` (the default, the honest mode): each job's throughput model is
+            fitted only to what that job has run so far, starting from an optimistic prior on
+            one GPU and allowed at most twice the GPUs it has measured, as in Pollux;
+            ``oracle``: the model fitted offline to every measurement of its application.
     """
 
     def __init__(
@@ -131,9 +187,13 @@ class Simulator:
         *,
         interval_s: float = 60.0,
         restart_s: float = DEFAULT_RESTART_S,
+        learning: Learning = "online",
     ) -> None:
         if not interval_s > 0 or restart_s < 0:
             raise AllocatorError(f"{interval_s=} must be > 0 and {restart_s=} >= 0")
+        if learning not in LEARNING:
+            raise AllocatorError(f"learning={learning!r}: expected one of {', '.join(LEARNING)}")
+        self.learning = learning
         missing = sorted({j.application for j in workload} - set(apps))
         if missing:
             raise AllocatorError(f"workload uses application(s) {missing} without traces")
@@ -144,39 +204,64 @@ class Simulator:
         self._jobs = [_Job(w, apps[w.application], w.batch_size) for w in workload]
         self._jobs.sort(key=lambda j: (j.spec.time, j.spec.name))
 
-    def _state(self, job: _Job) -> JobState:
+    def _state(self, job: _Job, t: float) -> JobState:
         app = job.app
         lo = min(app.init_batch, job.spec.batch_size)
         hi = max(app.max_batch, job.spec.batch_size)
+        online = self.learning == "online"
+        if online:  # only what the job has run so far; before that, the prior
+            model = job.model or _PRIOR
+            explored: int | None = max((k[1] for k in job.seen), default=0)
+            noise = app.noise(job.batch, job.epoch) if job.seen else None
+        else:  # the oracle: a model fitted offline to every measurement of the application
+            model, explored, noise = app.model, None, app.noise(job.batch, job.epoch)
         return JobState(
             job.spec.name,
             job.spec.time,
-            app.model,
+            model,
             requested_gpus=job.spec.num_replicas,
             requested_batch=job.spec.batch_size,
             batch_range=(lo, hi),
             local_bsz_range=app.local_bsz_range,
-            noise=app.noise(job.batch, job.epoch),
+            noise=noise,
             placement=job.placement,
             batch_size=job.batch,
             restart_s=self.restart_s,
+            age_s=t - job.spec.time,
+            restarts=job.restarts,
+            explored_gpus=explored,
         )
+
+    def _observe(self, job: _Job) -> None:
+        point = job.app.measure(job.placement, job.batch)
+        key = (point.nodes, point.replicas, point.local_bsz)
+        if key not in job.seen:
+            job.seen[key] = point
+            job.model = ScalingModel.fit_observed(list(job.seen.values()))
 
     def _advance(self, job: _Job, t: float, dt: float) -> None:
         k = job.gpus
         if not k or job.end is not None:
             return
+        start = t
         pause = min(job.restart_left, dt)
         job.restart_left -= pause
+        job.restart_s += pause
         job.gpu_seconds += pause * k
         t, left = t + pause, dt - pause
         app = job.app
+        packed = _packed(k, self.cluster.gpus_per_node)
+        if left > 0 and self.learning == "online":
+            self._observe(job)
         while left > 0 and job.end is None:
-            rate = app.gain(job.batch, job.epoch) / app.iteration_time(job.placement, job.batch)
+            step = app.iteration_time(job.placement, job.batch)
+            rate = app.gain(job.batch, job.epoch) / step
             need = (app.marks[job.epoch] - job.progress) / rate
             run = min(need, left)
             job.progress += rate * run
             job.gpu_seconds += run * k
+            if packed != placement_key(job.placement):
+                job.placement_s += run * max(1.0 - app.iteration_time(packed, job.batch) / step, 0)
             t += run
             left -= run
             if need <= run:
@@ -184,6 +269,7 @@ class Simulator:
                 job.epoch += 1
                 if job.epoch >= app.max_epochs:
                     job.end = t
+        job.held_s += t - start
 
     def run(
         self,
@@ -208,7 +294,7 @@ class Simulator:
             active = [j for j in jobs if j.spec.time <= t and j.end is None]
             if active:
                 began = time.perf_counter()
-                decision = self.policy.decide([self._state(j) for j in active], self.cluster)
+                decision = self.policy.decide([self._state(j, t) for j in active], self.cluster)
                 optimizer_ms.append((time.perf_counter() - began) * 1e3)
                 if decision.waiting and not decision.placements:  # an empty cluster, yet none fits
                     head = decision.waiting[0]
@@ -280,4 +366,7 @@ class Simulator:
             j.gpu_seconds,
             j.gpus,
             j.batch,
+            (j.end - j.spec.time - j.held_s) if j.end is not None else 0.0,
+            j.restart_s,
+            j.placement_s,
         )

@@ -51,6 +51,7 @@ __all__ = [
     "WorkloadJob",
     "load_apps",
     "packaged_workload",
+    "placement_key",
     "read_philly",
     "read_workload",
 ]
@@ -82,7 +83,8 @@ POLLUX_CONSTANTS: dict[str, tuple[int, int | None]] = {
 _MAX_NODES = 16  # the measurements go up to 16 nodes; more are treated as 16 (as Pollux did)
 
 
-def _key(placement: Sequence[int] | str) -> tuple[int, ...]:
+def placement_key(placement: Sequence[int] | str) -> tuple[int, ...]:
+    """A placement as its non-empty nodes, largest first: (2, 0, 4) -> (4, 2)."""
     digits = [int(c) for c in placement] if isinstance(placement, str) else list(placement)
     return tuple(sorted((d for d in digits if d > 0), reverse=True))
 
@@ -129,7 +131,7 @@ class AppTrace:
             lambda: defaultdict(list)
         )
         for placement, p in placements:
-            groups[_key(placement)][p.local_bsz].append((p.step_time, p.sync_time or 0.0))
+            groups[placement_key(placement)][p.local_bsz].append((p.step_time, p.sync_time or 0.0))
         by_placement = {}
         for key, rows in groups.items():
             bsz = np.array(sorted(rows), dtype=float)
@@ -189,7 +191,7 @@ class AppTrace:
 
     def step_sync(self, placement: Sequence[int], local_bsz: float) -> tuple[float, float]:
         """Measured (step, sync) seconds of one micro-batch step; see the module docstring."""
-        key, local = _key(placement), round(float(local_bsz), 3)
+        key, local = placement_key(placement), round(float(local_bsz), 3)
         hit = self._cache.get((key, local))
         if hit is None:
             hit = self._cache[key, local] = self._lookup(key, local)
@@ -208,15 +210,27 @@ class AppTrace:
             out = self._nearest(q)[0]
         return float(out[0]), float(out[1])
 
+    def _micro(self, placement: Sequence[int], batch: int) -> tuple[int, float]:
+        """(micro-batches per step, local micro-batch size) at global ``batch``."""
+        lo, hi = self.local_bsz_range
+        local = batch / sum(placement)
+        accum = max(math.ceil(local / hi - 1e-9), 1)
+        return accum, max(local / accum, lo)
+
     def iteration_time(self, placement: Sequence[int], batch: int) -> float:
         """Seconds per optimizer step at global ``batch``, accumulating gradients if needed."""
-        k = sum(placement)
-        lo, hi = self.local_bsz_range
-        local = batch / k
-        accum = max(math.ceil(local / hi - 1e-9), 1)
-        micro = max(local / accum, lo)
+        accum, micro = self._micro(placement, batch)
         step, sync = self.step_sync(placement, micro)
         return step + (accum - 1) * (step - sync)
+
+    def measure(self, placement: Sequence[int], batch: int) -> ScalingPoint:
+        """What a job running ``placement`` at global ``batch`` measures: one micro-batch step
+        (its local size rounded as a loader would), with its synchronisation time."""
+        _, micro = self._micro(placement, batch)
+        key = placement_key(placement)
+        local = max(round(micro), 1)
+        step, sync = self.step_sync(placement, local)
+        return ScalingPoint(len(key), sum(key), local, step, sync)
 
     def _stats(self, batch: float, epoch: int) -> tuple[float, float]:
         e = min(max(epoch, 0), self._sqr.shape[1] - 1)

@@ -297,7 +297,10 @@ def test_a_silent_node_leaves_the_pool_until_it_reports(tmp_path: Path, caplog) 
         snap = core.decide()
     assert snap.allocations[0].nodes == {"n1": 2}
     assert "node n0 silent for 75 s" in caplog.text
+    # back, once the job is old enough that its restart cost (which weighs age) is worth it
+    now[0] += 600
     core.report_node("n0", 2, [])
+    core.report_node("n1", 2, [])
     assert core.decide().allocations[0].gpus == 4
     with pytest.raises(ValueError, match="node_timeout_s=-1"):
         AllocatorCore(Store(tmp_path / "b.db"), Settings(), node_timeout_s=-1)
