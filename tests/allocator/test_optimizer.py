@@ -207,10 +207,33 @@ def test_place_never_over_allocates(nodes, raw, data):
         left -= k
     first = place(counts, cluster)
     changed = {j: data.draw(st.integers(0, k)) for j, k in counts.items()}
-    for placements, want in ((first, counts), (place(changed, cluster, first), changed)):
+    again = place(changed, cluster, first)
+    repacked = place(changed, cluster, first, repack=set(changed))
+    for placements, want in ((first, counts), (again, changed), (repacked, changed)):
         used = np.zeros(len(nodes), int)
         for job, p in placements.items():
             assert sum(p) == want[job] and len(p) == len(nodes)
             used += np.array(p)
         assert (used <= np.array(nodes)).all()
         assert set(placements) == {j for j, k in want.items() if k > 0}
+
+
+def test_repack_moves_a_spread_job_only_onto_fewer_nodes():
+    cluster = Cluster((4, 4, 4))
+    held = {"spread": (2, 2, 0), "a": (2, 0, 0)}
+    # "a" ends: with its own GPUs back, "spread" fits on one node; without repack it stays
+    moved = place({"spread": 4}, cluster, held, repack={"spread"})["spread"]
+    assert sorted(moved) == [0, 0, 4]
+    assert place({"spread": 4}, cluster, held)["spread"] == (2, 2, 0)
+    # no node with room for all four: it keeps its GPUs (a restart for nothing is no gain)
+    busy = {**held, "b": (0, 1, 1), "c": (0, 0, 3)}
+    counts = {"spread": 4, "a": 2, "b": 2, "c": 3}
+    assert place(counts, cluster, busy, repack={"spread"})["spread"] == (2, 2, 0)
+
+
+def test_a_spread_share_lowers_the_value_of_that_count():
+    f = scaling(100, 0.01, 8)
+    compact = optimize([JobSpec("a", f, (64,), max_gpus=8)], Cluster((4, 4)))
+    assert compact.assignments["a"].gpus == 8
+    spread = optimize([JobSpec("a", f, (64,), max_gpus=8, placed={8: 0.3})], Cluster((4, 4)))
+    assert spread.assignments["a"].gpus < 8

@@ -127,17 +127,21 @@ def test_cli_writes_results_csv_and_plot(tmp_path, capsys):
             "--quiet",
             "--plot",
             str(tmp_path / "p.png"),
+            "--losses",
         ]
     )
     assert rc == 0
     result = json.loads(out.read_text())
+    assert result["learning"] == "online"
+    assert set(result["losses"]["goodput-dp"]) == {"cifar10", "ncf"}
     for key in ("avg_jct_s", "p99_jct_s", "makespan_s", "jobs_completed", "optimizer_ms_p50"):
         assert key in result
     assert result["jobs_completed"] == 8
     rows = (tmp_path / "r.jobs.csv").read_text().splitlines()
     assert len(rows) == 9 and rows[0].startswith("policy,name")
     assert (tmp_path / "p.png").stat().st_size > 1000
-    assert "goodput-dp" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "goodput-dp" in printed and "where each application's time went" in printed
 
     rc = main([*args, "--policy", "static,bogus", "--out", str(out), "--quiet"])
     assert rc == 2
@@ -150,3 +154,55 @@ def test_a_job_that_can_never_start_is_an_error_not_a_hang(apps):
     sim = Simulator(work, apps, make_policy("elastic-gpu"), Cluster.uniform(1, 2))
     with pytest.raises(AllocatorError, match=r"job big can never start on 2 GPUs: waiting, 1 in"):
         sim.run()
+
+
+@pytest.mark.parametrize("policy", ["goodput-dp", "static"])
+def test_time_losses_add_up_to_each_jct(results, policy):
+    r = results[policy]
+    for j in r.jobs:
+        run = j.jct_s - j.queue_s - j.restart_s - j.placement_s
+        assert j.queue_s >= 0 and j.placement_s >= 0 and run > 0, j
+        # every start and every restart costs the restart delay (the last may be cut short)
+        assert j.restart_s <= (j.restarts + 1) * r.restart_s + 1e-6
+        assert j.restart_s >= j.restarts * r.restart_s - 1e-6 if j.restarts else j.restart_s > 0
+    losses = r.losses()
+    assert set(losses) == {"cifar10", "ncf"}
+    for m in losses.values():
+        assert m["jct"] == pytest.approx(m["queue"] + m["restart"] + m["placement"] + m["run"])
+    assert sum(m["jobs"] for m in losses.values()) == len(r.jobs)
+
+
+def test_online_learning_starts_each_job_on_one_gpu_and_grows_at_most_twofold(results):
+    r = results["goodput-dp"]  # the simulator's default: online
+    for series in r.gpus.values():
+        running = [g for g in series if g]
+        assert running[0] == 1
+        seen = 1
+        for g in running:
+            assert g <= 2 * seen
+            seen = max(seen, g)
+
+
+def test_the_oracle_mode_is_deterministic_and_differs_from_online(apps, workload, results):
+    run = lambda: Simulator(  # noqa: E731
+        workload, apps, make_policy("goodput-dp"), CLUSTER, learning="oracle"
+    ).run()
+    oracle = run()
+    assert oracle.jobs == run().jobs
+    assert all(j.end_s is not None for j in oracle.jobs)
+    assert oracle.jobs != results["goodput-dp"].jobs
+    with pytest.raises(AllocatorError, match="learning='psychic'"):
+        Simulator(workload, apps, make_policy("goodput-dp"), CLUSTER, learning="psychic")  # type: ignore[arg-type]
+
+
+def test_restart_cost_weighs_age_and_restarts(apps):
+    policy = make_policy("goodput-dp")
+    state = lambda age, restarts: JobState(  # noqa: E731
+        "a", 0, apps["ncf"].model, 1, 32, (32, 64), (1, 64), age_s=age, restarts=restarts
+    )
+    young, old = policy.restart_factor(state(60, 0)), policy.restart_factor(state(6000, 0))
+    assert young == pytest.approx(60 / 90) and old == pytest.approx(6000 / 6030)
+    assert policy.restart_factor(state(6000, 50)) == pytest.approx(4500 / 6030)
+    assert policy.restart_factor(state(60, 5)) == 0.0
+    unknown = JobState("a", 0, apps["ncf"].model, 1, 32, (32, 64), (1, 64))
+    assert policy.restart_factor(unknown) is None  # the horizon then amortises it

@@ -123,3 +123,39 @@ def test_pollux_validation_reader() -> None:
     assert len(rows) == 100 and rows[0].iteration == 390
     with pytest.raises(PredictorError, match="does not exist"):
         read_validation(DATA / "cifar10", 999)
+
+
+def test_fit_observed_is_optimistic_where_the_points_say_nothing() -> None:
+    one = ScalingModel.fit_observed([ScalingPoint(1, 1, 32, 0.2)])
+    assert one.params.alpha_c == pytest.approx(0.1) and one.params.beta_c == pytest.approx(0.1 / 32)
+    assert one.step_time(1, 4, 32) == pytest.approx(0.2)  # no sync measured: none predicted
+    assert one.step_time(1, 1, 64) == pytest.approx(0.3)  # compute split evenly
+    # single-node points: the network terms are at least 1.1x the intra-node ones
+    points = synthetic(TRUE, [(1, 1, 16), (1, 2, 16), (1, 4, 32), (1, 3, 8)])
+    single = ScalingModel.fit_observed(points)
+    assert single.params.alpha_r >= 1.1 * single.params.alpha_n > 0
+    assert single.step_time(2, 4, 32) >= single.step_time(1, 4, 32)
+    # once several nodes were measured, the data decide
+    full = synthetic(TRUE, [(1, 1, 16), (1, 1, 64), (1, 4, 32), (2, 8, 32), (4, 16, 64)])
+    learned = ScalingModel.fit_observed(full)
+    assert learned.step_time(2, 8, 32) == pytest.approx(
+        ScalingModel(TRUE).step_time(2, 8, 32), 0.05
+    )
+    with pytest.raises(PredictorError, match=">= 1 point"):
+        ScalingModel.fit_observed([])
+
+
+@pytest.mark.parametrize("gamma", [1.0, 1.7, 6.0])
+def test_the_fit_jacobian_matches_finite_differences(gamma: float) -> None:
+    from scipy.optimize import approx_fprime
+
+    from dloader.predictor._scaling import _log_step_gradient, _step
+
+    nodes = np.array([1, 1, 1, 2, 2, 4, 1.0])
+    reps = np.array([1, 2, 4, 8, 5, 16, 1.0])
+    bsz = np.array([32, 16, 64, 8, 12, 4, 128.0])
+    p = np.array([0.05, 0.002, 0.01, 0.003, 0.05, 0.01, gamma])
+    analytic = _log_step_gradient(p, nodes, reps, bsz)
+    for i in range(len(bsz)):
+        numeric = approx_fprime(p, lambda q, i=i: np.log(_step(q, nodes, reps, bsz))[i], 1e-7)
+        assert analytic[i] == pytest.approx(numeric, rel=1e-4, abs=1e-6)
