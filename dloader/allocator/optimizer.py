@@ -10,10 +10,14 @@ objective is throughput). Its speedup over its own best one-GPU configuration is
 
     s_j(k, b) = X_j(k, b) * E_j(b) / max_b' X_j(1, b') * E_j(b')
 
-and its value on ``k`` GPUs is ``v_j(k) = w_j * U(r_j(k) * max_b s_j(k, b))`` with ``w_j`` its
-priority and ``r_j(k) = 1 - R_j / H`` when ``k`` differs from the count it runs on now (a restart
-costs ``R_j`` seconds of a horizon of ``H`` seconds), else 1. Speedups make jobs of different
-sizes comparable: summing raw samples/s would hand every GPU to the job with the cheapest samples.
+and its value on ``k`` GPUs is ``v_j(k) = w_j * U(r_j(k) * p_j(k) * max_b s_j(k, b))`` with
+``w_j`` its priority, ``r_j(k)`` the share of its speedup a restart leaves it when ``k`` differs
+from the count it runs on now (else 1): ``1 - R_j / H`` by default (a restart costs ``R_j``
+seconds of a horizon of ``H`` seconds), or the job's own ``restart_factor`` (the policies pass
+Pollux's ``max(age - restarts * R, 0) / (age + R)``), and ``p_j(k)`` the share of the compact
+placement's speedup that the placement it would really get reaches (``placed``; 1 by default).
+Speedups make jobs of different sizes comparable: summing raw samples/s would hand every GPU
+to the job with the cheapest samples.
 The utility ``U`` is a power with exponent ``p`` (``fairness``): ``U(s) = s`` for ``p = 1``, the
 total speedup (the paper's objective); ``U(s) = log s`` for ``p = 0``, proportional fairness, which
 stops a job that scales well from starving the others; ``U(s) = s**p / p`` otherwise.
@@ -36,6 +40,16 @@ whole horizon, changing it is worth the new speedup for ``H - R`` seconds of it.
 :func:`place` then packs the counts onto nodes: jobs whose count is unchanged keep their GPUs,
 the others go largest first onto whole free nodes, then the best-fitting single node, and are
 split across nodes only when no node has room.
+
+**Placement-aware allocation** (the change for #15). ``s_j(k, b)`` assumes a compact placement
+(``ceil(k / node)`` nodes), but the free GPUs may be fragmented and :func:`place` then spreads
+the job over more nodes, where it synchronises over the network and runs slower. The policy
+(:class:`dloader.allocator.policies.DpPolicy`) therefore decides, places, and for every job that
+the placement spreads sets ``p_j(k)`` to what its model predicts for that spread placement over
+the compact one, then runs the DP again with those values (twice at most): a count that would
+be spread is chosen only when it is still worth it, or another count (often one that fits on a
+node) wins. A running job already spread is moved onto fewer nodes (``repack``) when its model
+says the spread placement keeps less than a restart would, and only if the free GPUs allow it.
 """
 
 from __future__ import annotations

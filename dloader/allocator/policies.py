@@ -13,7 +13,14 @@ The paper's two policies keep every local batch within GPU memory (no gradient a
 in its model; so a fixed-batch job needs at least ``batch / largest local batch`` GPUs.
 
 Throughput predictions come from each job's :class:`dloader.predictor.ScalingModel`, with gradient
-accumulation where a local batch exceeds what a GPU holds (see :func:`throughput_fn`).
+accumulation where a local batch exceeds what a GPU holds (see :func:`throughput_fn`). A model
+learned online (``JobState.explored_gpus`` set) is trusted up to twice the GPUs it has measured,
+so a job grows 1, 2, 4, ... GPUs as its measurements come in (Pollux's exploration).
+
+The DP policies are placement-aware (a count the placer would spread over more nodes than it
+needs is charged what the spread placement delivers; see :mod:`dloader.allocator.optimizer`) and
+weigh a restart by the job's age and restart count as Pollux does (``restart_model="age"``;
+``"horizon"``: a fixed share for every job).
 """
 
 from __future__ import annotations

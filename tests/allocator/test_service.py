@@ -346,3 +346,21 @@ def test_rendezvous_ports_flag_is_checked(tmp_path: Path) -> None:
     a_args = parser().parse_args(["--rendezvous-ports", "80-90", "--state-dir", str(tmp_path)])
     with pytest.raises(ConfigError, match="--rendezvous-ports 80-90"):
         AllocatorConfig.resolve(a_args, None)
+
+
+def test_a_job_measured_on_one_gpu_grows_as_its_measurements_come_in(tmp_path: Path) -> None:
+    """The live service learns as the simulator's online mode does: a model from
+    measurements is trusted up to twice the GPUs measured."""
+    from dloader.allocator.core import JobRequest, Measurement
+
+    now = [1000.0]
+    core = AllocatorCore(Store(tmp_path / "a.db"), Settings(), clock=lambda: now[0])
+    core.register_node("n0", 8)
+    one = [Measurement(1, 1, 32, 0.2)]
+    core.submit(JobRequest(job_id="a", batch_size=256, max_gpus=8, measurements=one))
+    assert core.decide().allocations[0].gpus == 2  # 2x the one GPU measured
+    now[0] += 3600  # old enough that a restart is cheap
+    core.update("a", [Measurement(1, 2, 32, 0.21, 0.01)])
+    assert core.decide().allocations[0].gpus == 4
+    core.update("a", [Measurement(1, 4, 32, 0.22, 0.02)])
+    assert core.decide().allocations[0].gpus == 8
