@@ -206,3 +206,13 @@ def test_restart_cost_weighs_age_and_restarts(apps):
     assert policy.restart_factor(state(60, 5)) == 0.0
     unknown = JobState("a", 0, apps["ncf"].model, 1, 32, (32, 64), (1, 64))
     assert policy.restart_factor(unknown) is None  # the horizon then amortises it
+
+
+def test_a_job_not_measured_yet_runs_as_configured_on_one_gpu(apps):
+    policy = make_policy("goodput-dp")
+    new = JobState("a", 0, apps["ncf"].model, 4, 512, (32, 4096), (1, 512), explored_gpus=0)
+    spec = policy.spec(new, CLUSTER)
+    assert spec.batch_sizes == (512,) and spec.max_gpus == 1
+    measured = JobState("a", 0, apps["ncf"].model, 4, 512, (32, 4096), (1, 512), explored_gpus=2)
+    spec = policy.spec(measured, CLUSTER)
+    assert len(spec.batch_sizes) > 1 and spec.max_gpus == 4
