@@ -246,8 +246,9 @@ class DpPolicy:
     def spec(self, job: JobState, cluster: Cluster) -> JobSpec:
         """The optimizer's view of ``job`` under this policy."""
         lo_local, hi_local = job.local_bsz_range
-        if self.fixed_batch or job.explored_gpus == 0:
-            # a job not measured yet runs as its user configured it (its requested batch)
+        first = job.explored_gpus == 0 and (self.accumulate or job.requested_batch <= hi_local)
+        if self.fixed_batch or first:
+            # a job not measured yet runs its requested batch where one GPU can run it
             batches: tuple[int, ...] = (job.requested_batch,)
         else:
             extra = [job.batch_size] if job.batch_size else []
