@@ -60,6 +60,10 @@ __all__ = [
 ]
 
 
+#: Jobs x GPUs above which a decision does not re-plan for spread placements (its rounds would
+#: triple the DP's time; at 2,048 GPUs one DP of 1,000 jobs takes ~0.6 s on a 2-core machine).
+REPLAN_MAX_SIZE = 500_000
+
 RestartModel = Literal["age", "horizon"]
 
 
@@ -294,10 +298,12 @@ class DpPolicy:
         held = _held(jobs)
         repack = self._repack(jobs, specs, cluster) if self.placement_aware else set()
         plan, placements = self._plan(specs, cluster, held, repack)
-        if self.placement_aware:
+        if self.placement_aware and len(jobs) * cluster.capacity <= REPLAN_MAX_SIZE:
             # The DP values a count as a compact placement; the placer may have to spread a job
             # over more nodes. Charge such a count what the spread placement really delivers
-            # and decide again (twice at most: a new plan can spread another job).
+            # and decide again (twice at most: a new plan can spread another job). Each round
+            # is a whole DP: past REPLAN_MAX_SIZE (jobs x GPUs) it is skipped, so that a
+            # decision for 1,000 jobs on 2,048 GPUs stays under a second.
             models = {j.job_id: j for j in jobs}
             for _ in range(2):
                 spread = _spread(placements, held, cluster)
