@@ -145,6 +145,12 @@ class JobSpec:
     """Per GPU count: the share of the compact placement's speedup that the placement the job
     would really get reaches (counts absent: 1, compact)."""
 
+    def restart_keep(self, horizon_s: float) -> float:
+        """The share of its speedup a change of GPU count leaves it (``r_j`` above)."""
+        if self.restart_factor is not None:
+            return self.restart_factor
+        return 1.0 - min(self.restart_s / horizon_s, 1.0)
+
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise AllocatorError(
@@ -266,11 +272,7 @@ def _table(
     speedups = good[np.arange(len(counts)), best] / ref
     if job.placed:
         speedups = speedups * np.array([job.placed.get(int(k), 1.0) for k in counts])
-    keep = (
-        1.0 - min(job.restart_s / horizon_s, 1.0)
-        if job.restart_factor is None
-        else job.restart_factor
-    )
+    keep = job.restart_keep(horizon_s)
     factor = np.where((job.current_gpus > 0) & (counts != job.current_gpus), keep, 1.0 + _TIE)
     values = np.where(speedups > 0, job.priority * _utility(speedups * factor, power), -np.inf)
     return _Table(counts, values, speedups, batches[best].astype(np.int64))

@@ -296,7 +296,7 @@ class DpPolicy:
     def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> Decision:
         specs = [self.spec(j, cluster) for j in jobs]
         held = _held(jobs)
-        repack = self._repack(jobs, specs, cluster) if self.placement_aware else set()
+        repack = self._repack(jobs, specs, held, cluster) if self.placement_aware else set()
         plan, placements = self._plan(specs, cluster, held, repack)
         if self.placement_aware and len(jobs) * cluster.capacity <= REPLAN_MAX_SIZE:
             # The DP values a count as a compact placement; the placer may have to spread a job
@@ -304,24 +304,23 @@ class DpPolicy:
             # and decide again (twice at most: a new plan can spread another job). Each round
             # is a whole DP: past REPLAN_MAX_SIZE (jobs x GPUs) it is skipped, so that a
             # decision for 1,000 jobs on 2,048 GPUs stays under a second.
-            models = {j.job_id: j for j in jobs}
+            states = {j.job_id: j for j in jobs}
             for _ in range(2):
-                spread = _spread(placements, held, cluster)
+                spread = _spread(placements, cluster)
                 if not spread:
                     break
-                specs = [
-                    replace(
-                        s, placed={**s.placed, **self._spread_share(models[s.job_id], s, spread)}
-                    )
-                    if s.job_id in spread
-                    else s
-                    for s in specs
-                ]
+                charged = []
+                for s in specs:
+                    if s.job_id in spread:
+                        gpus, nodes = spread[s.job_id]
+                        share = self._spread_share(states[s.job_id], s, gpus, nodes)
+                        s = replace(s, placed={**s.placed, gpus: share})
+                    charged.append(s)
+                specs = charged
                 plan, placements = self._plan(specs, cluster, held, repack)
         reasons = {k: a.reason for k, a in plan.assignments.items()}
-        for k, p in placements.items():
-            if sum(1 for g in p if g) > _nodes_needed(sum(p), cluster.gpus_per_node):
-                reasons[k] += f"; spread over {sum(1 for g in p if g)} nodes (none packs it)"
+        for k, (_, nodes) in _spread(placements, cluster).items():
+            reasons[k] += f"; spread over {nodes} nodes (none packs it)"
         floor = {s.job_id: s.min_gpus for s in specs}
         taken = sum(floor[k] for k in plan.assignments)
         for i, k in enumerate(plan.waiting):
@@ -336,34 +335,33 @@ class DpPolicy:
             plan.waiting,
         )
 
-    def _spread_share(
-        self, job: JobState, spec: JobSpec, spread: dict[str, tuple[int, int]]
-    ) -> dict[int, float]:
-        """``{GPUs: spread throughput / compact throughput}`` for the job's spread count, each at
-        its best batch. The scaling model tells one node from several, nothing finer."""
-        gpus, nodes = spread[job.job_id]
+    def _spread_share(self, job: JobState, spec: JobSpec, gpus: int, nodes: int) -> float:
+        """Throughput of ``gpus`` GPUs spread over ``nodes`` nodes / compact, each at its best
+        batch. The scaling model tells one node from several, nothing finer."""
         k, batches = np.array([float(gpus)]), np.asarray(spec.batch_sizes, dtype=float)
         wide = throughput_fn(
             job.model, -(-gpus // nodes), job.local_bsz_range, accumulate=self.accumulate
         )
         c = np.nan_to_num(spec.throughput(k, batches), nan=0.0).max()
         w = np.nan_to_num(wide(k, batches), nan=0.0).max()
-        return {gpus: float(w / c) if c > 0 else 1.0}
+        return float(w / c) if c > 0 else 1.0
 
-    def _repack(self, jobs: Sequence[JobState], specs: list[JobSpec], cluster: Cluster) -> set[str]:
+    def _repack(
+        self,
+        jobs: Sequence[JobState],
+        specs: list[JobSpec],
+        held: dict[str, tuple[int, ...]],
+        cluster: Cluster,
+    ) -> set[str]:
         """Running jobs spread over more nodes than they need whose model says a compact
         placement is worth a restart (the spread share is below what a restart keeps)."""
-        out = set()
-        for j, s in zip(jobs, specs, strict=True):
-            gpus, nodes = j.gpus, sum(1 for g in j.placement if g)
-            if not gpus or nodes <= _nodes_needed(gpus, cluster.gpus_per_node):
-                continue
-            keep = s.restart_factor
-            if keep is None:
-                keep = 1.0 - min(s.restart_s / self.horizon_s, 1.0)
-            if self._spread_share(j, s, {j.job_id: (gpus, nodes)})[gpus] < keep:
-                out.add(j.job_id)
-        return out
+        spread = _spread(held, cluster)
+        return {
+            j.job_id
+            for j, s in zip(jobs, specs, strict=True)
+            if j.job_id in spread
+            and self._spread_share(j, s, *spread[j.job_id]) < s.restart_keep(self.horizon_s)
+        }
 
     def _plan(
         self,
@@ -383,18 +381,12 @@ class DpPolicy:
         return plan, place(counts, cluster, held, repack)
 
 
-def _nodes_needed(gpus: int, per_node: int) -> int:
-    return -(-gpus // per_node)
-
-
-def _spread(
-    placements: dict[str, tuple[int, ...]], held: dict[str, tuple[int, ...]], cluster: Cluster
-) -> dict[str, tuple[int, int]]:
+def _spread(placements: dict[str, tuple[int, ...]], cluster: Cluster) -> dict[str, tuple[int, int]]:
     """Jobs placed over more nodes than their count needs: job -> (GPUs, nodes)."""
     out = {}
     for k, p in placements.items():
         gpus, nodes = sum(p), sum(1 for g in p if g)
-        if nodes > _nodes_needed(gpus, cluster.gpus_per_node):
+        if nodes > -(-gpus // cluster.gpus_per_node):
             out[k] = (gpus, nodes)
     return out
 
