@@ -191,10 +191,6 @@ def _children_map() -> dict[int, list[int]]:
             if ppid is not None:
                 kids.setdefault(ppid, []).append(p.pid)
         _children = (now, kids)
-        alive = {pid for pids in kids.values() for pid in pids}
-        for pid in [pid for pid in _procs if pid not in alive]:
-            del _procs[pid]  # ended processes (resized-away workers, finished jobs)
-            _memory.pop(pid, None)
     return _children[1]
 
 
