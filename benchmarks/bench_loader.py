@@ -37,7 +37,7 @@ def child(loader_kind: str, profile: str, workers: int, seconds: float) -> dict[
     import torch
 
     import dloader
-    from dloader.testbed import EmulatedDataset
+    from dloader.apps.testbed import EmulatedDataset
 
     warnings.filterwarnings("ignore")
     io_ms, cpu_ms = PROFILES[profile]
@@ -69,7 +69,7 @@ def stats_cost(workers: int = 16, calls: int = 20000) -> float:
     import warnings
 
     import dloader
-    from dloader.testbed import EmulatedDataset
+    from dloader.apps.testbed import EmulatedDataset
 
     warnings.filterwarnings("ignore")
     loader = dloader.DataLoader(EmulatedDataset(10**6, io_ms=1), batch_size=8, num_workers=workers)

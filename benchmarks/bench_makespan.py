@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import machine, out_path, table
-from dloader.experiment import run_jobs, sidecar_process
+from dloader.apps.experiment import run_jobs, sidecar_process
 
 WORKLOADS = {
     "a": [("io_heavy", 0.0, 50_000), ("cpu_heavy", 10.0, 15_000), ("gpu_bound", 20.0, 5_000)],

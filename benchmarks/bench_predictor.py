@@ -150,7 +150,7 @@ def efficiency_section(traces: Path) -> list[list[Any]]:
 def measure(profile_name: str, workers: int, seconds: float) -> dict[str, Any]:
     """Runs one emulated job alone with ``workers`` workers; its loader's stats at the end."""
     import dloader
-    from dloader.testbed import PROFILES, EmulatedDataset, run_job
+    from dloader.apps.testbed import PROFILES, EmulatedDataset, run_job
 
     profile = PROFILES[profile_name]
     loader = dloader.DataLoader(
@@ -181,7 +181,7 @@ def measure(profile_name: str, workers: int, seconds: float) -> dict[str, Any]:
 
 
 def measure_all(seconds: float, max_workers: int) -> dict[str, list[dict[str, Any]]]:
-    from dloader.testbed import PROFILES
+    from dloader.apps.testbed import PROFILES
 
     out: dict[str, list[dict[str, Any]]] = {}
     total = len(PROFILES) * (max_workers + 1)

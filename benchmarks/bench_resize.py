@@ -32,7 +32,7 @@ import torch
 
 import dloader
 from benchmarks._common import machine, out_path, table
-from dloader.testbed import PROFILES, EmulatedDataset
+from dloader.apps.testbed import PROFILES, EmulatedDataset
 
 PROFILE = PROFILES["io_heavy"]
 

@@ -16,9 +16,10 @@ score. A PNG shows per-job throughput and worker counts over time.
 
     python -m benchmarks.bench_sidecar              # ~13 min
     python -m benchmarks.bench_sidecar --quick      # ~2 min, budget 12 only, shorter runs
-    python -m benchmarks.bench_sidecar --mix real   # the real-pipeline mix (dloader.pipelines):
-                                                    # JPEG decode + crop/flip/normalise, text
-                                                    # tokenise + pack, remote reads with a tail
+    python -m benchmarks.bench_sidecar --mix real   # the real-pipeline mix
+                                                    # (dloader.apps.pipelines): JPEG decode +
+                                                    # crop/flip/normalise, text tokenise + pack,
+                                                    # remote reads with a tail
 
 Also (d) ``no sidecar``: every job keeps its 4 workers.
 """
@@ -35,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import machine, out_path, table
-from dloader.experiment import JobSpec, run_jobs, score, sidecar_process
-from dloader.testbed import PROFILES, REAL_MIX, make_dataset
+from dloader.apps.experiment import JobPlan, run_jobs, score, sidecar_process
+from dloader.apps.testbed import PROFILES, REAL_MIX, make_dataset
 
 JOBS: tuple[str, ...] = ("io_heavy", "cpu_heavy", "gpu_bound")
 START_WORKERS = 4
@@ -93,7 +94,7 @@ def prediction_errors(log: Path, per: dict[str, Any]) -> dict[str, float | None]
     return out
 
 
-def specs(workers: int | dict[str, int]) -> list[JobSpec]:
+def specs(workers: int | dict[str, int]) -> list[JobPlan]:
     counts = workers if isinstance(workers, dict) else dict.fromkeys(JOBS, workers)
     return [(name, counts[name], 0.0, None) for name in JOBS]
 

@@ -33,8 +33,8 @@ import grpc
 import psutil
 
 from benchmarks._common import machine, out_path, table
-from dloader.experiment import sidecar_process
-from dloader.sidecar.store import Store
+from dloader.apps.experiment import sidecar_process
+from dloader.sidecar.store import SidecarStore
 from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         lat.sort()
         p50 = statistics.median(lat)
         p99 = lat[int(0.99 * (len(lat) - 1))]
-    store = Store(tmp / "state" / "sidecar.db")  # the models the sidecar saved on shutdown
+    store = SidecarStore(tmp / "state" / "sidecar.db")  # the models the sidecar saved on shutdown
     models = [store.load_model(j) or {} for j in job_ids]
     store.close()
     updates = sum(len(m.get("observations", [])) for m in models)

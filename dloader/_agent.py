@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from dloader import _env
 from dloader._client import Backoff, Endpoint
 from dloader._iter import PROCESS_START_LOCK
-from dloader._messages import Directive, JobLimits, JobReport, Registration, WorkerReport
+from dloader._node_messages import Directive, JobLimits, JobReport, Registration, WorkerReport
 
 if TYPE_CHECKING:
     from dloader._loader import DataLoader

@@ -10,7 +10,7 @@ sidecar's directives to stdout. One JSON object per line both ways:
 * stdout: ``{"op": "status", "connected", "job_id", "error"}`` on every change of connection,
   ``{"op": "directive", "directive": ...}``.
 
-The payloads are :mod:`dloader._messages` dataclasses in their JSON form.
+The payloads are :mod:`dloader._node_messages` dataclasses in their JSON form.
 
 It exits when stdin closes (the training process is gone), deregistering first.
 """
@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 
 from dloader._client import Backoff, Endpoint
-from dloader._messages import Directive, JobReport, Registration
+from dloader._node_messages import Directive, JobReport, Registration
 from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc
 

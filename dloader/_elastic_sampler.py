@@ -34,7 +34,7 @@ from torch.utils.data import Sampler
 
 from dloader.errors import StateError
 
-__all__ = ["ElasticDistributedSampler"]
+__all__ = ["ElasticDistributedSampler", "check_rank"]
 
 _STATE_VERSION = 1
 _ROUNDS = 6
@@ -48,6 +48,17 @@ def _mix64(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return x ^ (x >> 31)
+
+
+def check_rank(num_replicas: int, rank: int) -> None:
+    """``ValueError`` unless ``0 <= rank < num_replicas`` (torch's ``DistributedSampler``
+    message, which callers and tests match); every rank check of the package is this one."""
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas={num_replicas} must be >= 1")
+    if rank >= num_replicas or rank < 0:
+        raise ValueError(
+            f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]"
+        )
 
 
 class _Permutation:
@@ -118,10 +129,7 @@ class ElasticDistributedSampler(Sampler[int]):
             if not dist.is_available() or not dist.is_initialized():
                 raise RuntimeError("Requires distributed package to be available")
             rank = dist.get_rank()
-        if rank >= num_replicas or rank < 0:
-            raise ValueError(
-                f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]"
-            )
+        check_rank(num_replicas, rank)
         self.dataset = dataset
         self.num_replicas = num_replicas
         self.rank = rank

@@ -14,8 +14,21 @@
 ``DLOADER_ALLOCATOR_TOKEN``    bearer token for an allocator on TCP
 ``DLOADER_TLS_CA``             PEM file of the CA that signed the daemons' TLS certificates;
                                clients use TLS on TCP when it is set
+``DLOADER_CACHE``              folder for generated benchmark data, e.g. the real-pipeline
+                               JPEGs (default ``$XDG_CACHE_HOME/dloader``, else
+                               ``~/.cache/dloader``)
 ``XDG_RUNTIME_DIR``            default socket folder: ``$XDG_RUNTIME_DIR/dloader``
 ``XDG_STATE_HOME``             default state folder: ``$XDG_STATE_HOME/dloader``
+=============================  ==========================================================
+
+Exported, not read: ``dloader-launch`` sets these for the training script it starts (see
+:data:`LAUNCH_EXPORTS`):
+
+=============================  ==========================================================
+``DLOADER_JOB_NAME``           the job id (also read, above)
+``DLOADER_ALLOCATED_GPUS``     the job's processes (GPUs) on this node
+``DLOADER_GLOBAL_BATCH_SIZE``  the global batch size of the allocation it was started for
+``DLOADER_GENERATION``         the allocation's placement generation (rises with each change)
 =============================  ==========================================================
 
 Values are read when asked for (so a daemon's settings are built from the environment of the
@@ -32,13 +45,16 @@ from pathlib import Path
 from dloader.errors import ConfigError
 
 __all__ = [
+    "LAUNCH_EXPORTS",
     "allocator_target",
     "allocator_token",
+    "cache_dir",
     "default_socket",
     "default_state_dir",
     "env_float",
     "env_str",
     "job_name",
+    "launch_exports",
     "report_interval_s",
     "secret",
     "sidecar_target",
@@ -119,6 +135,32 @@ def allocator_token() -> str | None:
 def tls_ca() -> str | None:
     """``DLOADER_TLS_CA``."""
     return env_str("DLOADER_TLS_CA")
+
+
+def cache_dir() -> Path:
+    """``$DLOADER_CACHE``, else ``$XDG_CACHE_HOME/dloader``, else ``~/.cache/dloader``."""
+    own = env_str("DLOADER_CACHE")
+    if own:
+        return Path(own)
+    return Path(env_str("XDG_CACHE_HOME") or Path.home() / ".cache") / "dloader"
+
+
+#: The variables ``dloader-launch`` exports to the training script it starts, and what each
+#: holds; :func:`launch_exports` builds them.
+LAUNCH_EXPORTS = {
+    "DLOADER_JOB_NAME": "the job id",
+    "DLOADER_ALLOCATED_GPUS": "the job's processes (GPUs) on this node",
+    "DLOADER_GLOBAL_BATCH_SIZE": "the global batch size of the allocation it was started for",
+    "DLOADER_GENERATION": "the allocation's placement generation",
+}
+
+
+def launch_exports(
+    job_id: str, gpus: int, global_batch_size: int, generation: int
+) -> dict[str, str]:
+    """The :data:`LAUNCH_EXPORTS` values for one start of a job's training script."""
+    values = (job_id, gpus, global_batch_size, generation)
+    return {name: str(v) for name, v in zip(LAUNCH_EXPORTS, values, strict=True)}
 
 
 def default_socket(name: str = "sidecar.sock") -> str:

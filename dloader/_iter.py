@@ -42,9 +42,9 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data import IterDataPipe, MapDataPipe
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-from dloader._config import DEATH_GRACE_S, JOIN_TIMEOUT_S, POLL_INTERVAL_S
 from dloader._pipe import ResultPipe
 from dloader._state import STATE_VERSION, IndexStream
+from dloader._timing import DEATH_GRACE_S, JOIN_TIMEOUT_S, POLL_INTERVAL_S
 from dloader._worker import (
     ITER_END,
     READY,

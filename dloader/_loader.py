@@ -14,10 +14,10 @@ from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
 
 from dloader import _env
 from dloader._agent import SidecarAgent
-from dloader._config import STATS_WINDOW_S
 from dloader._iter import ElasticIterator
 from dloader._state import STATE_VERSION, check_state
 from dloader._stats import LoaderStats, Telemetry
+from dloader._timing import STATS_WINDOW_S
 from dloader.errors import StateError
 
 __all__ = ["DataLoader"]

@@ -37,7 +37,7 @@ from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe
 from torch.utils.data import graph_settings as _graph_settings
 from torch.utils.data._utils import worker as _torch_worker
 
-from dloader._config import WORKER_POLL_INTERVAL_S
+from dloader._timing import WORKER_POLL_INTERVAL_S
 
 __all__ = ["ITER_END", "READY", "Fetcher", "worker_loop"]
 

@@ -31,16 +31,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from dloader.errors import DLoaderError, StateError
+from dloader.errors import CheckpointError, StateError
 
 __all__ = ["CheckpointError", "is_complete", "load", "read_meta", "save"]
 
 _META = "dloader.json"
 _FORMAT = 1
-
-
-class CheckpointError(DLoaderError, ValueError):
-    """A checkpoint folder is missing, incomplete or corrupt."""
 
 
 def _dist() -> tuple[int, int]:

@@ -19,6 +19,7 @@ __all__ = [
     "MAX_MESSAGE_CHARS",
     "AllocatorError",
     "AlreadyExists",
+    "CheckpointError",
     "ConfigError",
     "DLoaderError",
     "InvalidArgument",
@@ -90,6 +91,11 @@ class WorkerStartError(DLoaderError, RuntimeError):
 
 class StateError(DLoaderError, ValueError):
     """A loader ``state_dict`` cannot be used: wrong version, other dataset, missing fields."""
+
+
+class CheckpointError(DLoaderError, ValueError):
+    """An elastic checkpoint folder (:mod:`dloader.elastic`) is missing, incomplete or corrupt,
+    or the ranks' states disagree."""
 
 
 # ---------------------------------------------------------------------- values and settings

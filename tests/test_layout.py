@@ -3,8 +3,9 @@
 Components, lowest first (README "Layout" draws the same picture):
 
 * ``errors``: :mod:`dloader.errors`, the one exception hierarchy;
-* ``api``: the generated gRPC messages (``dloader.v1``) and what every client shares
-  (``_env``, ``_client``, ``_messages``);
+* ``api``: the generated gRPC messages (``dloader.v1``), their typed forms
+  (``_node_messages``, ``_allocator_messages``) and what every client shares (``_env``,
+  ``_client``);
 * ``pure``: decision code, plain values in and out: the predictor's models, the node policy,
   the cluster optimizer and policies. No I/O, no clocks, no processes;
 * ``readers``: trace file readers (``dloader.predictor.pollux``);
@@ -12,7 +13,12 @@ Components, lowest first (README "Layout" draws the same picture):
 * ``daemon``: the daemons' shared foundation (``dloader._daemon``);
 * ``sidecar``, ``allocator``: the two daemons; neither imports the other;
 * ``integrations``: launchers and framework adapters, over the library and the API;
-* ``apps``: the demo and the experiment harness, which may use everything.
+* ``apps``: ``dloader.apps``, programs built on the rest (testbed, pipelines, experiment
+  harness, demo), which may use everything.
+
+Besides the arrows: one meaning per class name (no two classes of the package share a name, and
+only the typed messages share a name with a proto message), and every exception is defined in
+``dloader.errors``.
 """
 
 from __future__ import annotations
@@ -37,6 +43,11 @@ PURE = {
     "dloader.allocator.optimizer",
     "dloader.allocator.policies",
 }
+
+#: What every client shares, beside the generated ``dloader.v1``.
+API = {"dloader._env", "dloader._client", "dloader._node_messages", "dloader._allocator_messages"}
+#: The typed messages: each class is the Python form of the proto message of its name.
+MESSAGES = {"dloader._node_messages", "dloader._allocator_messages"}
 
 ALLOWED = {
     "errors": set(),
@@ -79,15 +90,11 @@ def component(module: str) -> str:
     parts = module.split(".")
     if module == "dloader.errors":
         return "errors"
-    if module.startswith("dloader.v1") or module in (
-        "dloader._env",
-        "dloader._client",
-        "dloader._messages",
-    ):
+    if module.startswith("dloader.v1") or module in API:
         return "api"
     if module == "dloader.predictor.pollux":
         return "readers"
-    if module in ("dloader.demo", "dloader.experiment"):
+    if module == "dloader.apps" or module.startswith("dloader.apps."):
         return "apps"
     if len(parts) >= 2 and parts[1] in ("sidecar", "allocator", "integrations"):
         return parts[1]
@@ -227,3 +234,57 @@ def test_daemons_do_not_import_torch_and_the_loader_not_grpc() -> None:
     library = _imported_after("from dloader import DataLoader")
     assert "torch" in library
     assert not {"grpc", "sklearn", "scipy", "psutil", "dloader.sidecar"} & library
+
+
+def _classes() -> dict[str, list[tuple[str, ast.ClassDef]]]:
+    """Every class the package defines (generated stubs aside), by name."""
+    out: dict[str, list[tuple[str, ast.ClassDef]]] = {}
+    for module, path in MODULES.items():
+        if module.startswith("dloader.v1"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                out.setdefault(node.name, []).append((module, node))
+    return out
+
+
+def _proto_messages() -> set[str]:
+    names = set()
+    for proto in (ROOT / "proto").rglob("*.proto"):
+        names.update(
+            line.split()[1]
+            for line in proto.read_text().splitlines()
+            if line.startswith("message ")
+        )
+    return names
+
+
+def test_one_meaning_per_class_name() -> None:
+    """No two classes share a name; a class named like a proto message is that message's typed
+    form (in the message modules), or the model the message carries (``ScalingParams``) or the
+    policy's own record the message reports (``Candidate``)."""
+    classes = _classes()
+    twice = {name: [m for m, _ in where] for name, where in classes.items() if len(where) > 1}
+    assert not twice, twice
+    carried = {"ScalingParams": "dloader.predictor._scaling", "Candidate": "dloader.sidecar.policy"}
+    clash = {
+        name: module
+        for name in _proto_messages() & set(classes)
+        for module, _ in classes[name]
+        if module not in MESSAGES and carried.get(name) != module
+    }
+    assert not clash, f"classes named like a proto message outside the message modules: {clash}"
+
+
+def test_every_exception_is_in_the_one_hierarchy() -> None:
+    def bases(node: ast.ClassDef) -> set[str]:
+        return {ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases}
+
+    stray = [
+        f"{module}.{name}"
+        for name, where in _classes().items()
+        for module, node in where
+        if module != "dloader.errors"
+        and bases(node) & {"Exception", "ValueError", "RuntimeError", "DLoaderError"}
+    ]
+    assert not stray, f"exceptions outside dloader.errors: {stray}"

@@ -11,14 +11,14 @@
   :mod:`.config`: its settings.
 """
 
-from dloader.allocator.optimizer import Assignment, Cluster, JobSpec, Plan, optimize, place
+from dloader.allocator.optimizer import Assignment, Cluster, OptimizerJob, Plan, optimize, place
 from dloader.errors import AllocatorError
 
 __all__ = [
     "AllocatorError",
     "Assignment",
     "Cluster",
-    "JobSpec",
+    "OptimizerJob",
     "Plan",
     "optimize",
     "place",

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 from dloader._daemon import add_daemon_arguments, run_daemon, shut_down, stop_on_signals
-from dloader.allocator.config import STORED_SETTINGS, AllocatorConfig, port_range
+from dloader.allocator.config import STORED_SETTINGS, AllocatorDaemonConfig, port_range
 from dloader.allocator.core import AllocatorCore
 from dloader.allocator.policies import POLICIES
 from dloader.allocator.server import build_server
-from dloader.allocator.store import Store
+from dloader.allocator.store import AllocatorStore
 
 __all__ = ["main", "serve"]
 
@@ -85,9 +85,9 @@ def parser() -> argparse.ArgumentParser:
 async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> None:
     """Runs the daemon until ``stop`` is set (or SIGTERM/SIGINT)."""
     stop = stop_on_signals(stop)
-    store = Store(Path(args.state_dir) / "allocator.db")
+    store = AllocatorStore(Path(args.state_dir) / "allocator.db")
     try:
-        config = AllocatorConfig.resolve(args, store.get_setting(STORED_SETTINGS))
+        config = AllocatorDaemonConfig.resolve(args, store.get_setting(STORED_SETTINGS))
         core = AllocatorCore(
             store,
             config.settings,
@@ -105,7 +105,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         core.settings.policy,
         " (dry run)" if core.settings.dry_run else "",
         len(core.jobs),
-        len(core.nodes),
+        len(core.nodes.nodes),
     )
     task = asyncio.create_task(core.run(stop))
     await stop.wait()

@@ -1,9 +1,6 @@
-"""The allocator's settings: one frozen object, built in one place.
-
-Precedence, the same for both daemons: **a flag given on the command line > its environment
-variable > what the daemon stored at run time** (``Configure``) **> the built-in default**.
-A ``Configure`` call (policy, interval, restart cost, dry run) survives a restart unless the
-operator's command line says otherwise.
+"""The allocator's settings: one frozen object, built in one place, by the daemons' precedence
+rule (:mod:`dloader._daemon.config`): a ``Configure`` call (policy, interval, restart cost, dry
+run) survives a restart unless the operator's command line says otherwise.
 """
 
 from __future__ import annotations
@@ -15,12 +12,13 @@ import math
 from dataclasses import asdict, dataclass
 
 from dloader import _env
+from dloader._daemon.config import layered
 from dloader._daemon.server import ListenConfig
 from dloader.allocator.optimizer import DEFAULT_RESTART_S
 from dloader.allocator.policies import POLICIES
 from dloader.errors import ConfigError, InvalidArgument
 
-__all__ = ["STORED_SETTINGS", "AllocatorConfig", "Settings"]
+__all__ = ["STORED_SETTINGS", "AllocatorDaemonConfig", "Settings"]
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +75,7 @@ def port_range(text: str) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class AllocatorConfig:
+class AllocatorDaemonConfig:
     """Everything ``dloader-allocator`` runs with."""
 
     listen: ListenConfig
@@ -100,20 +98,20 @@ class AllocatorConfig:
             )
 
     @classmethod
-    def resolve(cls, args: argparse.Namespace, stored: str | None) -> AllocatorConfig:
+    def resolve(cls, args: argparse.Namespace, stored: str | None) -> AllocatorDaemonConfig:
         """The settings from the parsed flags (``None``: not given), the environment and the
-        stored ``Configure``, by the module's precedence rule."""
-        base = Settings.from_json(stored) if stored else Settings()
-        settings = Settings(
-            args.policy if args.policy is not None else base.policy,
-            args.interval if args.interval is not None else base.interval_s,
-            args.dry_run if args.dry_run is not None else base.dry_run,
-            args.restart_cost if args.restart_cost is not None else base.restart_s,
+        stored ``Configure``, by the daemons' precedence rule."""
+        settings = layered(
+            Settings(),
+            Settings.from_json(stored) if stored else None,
+            {
+                "policy": args.policy,
+                "interval_s": args.interval,
+                "dry_run": args.dry_run,
+                "restart_s": args.restart_cost,
+            },
+            stored_by="Configure",
         )
-        if stored:
-            log.info(
-                "settings %s: stored by Configure, with the command line's flags over it", settings
-            )
         token = _env.secret(args.token or _env.allocator_token(), "--token")
         return cls(
             listen=ListenConfig(

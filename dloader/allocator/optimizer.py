@@ -69,8 +69,8 @@ __all__ = [
     "DEFAULT_RESTART_S",
     "Assignment",
     "Cluster",
-    "JobSpec",
     "Objective",
+    "OptimizerJob",
     "Plan",
     "admit",
     "candidate_counts",
@@ -121,7 +121,7 @@ class Cluster:
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class OptimizerJob:
     """One job as the optimizer sees it."""
 
     job_id: str
@@ -213,7 +213,9 @@ def candidate_counts(lo: int, hi: int, per_node: int, current: int = 0) -> np.nd
     return out
 
 
-def admit(jobs: Sequence[JobSpec], capacity: int) -> tuple[list[JobSpec], list[JobSpec]]:
+def admit(
+    jobs: Sequence[OptimizerJob], capacity: int
+) -> tuple[list[OptimizerJob], list[OptimizerJob]]:
     """Splits jobs (in arrival order) into admitted and waiting: the longest prefix that fits.
 
     A job keeps its place in line: once one does not fit, the ones behind it wait too.
@@ -242,7 +244,7 @@ def _utility(u: np.ndarray, power: float) -> np.ndarray:
 
 
 def _table(
-    job: JobSpec,
+    job: OptimizerJob,
     capacity: int,
     per_node: int,
     objective: Objective,
@@ -278,7 +280,7 @@ def _table(
     return _Table(counts, values, speedups, batches[best].astype(np.int64))
 
 
-def _reason(job: JobSpec, a_gpus: int, a_batch: int, speedup: float, objective: str) -> str:
+def _reason(job: OptimizerJob, a_gpus: int, a_batch: int, speedup: float, objective: str) -> str:
     what = f"{a_gpus} GPU(s) x batch {a_batch}: predicted {objective} speedup {speedup:.2f}"
     if job.current_gpus == 0:
         return f"start on {what}"
@@ -292,7 +294,7 @@ def _reason(job: JobSpec, a_gpus: int, a_batch: int, speedup: float, objective: 
 
 
 def optimize(
-    jobs: Sequence[JobSpec],
+    jobs: Sequence[OptimizerJob],
     cluster: Cluster,
     *,
     objective: Objective = "goodput",

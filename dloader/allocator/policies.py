@@ -37,8 +37,8 @@ from dloader.allocator.optimizer import (
     DEFAULT_HORIZON_S,
     DEFAULT_RESTART_S,
     Cluster,
-    JobSpec,
     Objective,
+    OptimizerJob,
     Plan,
     ThroughputFn,
     optimize,
@@ -49,7 +49,7 @@ from dloader.predictor import GradientNoise, ScalingModel
 
 __all__ = [
     "POLICIES",
-    "Decision",
+    "ClusterDecision",
     "DpPolicy",
     "JobState",
     "Policy",
@@ -122,7 +122,7 @@ class JobState:
 
 
 @dataclass(frozen=True)
-class Decision:
+class ClusterDecision:
     """A policy's answer for every active job."""
 
     placements: dict[str, tuple[int, ...]]
@@ -137,7 +137,7 @@ class Policy(Protocol):
 
     name: str
 
-    def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> Decision:
+    def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> ClusterDecision:
         """The new placements and batch sizes."""
         ...
 
@@ -195,7 +195,7 @@ class StaticPolicy:
 
     name = "static"
 
-    def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> Decision:
+    def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> ClusterDecision:
         counts = {j.job_id: j.gpus for j in jobs if j.placement}
         free = cluster.capacity - sum(counts.values())
         waiting: list[str] = []
@@ -216,7 +216,7 @@ class StaticPolicy:
         placements = place(counts, cluster, _held(jobs))
         requested = {j.job_id: j.requested_batch for j in jobs}
         batches = {k: requested[k] for k in placements}
-        return Decision(placements, batches, reasons, tuple(waiting))
+        return ClusterDecision(placements, batches, reasons, tuple(waiting))
 
 
 class DpPolicy:
@@ -247,7 +247,7 @@ class DpPolicy:
         self.horizon_s = horizon_s
         self.batch_choices = batch_choices
 
-    def spec(self, job: JobState, cluster: Cluster) -> JobSpec:
+    def spec(self, job: JobState, cluster: Cluster) -> OptimizerJob:
         """The optimizer's view of ``job`` under this policy."""
         lo_local, hi_local = job.local_bsz_range
         first = job.explored_gpus == 0 and (self.accumulate or job.requested_batch <= hi_local)
@@ -266,7 +266,7 @@ class DpPolicy:
             least = max(least, math.ceil(min(batches) / hi_local))
             top = max(top, least)
         noise = job.noise
-        return JobSpec(
+        return OptimizerJob(
             job.job_id,
             throughput_fn(
                 job.model, cluster.gpus_per_node, job.local_bsz_range, accumulate=self.accumulate
@@ -293,7 +293,7 @@ class DpPolicy:
         r = job.restart_s
         return max(job.age_s - job.restarts * r, 0.0) / (job.age_s + r) if r > 0 else 1.0
 
-    def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> Decision:
+    def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> ClusterDecision:
         specs = [self.spec(j, cluster) for j in jobs]
         held = _held(jobs)
         repack = self._repack(jobs, specs, held, cluster) if self.placement_aware else set()
@@ -328,14 +328,14 @@ class DpPolicy:
                 f"waiting, {i + 1} in line: needs >= {floor[k]} GPU(s); the jobs ahead hold "
                 f"at least {taken} of {cluster.capacity}"
             )
-        return Decision(
+        return ClusterDecision(
             placements,
             {k: a.batch_size for k, a in plan.assignments.items()},
             reasons,
             plan.waiting,
         )
 
-    def _spread_share(self, job: JobState, spec: JobSpec, gpus: int, nodes: int) -> float:
+    def _spread_share(self, job: JobState, spec: OptimizerJob, gpus: int, nodes: int) -> float:
         """Throughput of ``gpus`` GPUs spread over ``nodes`` nodes / compact, each at its best
         batch. The scaling model tells one node from several, nothing finer."""
         k, batches = np.array([float(gpus)]), np.asarray(spec.batch_sizes, dtype=float)
@@ -349,7 +349,7 @@ class DpPolicy:
     def _repack(
         self,
         jobs: Sequence[JobState],
-        specs: list[JobSpec],
+        specs: list[OptimizerJob],
         held: dict[str, tuple[int, ...]],
         cluster: Cluster,
     ) -> set[str]:
@@ -365,7 +365,7 @@ class DpPolicy:
 
     def _plan(
         self,
-        specs: list[JobSpec],
+        specs: list[OptimizerJob],
         cluster: Cluster,
         held: dict[str, tuple[int, ...]],
         repack: set[str],

@@ -7,98 +7,22 @@ default, bearer token on TCP, domain errors mapped to status codes, health and r
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
-from dloader._daemon.server import ListenConfig, Serving, start_server
-from dloader.allocator.core import (
-    MAX_MEASUREMENTS_PER_CALL,
-    AllocatorCore,
+from dloader._allocator_messages import (
     GradientStats,
-    JobRequest,
+    JobSpec,
     Measurement,
     NodeJobReport,
-    Snapshot,
 )
-from dloader.errors import InvalidArgument
+from dloader._daemon.server import ListenConfig, Serving, start_server
+from dloader.allocator.core import AllocatorCore
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
 
-__all__ = ["AllocatorServicer", "build_server", "snapshot_pb"]
+__all__ = ["AllocatorServicer", "build_server"]
 
 SERVICE = pb.DESCRIPTOR.services_by_name["ClusterAllocator"].full_name
-
-
-def _measurements(items: Sequence[pb.Measurement]) -> list[Measurement]:
-    if len(items) > MAX_MEASUREMENTS_PER_CALL:  # refuse before converting them
-        raise InvalidArgument(
-            "measurements", f"{len(items)} measurements: at most {MAX_MEASUREMENTS_PER_CALL}"
-        )
-    return [
-        Measurement(m.nodes, m.replicas, m.local_batch_size, m.step_seconds, m.sync_seconds)
-        for m in items
-    ]
-
-
-def _gradient(msg: pb.GradientStats, present: bool) -> GradientStats | None:
-    return GradientStats(msg.base_batch_size, msg.grad_sqr, msg.grad_var) if present else None
-
-
-def job_request(spec: pb.JobSpec) -> JobRequest:
-    """A ``JobSpec`` message as the core's request."""
-    scaling = None
-    if spec.HasField("scaling"):
-        s = spec.scaling
-        scaling = {
-            "alpha_c": s.alpha_c,
-            "beta_c": s.beta_c,
-            "alpha_n": s.alpha_n,
-            "beta_n": s.beta_n,
-            "alpha_r": s.alpha_r,
-            "beta_r": s.beta_r,
-            "gamma": s.gamma,
-        }
-    return JobRequest(
-        job_id=spec.job_id,
-        batch_size=spec.batch_size,
-        min_gpus=spec.min_gpus,
-        max_gpus=spec.max_gpus,
-        requested_gpus=spec.requested_gpus,
-        min_batch_size=spec.min_batch_size,
-        max_batch_size=spec.max_batch_size,
-        min_local_batch_size=spec.min_local_batch_size,
-        max_local_batch_size=spec.max_local_batch_size,
-        priority=spec.priority,
-        restart_s=spec.restart_seconds,
-        scaling=scaling,
-        measurements=_measurements(spec.measurements),
-        gradient=_gradient(spec.gradient, spec.HasField("gradient")),
-    )
-
-
-def snapshot_pb(snap: Snapshot, job_id: str = "", node_id: str = "") -> pb.AllocationSet:
-    """A snapshot as a message, optionally only one job's or one node's allocations."""
-    allocations = [
-        pb.Allocation(
-            job_id=a.job_id,
-            gpus=a.gpus,
-            nodes=[pb.NodeShare(node_id=n, gpus=g) for n, g in sorted(a.nodes.items())],
-            batch_size=a.batch_size,
-            reason=a.reason,
-            queue_position=a.queue_position,
-            rendezvous=a.rendezvous,
-            generation=a.generation,
-        )
-        for a in snap.allocations
-        if (not job_id or a.job_id == job_id) and (not node_id or node_id in a.nodes)
-    ]
-    return pb.AllocationSet(
-        version=snap.version,
-        dry_run=snap.dry_run,
-        policy=snap.policy,
-        allocations=allocations,
-        decided_at=snap.decided_at,
-        decision_ms=snap.decision_ms,
-    )
 
 
 class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
@@ -112,7 +36,7 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
     ) -> pb.SubmitJobResponse:
         # checking and fitting a job is CPU work: off the event loop, so that other clients
         # are not held up; the core changes only on the loop (commit)
-        job = await asyncio.to_thread(lambda: self.core.prepare(job_request(request.job)))
+        job = await asyncio.to_thread(lambda: self.core.prepare(JobSpec.from_pb(request.job)))
         job_id, pos, token = self.core.commit(job)
         return pb.SubmitJobResponse(job_id=job_id, queue_position=pos, token=token)
 
@@ -122,8 +46,8 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
         staged = await asyncio.to_thread(
             self.core.stage_update,
             request.job_id,
-            _measurements(request.measurements),
-            _gradient(request.gradient, request.HasField("gradient")),
+            Measurement.many_from_pb(request.measurements),
+            GradientStats.from_pb(request.gradient, request.HasField("gradient")),
             request.priority,
             request.token,
         )
@@ -150,23 +74,14 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
         self.core.report_node(
             request.node_id,
             request.free_gpus,
-            [
-                NodeJobReport(
-                    j.job_id,
-                    j.samples_per_second,
-                    j.batch_size,
-                    tuple(_measurements(j.measurements)),
-                    _gradient(j.gradient, j.HasField("gradient")),
-                )
-                for j in request.jobs
-            ],
+            [NodeJobReport.from_pb(j) for j in request.jobs],
         )
         return pb.ReportNodeResponse()
 
     async def GetAllocations(
         self, request: pb.GetAllocationsRequest, context: object
     ) -> pb.AllocationSet:
-        return snapshot_pb(self.core.snapshot())
+        return self.core.snapshot().to_pb()
 
     async def WatchAllocations(
         self, request: pb.WatchAllocationsRequest, context: object
@@ -174,7 +89,7 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
         if request.job_id:
             self.core.get(request.job_id)  # NOT_FOUND for an unknown job
         async for snap in self.core.watch():
-            yield snapshot_pb(snap, request.job_id, request.node_id)
+            yield snap.to_pb(request.job_id, request.node_id)
 
     async def Configure(self, request: pb.ConfigureRequest, context: object) -> pb.AllocatorConfig:
         c = request.config

@@ -26,7 +26,7 @@ from dloader.allocator.traces import AppTrace, WorkloadJob, placement_key
 from dloader.errors import AllocatorError
 from dloader.predictor import ScalingModel, ScalingParams, ScalingPoint
 
-__all__ = ["LEARNING", "JobRecord", "Learning", "SimResult", "Simulator"]
+__all__ = ["LEARNING", "Learning", "SimJobResult", "SimResult", "Simulator"]
 
 Learning = Literal["online", "oracle"]
 #: How jobs' throughput models are learned (see :class:`Simulator`).
@@ -42,7 +42,7 @@ def _packed(gpus: int, per_node: int) -> tuple[int, ...]:
 
 
 @dataclass
-class _Job:
+class _SimJob:
     spec: WorkloadJob
     app: AppTrace
     batch: int
@@ -72,7 +72,7 @@ class _Job:
 
 
 @dataclass(frozen=True)
-class JobRecord:
+class SimJobResult:
     """One job's outcome."""
 
     name: str
@@ -103,7 +103,7 @@ class SimResult:
     cluster: tuple[int, ...]
     interval_s: float
     restart_s: float
-    jobs: list[JobRecord]
+    jobs: list[SimJobResult]
     times: list[float]
     """Decision times (s)."""
     gpus: dict[str, list[int]]
@@ -144,7 +144,7 @@ class SimResult:
         """Per application (completed jobs), where the time went, in mean seconds per job:
         ``jct``, ``queue`` (no GPUs), ``restart``, ``placement`` (lost to spread placements),
         ``run`` (the rest), and ``restarts`` (mean count). JSON-compatible."""
-        by_app: dict[str, list[JobRecord]] = {}
+        by_app: dict[str, list[SimJobResult]] = {}
         for j in self.jobs:
             if j.jct_s is not None:
                 by_app.setdefault(j.application, []).append(j)
@@ -201,10 +201,10 @@ class Simulator:
         self.cluster = cluster
         self.interval_s = interval_s
         self.restart_s = restart_s
-        self._jobs = [_Job(w, apps[w.application], w.batch_size) for w in workload]
+        self._jobs = [_SimJob(w, apps[w.application], w.batch_size) for w in workload]
         self._jobs.sort(key=lambda j: (j.spec.time, j.spec.name))
 
-    def _state(self, job: _Job, t: float) -> JobState:
+    def _state(self, job: _SimJob, t: float) -> JobState:
         app = job.app
         lo = min(app.init_batch, job.spec.batch_size)
         hi = max(app.max_batch, job.spec.batch_size)
@@ -232,14 +232,14 @@ class Simulator:
             explored_gpus=explored,
         )
 
-    def _observe(self, job: _Job) -> None:
+    def _observe(self, job: _SimJob) -> None:
         point = job.app.measure(job.placement, job.batch)
         key = (point.nodes, point.replicas, point.local_bsz)
         if key not in job.seen:
             job.seen[key] = point
             job.model = ScalingModel.fit_observed(list(job.seen.values()))
 
-    def _advance(self, job: _Job, t: float, dt: float) -> None:
+    def _advance(self, job: _SimJob, t: float, dt: float) -> None:
         k = job.gpus
         if not k or job.end is not None:
             return
@@ -328,7 +328,7 @@ class Simulator:
 
     def _apply(
         self,
-        active: list[_Job],
+        active: list[_SimJob],
         placements: dict[str, tuple[int, ...]],
         batches: dict[str, int],
         t: float,
@@ -353,8 +353,8 @@ class Simulator:
                 j.batch = b
 
     @staticmethod
-    def _record(j: _Job) -> JobRecord:
-        return JobRecord(
+    def _record(j: _SimJob) -> SimJobResult:
+        return SimJobResult(
             j.spec.name,
             j.spec.application,
             j.spec.time,

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from dloader._daemon.store import SETTINGS_TABLE, SqliteState
 
-__all__ = ["MIGRATIONS", "JobRow", "NodeRow", "Store"]
+__all__ = ["MIGRATIONS", "AllocatorStore", "JobRow", "NodeRow"]
 
 #: The schema, one migration per version (see :class:`dloader._daemon.SqliteState`).
 MIGRATIONS = (
@@ -27,14 +28,19 @@ CREATE TABLE IF NOT EXISTS jobs (
     placement TEXT NOT NULL DEFAULT '{}',
     batch_size INTEGER NOT NULL DEFAULT 0,
     completed_at REAL,
-    failed INTEGER NOT NULL DEFAULT 0
+    failed INTEGER NOT NULL DEFAULT 0,
+    model TEXT,
+    token TEXT NOT NULL,
+    generation INTEGER NOT NULL DEFAULT 0,
+    rendezvous TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS nodes (
     node_id TEXT PRIMARY KEY,
     gpus INTEGER NOT NULL,
     free INTEGER NOT NULL,
     address TEXT NOT NULL,
-    last_seen REAL NOT NULL
+    last_seen REAL NOT NULL,
+    host TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS decisions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -49,12 +55,6 @@ CREATE TABLE IF NOT EXISTS decisions (
 );
 """
     + SETTINGS_TABLE,
-    # 2: each job's fitted scaling model (a restart does not refit every job) and its token
-    "ALTER TABLE jobs ADD COLUMN model TEXT;\nALTER TABLE jobs ADD COLUMN token TEXT;",
-    # 3: multi-node jobs: each node's host, each job's placement generation and rendezvous
-    "ALTER TABLE nodes ADD COLUMN host TEXT NOT NULL DEFAULT '';\n"
-    "ALTER TABLE jobs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;\n"
-    "ALTER TABLE jobs ADD COLUMN rendezvous TEXT NOT NULL DEFAULT '';",
 )
 
 
@@ -71,8 +71,8 @@ class JobRow:
     batch_size: int
     model: str | None = None
     """The fitted ``ScalingModel.to_dict()`` as JSON (None: fit it from the spec)."""
-    token: str | None = None
-    """The job's credential (None: a job stored before tokens; operators act on it)."""
+    token: str = ""
+    """The job's credential."""
     generation: int = 0
     """How many times its placement changed."""
     rendezvous: str = ""
@@ -91,20 +91,34 @@ class NodeRow:
     host: str = ""
 
 
-class Store(SqliteState):
+class AllocatorStore(SqliteState):
     """The allocator's state database at ``path``."""
 
     def __init__(self, path: str | Path) -> None:
         super().__init__(path, MIGRATIONS)
 
     def add_job(
-        self, job_id: str, seq: int, spec: bytes, model: str | None = None, token: str = ""
+        self,
+        job_id: str,
+        seq: int,
+        spec: bytes,
+        model: str | None = None,
+        token: str = "",
+        submitted_at: float | None = None,
     ) -> None:
-        """Stores a submitted job (its fitted model and its token)."""
+        """Stores a submitted job (its fitted model, its token, its submission time: a restarted
+        allocator keeps the job's age)."""
         self._exec(
             "INSERT INTO jobs (job_id, seq, spec, submitted_at, model, token) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            (job_id, seq, spec, time.time(), model, token or None),
+            (
+                job_id,
+                seq,
+                spec,
+                time.time() if submitted_at is None else submitted_at,
+                model,
+                token,
+            ),
         )
 
     def update_spec(self, job_id: str, spec: bytes, model: str | None = None) -> None:
@@ -115,21 +129,6 @@ class Store(SqliteState):
             self._exec(
                 "UPDATE jobs SET spec = ?, model = ? WHERE job_id = ?", (spec, model, job_id)
             )
-
-    def set_allocation(
-        self,
-        job_id: str,
-        placement: dict[str, int],
-        batch_size: int,
-        generation: int = 0,
-        rendezvous: str = "",
-    ) -> None:
-        """Stores what a job runs on now."""
-        self._exec(
-            "UPDATE jobs SET placement = ?, batch_size = ?, generation = ?, rendezvous = ? "
-            "WHERE job_id = ?",
-            (json.dumps(placement), batch_size, generation, rendezvous, job_id),
-        )
 
     def complete_job(self, job_id: str, failed: bool) -> None:
         """Marks a job done; it is not restored after a restart."""
@@ -180,9 +179,15 @@ class Store(SqliteState):
         return [NodeRow(*r) for r in rows]
 
     def add_decisions(
-        self, version: int, rows: list[tuple[str, int, dict[str, int], int, str]], dry_run: bool
+        self,
+        version: int,
+        rows: list[tuple[str, int, dict[str, int], int, str]],
+        dry_run: bool,
+        applied: Sequence[tuple[str, dict[str, int], int, int, str]] = (),
     ) -> None:
-        """Logs a decision: (job, GPUs, placement, batch, reason) per changed job."""
+        """Logs a decision, (job, GPUs, placement, batch, reason) per changed job, and stores
+        the allocations it applied, (job, placement, batch, generation, rendezvous), in one
+        transaction."""
         now = time.time()
         with self._lock:
             self._db.execute("BEGIN")
@@ -190,6 +195,11 @@ class Store(SqliteState):
                 "INSERT INTO decisions (at, version, job_id, gpus, placement, batch_size, reason, "
                 "dry_run) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(now, version, j, g, json.dumps(p), b, r, int(dry_run)) for j, g, p, b, r in rows],
+            )
+            self._db.executemany(
+                "UPDATE jobs SET placement = ?, batch_size = ?, generation = ?, rendezvous = ? "
+                "WHERE job_id = ?",
+                [(json.dumps(p), b, g, rv, j) for j, p, b, g, rv in applied],
             )
             self._db.execute("COMMIT")
 

@@ -180,15 +180,6 @@ class AppTrace:
         """Global batch sizes with measured gradient statistics."""
         return tuple(int(b) for b in self._batches)
 
-    @property
-    def target_progress(self) -> float:
-        """Progress at which the job is complete."""
-        return float(self.marks[self.max_epochs - 1])
-
-    def epoch_of(self, progress: float) -> int:
-        """Completed epochs at ``progress``."""
-        return int(np.searchsorted(self.marks, progress, side="right"))
-
     def step_sync(self, placement: Sequence[int], local_bsz: float) -> tuple[float, float]:
         """Measured (step, sync) seconds of one micro-batch step; see the module docstring."""
         key, local = placement_key(placement), round(float(local_bsz), 3)

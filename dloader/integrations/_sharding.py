@@ -26,6 +26,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
+from dloader._elastic_sampler import check_rank
 from dloader._state import SamplerSnapshot
 from dloader.errors import StateError
 
@@ -89,10 +90,7 @@ class BatchShardSampler(Sampler[int]):
         batch_size: int,
         drop_last: bool = False,
     ) -> None:
-        if num_replicas < 1 or not 0 <= rank < num_replicas:
-            raise ValueError(
-                f"rank={rank} must be in [0, num_replicas) with num_replicas={num_replicas} >= 1"
-            )
+        check_rank(num_replicas, rank)
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
         self.order = order

@@ -60,7 +60,15 @@ from typing import Any
 import grpc
 
 from dloader import _env
+from dloader._allocator_messages import (
+    SCALING_FIELDS,
+    Allocation,
+    AllocationSet,
+    JobSpec,
+    Measurement,
+)
 from dloader._client import Backoff, Endpoint
+from dloader.errors import InvalidArgument
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -143,8 +151,46 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _spec(args: argparse.Namespace) -> pb.JobSpec:
-    spec = pb.JobSpec(
+def _measurements(path: Path) -> tuple[Measurement, ...]:
+    """``--measurements``: a CSV of measured steps, each row checked."""
+    try:
+        with path.open(newline="") as f:
+            return tuple(
+                Measurement(
+                    nodes=int(row["nodes"]),
+                    replicas=int(row["replicas"]),
+                    local_batch_size=int(row["local_bsz"]),
+                    step_seconds=float(row["step_time"]),
+                    sync_seconds=float(row.get("sync_time") or 0.0),
+                )
+                for row in csv.DictReader(f)
+            )
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise SystemExit(
+            f"dloader-launch: --measurements {path}: {exc}; expected columns "
+            "nodes,replicas,local_bsz,step_time[,sync_time] with a row per measured step"
+        ) from None
+
+
+def job_spec(args: argparse.Namespace) -> JobSpec:
+    """The job to submit, from the command line; every field checked here, before the
+    allocator is contacted (``SystemExit`` naming the flag)."""
+    scaling = None
+    if args.scaling:
+        try:
+            scaling = {k: float(v) for k, v in json.loads(args.scaling).items()}
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise SystemExit(
+                f"dloader-launch: --scaling {args.scaling!r}: {exc}; expected a JSON object of "
+                f"{', '.join(SCALING_FIELDS)}"
+            ) from None
+        unknown = set(scaling) - set(SCALING_FIELDS)
+        if unknown:
+            raise SystemExit(
+                f"dloader-launch: --scaling: unknown field(s) {sorted(unknown)}; expected "
+                f"{', '.join(SCALING_FIELDS)}"
+            )
+    spec = JobSpec(
         job_id=args.job_id,
         batch_size=args.batch_size,
         min_batch_size=args.min_batch_size,
@@ -155,28 +201,14 @@ def _spec(args: argparse.Namespace) -> pb.JobSpec:
         max_gpus=args.max_gpus,
         priority=args.priority,
         restart_seconds=args.restart_seconds,
+        scaling=scaling,
+        measurements=_measurements(args.measurements) if args.measurements else (),
     )
-    if args.scaling:
-        try:
-            spec.scaling.CopyFrom(pb.ScalingParams(**json.loads(args.scaling)))
-        except (ValueError, TypeError) as exc:
-            raise SystemExit(f"dloader-launch: --scaling {args.scaling!r}: {exc}") from None
-    if args.measurements:
-        try:
-            with args.measurements.open(newline="") as f:
-                for row in csv.DictReader(f):
-                    spec.measurements.add(
-                        nodes=int(row["nodes"]),
-                        replicas=int(row["replicas"]),
-                        local_batch_size=int(row["local_bsz"]),
-                        step_seconds=float(row["step_time"]),
-                        sync_seconds=float(row.get("sync_time") or 0.0),
-                    )
-        except (OSError, KeyError, ValueError) as exc:
-            raise SystemExit(
-                f"dloader-launch: --measurements {args.measurements}: {exc!r}; expected columns "
-                "nodes,replicas,local_bsz,step_time[,sync_time]"
-            ) from None
+    try:
+        spec.normalised(default_restart_seconds=0.0)  # the allocator's own check, here first
+    except InvalidArgument as exc:
+        flag = "--" + exc.field.removeprefix("job.").replace("_", "-")
+        raise SystemExit(f"dloader-launch: {flag}: {exc.message}") from None
     return spec
 
 
@@ -191,9 +223,13 @@ def _write_private(path: Path, text: str) -> None:
 class Launcher:
     """Keeps a torchrun process at the job's allocated size."""
 
-    def __init__(self, args: argparse.Namespace, allocator: Endpoint) -> None:
+    def __init__(
+        self, args: argparse.Namespace, allocator: Endpoint, spec: JobSpec | None = None
+    ) -> None:
+        """``spec``: the job to submit (None: ``--follow``, another launcher submits it)."""
         self.args = args
         self.allocator = allocator
+        self.spec = spec
         self.proc: asyncio.subprocess.Process | None = None
         self.gpus = 0
         self.generation = -1  # the placement generation torchrun runs in
@@ -206,9 +242,9 @@ class Launcher:
         self.job_token = ""  # the job's credential from SubmitJob (for CompleteJob)
         self._meta = allocator.metadata or None
 
-    def _torchrun(self, gpus: int, mine: pb.Allocation) -> list[str]:
+    def _torchrun(self, gpus: int, mine: Allocation) -> list[str]:
         """torchrun's arguments for this node's share of the allocation ``mine``."""
-        nodes = sum(1 for n in mine.nodes if n.gpus)
+        nodes = sum(1 for g in mine.nodes.values() if g)
         if nodes < 2 or not mine.rendezvous:
             return ["--standalone", f"--nproc-per-node={gpus}"]
         return [
@@ -221,11 +257,11 @@ class Launcher:
             f"--max-restarts={self.args.max_restarts}",
         ]
 
-    def _host_rendezvous(self, mine: pb.Allocation) -> None:
+    def _host_rendezvous(self, mine: Allocation) -> None:
         """Hosts the generation's rendezvous store when this node is the job's first (the
         torchrun agents all connect to it as clients, so it outlives any of them)."""
         self.store = None  # the previous generation's store closes
-        nodes = sorted(n.node_id for n in mine.nodes if n.gpus)
+        nodes = sorted(n for n, g in mine.nodes.items() if g)
         if len(nodes) < 2 or not mine.rendezvous or nodes[0] != self.args.node_id:
             return
         from torch.distributed import TCPStore  # only where a rendezvous is hosted
@@ -242,7 +278,7 @@ class Launcher:
             return
         log.info("job %s: hosting the rendezvous on port %d", self.args.job_id, port)
 
-    async def _start(self, gpus: int, mine: pb.Allocation) -> None:
+    async def _start(self, gpus: int, mine: Allocation) -> None:
         a = self.args
         self._host_rendezvous(mine)
         cmd = [
@@ -255,10 +291,7 @@ class Launcher:
         ]
         env = {
             **os.environ,
-            "DLOADER_JOB_NAME": a.job_id,
-            "DLOADER_ALLOCATED_GPUS": str(gpus),
-            "DLOADER_GLOBAL_BATCH_SIZE": str(mine.batch_size),
-            "DLOADER_GENERATION": str(mine.generation),
+            **_env.launch_exports(a.job_id, gpus, mine.batch_size, mine.generation),
         }
         self.proc = await asyncio.create_subprocess_exec(*cmd, env=env, start_new_session=True)
         self.gpus, self.generation = gpus, mine.generation
@@ -328,11 +361,11 @@ class Launcher:
             await self._stop()
 
     async def _submit(self, stub: pb_grpc.ClusterAllocatorStub) -> None:
-        if self.submitted:
+        if self.submitted or self.spec is None:
             return
         try:
             r = await stub.SubmitJob(
-                pb.SubmitJobRequest(job=_spec(self.args)), metadata=self._meta, timeout=30
+                pb.SubmitJobRequest(job=self.spec.to_pb()), metadata=self._meta, timeout=30
             )
             self.job_token = r.token
             if self.args.token_file is not None:
@@ -435,7 +468,7 @@ class Launcher:
                     log.info("job %s: allocator back", a.job_id)
                     self._backoff.reset()
                 watch = asyncio.ensure_future(stream.read())
-                if await self._follow(snapshot):
+                if await self._follow(AllocationSet.from_pb(snapshot)):
                     await self._stop()
                     log.info("job %s ended; nothing left to run on %s", a.job_id, a.node_id)
                     return 0
@@ -443,16 +476,16 @@ class Launcher:
             watch.cancel()
             stopping.cancel()
 
-    async def _follow(self, snapshot: pb.AllocationSet) -> bool:
+    async def _follow(self, snapshot: AllocationSet) -> bool:
         """Keeps torchrun at this node's share of the job's allocation; True once the job has
         left the allocations (completed or cancelled elsewhere)."""
         if snapshot.dry_run:
             return False
-        mine = next((x for x in snapshot.allocations if x.job_id == self.args.job_id), None)
+        mine = snapshot.get(self.args.job_id)
         if mine is None:
             return self.seen
         self.seen = True
-        here = sum(n.gpus for n in mine.nodes if n.node_id == self.args.node_id)
+        here = mine.nodes.get(self.args.node_id, 0)
         running = self.proc is not None
         if (
             here == self.gpus
@@ -505,13 +538,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not Path(args.script).is_file():
         print(f"dloader-launch: script {args.script!r} does not exist", file=sys.stderr)
         return 2
+    spec = None if args.follow else job_spec(args)
 
     async def go() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        return await Launcher(args, allocator).run(stop)
+        return await Launcher(args, allocator, spec).run(stop)
 
     try:
         return asyncio.run(go())

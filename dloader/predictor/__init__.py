@@ -15,7 +15,6 @@ Every model serialises with ``to_dict()`` / ``from_dict()`` (JSON-compatible, ve
 from dloader.errors import PredictorError
 from dloader.predictor._efficiency import GradientNoise, goodput
 from dloader.predictor._loader_model import (
-    Allocation,
     LoaderModel,
     LoaderObservation,
     LoaderPrediction,
@@ -24,7 +23,6 @@ from dloader.predictor._loader_model import (
 from dloader.predictor._scaling import ScalingModel, ScalingParams, ScalingPoint, placement_shape
 
 __all__ = [
-    "Allocation",
     "GradientNoise",
     "LoaderModel",
     "LoaderObservation",

@@ -43,7 +43,6 @@ from dloader.errors import PredictorError
 from dloader.predictor._serial import check_payload
 
 __all__ = [
-    "Allocation",
     "LoaderModel",
     "LoaderObservation",
     "LoaderPrediction",
@@ -115,16 +114,6 @@ class LoaderPrediction:
     """``A(b)``: samples/s if data were free."""
     loader_limit: float
     """``L(k, c)``: samples/s the loader could produce if the accelerator were free."""
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """A loader allocation and what it is predicted to reach."""
-
-    cores: int
-    num_workers: int
-    predicted: float
-    reaches_target: bool
 
 
 @dataclass
@@ -425,30 +414,6 @@ class LoaderModel:
         """``A(b)``: the job's samples/s when data is never late."""
         ph = self._phys
         return batch_size / (ph.a0 + ph.a1 * batch_size)
-
-    def smallest_allocation(
-        self, *, batch_size: int, max_cores: int, max_workers: int, fraction: float = 0.95
-    ) -> Allocation:
-        """The fewest cores, then the fewest workers, predicted to reach ``fraction`` of the
-        accelerator limit. If none does, the allocation with the highest prediction, with
-        ``reaches_target=False``.
-        """
-        if not 0 < fraction <= 1:
-            raise PredictorError(f"fraction={fraction} must be within (0, 1]")
-        if max_cores < 1 or max_workers < 0:
-            raise PredictorError(
-                f"need max_cores >= 1 and max_workers >= 0, got {max_cores=}, {max_workers=}"
-            )
-        target = fraction * self.accelerator_limit(batch_size)
-        best = Allocation(1, 0, -1.0, False)
-        for cores in range(1, max_cores + 1):
-            for k in range(max_workers + 1):
-                pred = self.predict(k, cores, batch_size).samples_per_s
-                if pred >= target:
-                    return Allocation(cores, k, pred, True)
-                if pred > best.predicted * 1.001:
-                    best = Allocation(cores, k, pred, False)
-        return best
 
     # ------------------------------------------------------------------ persistence
 

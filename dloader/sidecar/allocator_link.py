@@ -18,6 +18,7 @@ from collections import defaultdict
 
 import grpc
 
+from dloader._allocator_messages import AllocationSet, NodeJobReport
 from dloader._client import Backoff, Endpoint
 from dloader.sidecar.core import NodeCore
 from dloader.v1 import allocator_pb2 as pb
@@ -107,9 +108,9 @@ class AllocatorLink:
             pb.WatchAllocationsRequest(node_id=self.node_id), metadata=self._metadata
         )
         async for snapshot in stream:
-            self.apply(snapshot)
+            self.apply(AllocationSet.from_pb(snapshot))
 
-    def apply(self, snapshot: pb.AllocationSet) -> None:
+    def apply(self, snapshot: AllocationSet) -> None:
         """Directs this node's loaders of each allocated job to its per-GPU batch size."""
         self.managed = {a.job_id: a.gpus for a in snapshot.allocations if a.gpus}
         if snapshot.dry_run:
@@ -139,7 +140,7 @@ class AllocatorLink:
         return pb.ReportNodeRequest(
             node_id=self.node_id,
             free_gpus=self.gpus,
-            jobs=[pb.NodeJobReport(job_id=n, samples_per_second=rates[n]) for n in sorted(rates)],
+            jobs=[NodeJobReport(n, rates[n]).to_pb() for n in sorted(rates)],
         )
 
     async def _report(self, stub: pb_grpc.ClusterAllocatorStub, stop: asyncio.Event) -> None:

@@ -13,13 +13,13 @@ from pathlib import Path
 from dloader._daemon import add_daemon_arguments, run_daemon, shut_down, stop_on_signals
 from dloader.sidecar.allocator_link import AllocatorLink
 from dloader.sidecar.cgroups import CgroupWeights, detect
-from dloader.sidecar.config import STORED_POLICY, SidecarConfig, memory_size
+from dloader.sidecar.config import STORED_POLICY, SidecarDaemonConfig, memory_size
 from dloader.sidecar.core import NodeCore
 from dloader.sidecar.metrics import Metrics
 from dloader.sidecar.monitors import GpuMonitor, NodeMonitor
 from dloader.sidecar.policy import POLICIES
 from dloader.sidecar.server import build_server
-from dloader.sidecar.store import Store
+from dloader.sidecar.store import SidecarStore
 from dloader.v1 import node_pb2 as pb
 
 __all__ = ["main", "parser", "serve"]
@@ -138,9 +138,9 @@ def parser() -> argparse.ArgumentParser:
 async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> None:
     """Runs the daemon until ``stop`` is set (or SIGTERM/SIGINT)."""
     stop = stop_on_signals(stop)
-    store = Store(Path(args.state_dir) / "sidecar.db")
+    store = SidecarStore(Path(args.state_dir) / "sidecar.db")
     try:
-        config = SidecarConfig.resolve(args, store.get_setting(STORED_POLICY))
+        config = SidecarDaemonConfig.resolve(args, store.get_setting(STORED_POLICY))
     except BaseException:
         store.close()
         raise

@@ -1,9 +1,6 @@
-"""The sidecar's settings: one frozen object, built in one place.
-
-Precedence, the same for both daemons: **a flag given on the command line > its environment
-variable > what the daemon stored at run time** (``dloaderctl policy set``) **> the built-in
-default**. So a policy set at run time survives a restart, unless the operator's command line
-says otherwise; either way the daemon logs which source won.
+"""The sidecar's settings: one frozen object, built in one place, by the daemons' precedence
+rule (:mod:`dloader._daemon.config`): a policy set at run time (``dloaderctl policy set``)
+survives a restart unless the operator's command line says otherwise.
 """
 
 from __future__ import annotations
@@ -18,11 +15,12 @@ from dataclasses import asdict, dataclass
 
 from dloader import _env
 from dloader._client import Endpoint
+from dloader._daemon.config import layered
 from dloader._daemon.server import ListenConfig
 from dloader.errors import ConfigError, InvalidArgument
 from dloader.sidecar.policy import check_policy
 
-__all__ = ["STORED_POLICY", "PolicySettings", "SidecarConfig"]
+__all__ = ["STORED_POLICY", "PolicySettings", "SidecarDaemonConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -92,18 +90,15 @@ class PolicySettings:
 
     @classmethod
     def from_json(cls, raw: str) -> PolicySettings:
-        """From :meth:`to_json` (or the older ``name,workers,cpus,period`` form)."""
+        """From :meth:`to_json`."""
         try:
-            if raw.startswith("{"):
-                return cls(**json.loads(raw))
-            name, workers, cpus, period = raw.split(",")
-            return cls(name, int(workers), int(cpus), float(period))
+            return cls(**json.loads(raw))
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"stored policy {raw!r} is unreadable: {exc}") from None
 
 
 @dataclass(frozen=True)
-class SidecarConfig:
+class SidecarDaemonConfig:
     """Everything ``dloader-sidecar`` runs with."""
 
     listen: ListenConfig
@@ -135,24 +130,22 @@ class SidecarConfig:
             raise ConfigError(f"--gpus {self.gpus}: expected >= 0")
 
     @classmethod
-    def resolve(cls, args: argparse.Namespace, stored_policy: str | None) -> SidecarConfig:
+    def resolve(cls, args: argparse.Namespace, stored_policy: str | None) -> SidecarDaemonConfig:
         """The settings from the parsed flags (``None``: not given), the environment and the
-        stored policy, by the module's precedence rule."""
+        stored policy, by the daemons' precedence rule."""
         cpus = len(os.sched_getaffinity(0))
-        stored = PolicySettings.from_json(stored_policy) if stored_policy else None
-        defaults = PolicySettings("adaptive", _WORKERS_PER_CPU * cpus, cpus, _DEFAULT_PERIOD_S)
-        base = stored or defaults
-        policy = PolicySettings(
-            args.policy if args.policy is not None else base.name,
-            args.worker_budget if args.worker_budget is not None else base.worker_budget,
-            args.cpu_budget if args.cpu_budget is not None else base.cpu_budget,
-            args.period if args.period is not None else base.period_s,
-            args.memory_budget if args.memory_budget is not None else base.memory_budget,
+        policy = layered(
+            PolicySettings("adaptive", _WORKERS_PER_CPU * cpus, cpus, _DEFAULT_PERIOD_S),
+            PolicySettings.from_json(stored_policy) if stored_policy else None,
+            {
+                "name": args.policy,
+                "worker_budget": args.worker_budget,
+                "cpu_budget": args.cpu_budget,
+                "period_s": args.period,
+                "memory_budget": args.memory_budget,
+            },
+            stored_by="dloaderctl policy set",
         )
-        if stored is not None:
-            log.info(
-                "policy %s: stored by dloaderctl, with the command line's flags over it", policy
-            )
         token = _env.secret(args.token or _env.sidecar_token(), "--token")
         allocator = args.allocator or _env.allocator_target()
         return cls(

@@ -1,7 +1,7 @@
 """The sidecar's core, free of any transport: jobs, reports, models, decisions, directives.
 
 The gRPC servicer (:mod:`dloader.sidecar.server`) only translates messages
-(:mod:`dloader._messages`) and calls this object. All methods run on one asyncio event loop;
+(:mod:`dloader._node_messages`) and calls this object. All methods run on one asyncio event loop;
 every decision is the pure policy's (:mod:`dloader.sidecar.policy`: worker counts, CPU sets,
 which report windows teach a model), over the pure models (:mod:`dloader.predictor`). The OS
 is reached through small interfaces given to the constructor: process-tree measurement and
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from dloader._daemon.peer import Role, current_caller, require, same_token
-from dloader._messages import Directive, JobReport, Registration
+from dloader._node_messages import Directive, JobReport, Registration
 from dloader.errors import (
     InvalidArgument,
     NotFound,
@@ -41,7 +41,7 @@ from dloader.sidecar.monitors import (
     process_owner,
     process_tree_stats,
 )
-from dloader.sidecar.store import JobRecord, Store
+from dloader.sidecar.store import SidecarStore, StoredJob
 
 __all__ = ["CpuWeights", "Directive", "Job", "NodeCore", "PolicySettings"]
 
@@ -70,7 +70,7 @@ class CpuWeights(Protocol):
 class Job:
     """A registered job, as the core holds it."""
 
-    record: JobRecord
+    record: StoredJob
     model: LoaderModel
     directive: Directive
     last_report: JobReport | None = None
@@ -78,7 +78,7 @@ class Job:
     tree: ProcessTreeStats | None = None
     tree_at: float = 0.0  # when ``tree`` was measured (clock of the core)
     cpu_wait_share: float | None = None  # of its workers' time: waiting for a CPU (None: unknown)
-    decision: pol.Decision | None = None
+    decision: pol.WorkerDecision | None = None
     reports: int = 0
     directive_at: float = 0.0  # when the worker count last changed (clock of the core)
     initial_workers: int = 0  # the count the job registered with (exploration starts there)
@@ -97,7 +97,7 @@ class NodeCore:
 
     def __init__(
         self,
-        store: Store,
+        store: SidecarStore,
         settings: PolicySettings,
         *,
         tree_stats: Callable[[list[int]], ProcessTreeStats] = process_tree_stats,
@@ -199,7 +199,7 @@ class NodeCore:
         tree = self._tree_stats(pids)
         if not tree.alive:
             raise InvalidArgument("pids", f"no process of {pids} is running on this node")
-        rec = JobRecord(
+        rec = StoredJob(
             uuid.uuid4().hex[:12],
             name,
             secrets.token_hex(16),
@@ -435,7 +435,7 @@ class NodeCore:
                 for q in job.watchers:
                     q.put_nowait(job.directive)
 
-    def _enforce_cpu(self, jobs: list[Job], decisions: dict[str, pol.Decision]) -> None:
+    def _enforce_cpu(self, jobs: list[Job], decisions: dict[str, pol.WorkerDecision]) -> None:
         """CPU sets for the loader workers and cgroup weights, from the jobs' CPU shares."""
         if not (self.pin_cpus or self.cgroup):
             return

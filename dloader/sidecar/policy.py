@@ -47,9 +47,9 @@ __all__ = [
     "POLICIES",
     "Budget",
     "Candidate",
-    "Decision",
     "JobView",
     "Learning",
+    "WorkerDecision",
     "check_policy",
     "cpu_sets",
     "cpu_shares",
@@ -120,7 +120,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Decision:
+class WorkerDecision:
     """The policy's answer for one job."""
 
     job_id: str
@@ -168,7 +168,7 @@ def _floors(
     return _fit_memory(floors, per_worker, hard, budget.memory_bytes)
 
 
-def _even(jobs: Sequence[JobView], budget: Budget) -> dict[str, Decision]:
+def _even(jobs: Sequence[JobView], budget: Budget) -> dict[str, WorkerDecision]:
     share = max(budget.workers // max(len(jobs), 1), 1)
     per_worker = {j.job_id: j.worker_memory_bytes for j in jobs}
     wanted = {}
@@ -183,7 +183,7 @@ def _even(jobs: Sequence[JobView], budget: Budget) -> dict[str, Decision]:
         why = f"even split: {budget.workers} workers / {len(jobs)} jobs, within [{low}, {high}]"
         if cut:
             why += f"; {k} to fit the memory budget ({_mb(budget.memory_bytes)})"
-        out[job.job_id] = Decision(job.job_id, k, why, memory_limited=cut)
+        out[job.job_id] = WorkerDecision(job.job_id, k, why, memory_limited=cut)
     return out
 
 
@@ -311,7 +311,7 @@ def decide(
     min_gain: float = 0.005,
     hysteresis: float = 0.03,
     release_loss: float = 0.0005,
-) -> dict[str, Decision]:
+) -> dict[str, WorkerDecision]:
     """Worker counts for every job under ``policy`` (``"adaptive"`` or ``"even"``).
 
     Raises:
@@ -324,7 +324,7 @@ def decide(
     if policy == "even" or not jobs:
         return _even(jobs, budget)
 
-    out: dict[str, Decision] = {}
+    out: dict[str, WorkerDecision] = {}
     planned: list[JobView] = []
     per_worker = {j.job_id: j.worker_memory_bytes for j in jobs}
     floors = _floors(jobs, budget, per_worker)
@@ -350,7 +350,7 @@ def decide(
                 start=job.initial_workers or None,
             )
             if k is not None:
-                out[job.job_id] = Decision(
+                out[job.job_id] = WorkerDecision(
                     job.job_id,
                     k,
                     f"exploring (cold start, {len(seen)} observations): trying {k} workers",
@@ -358,7 +358,7 @@ def decide(
                 held[job.job_id] = k  # the next job's memory cap counts these
                 continue
         if model is None:
-            out[job.job_id] = Decision(
+            out[job.job_id] = WorkerDecision(
                 job.job_id,
                 min(max(job.current_workers, low), high),
                 "no model yet: keeping the current worker count",
@@ -458,7 +458,7 @@ def decide(
                 f"; limited by memory: one more worker ({_mb(per_worker[jid])}) would pass "
                 f"the budget ({_mb(_memory(final, per_worker))} of {_mb(room)} used)"
             )
-        out[jid] = Decision(
+        out[jid] = WorkerDecision(
             jid,
             k,
             why,

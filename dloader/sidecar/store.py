@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from dloader._daemon.store import SETTINGS_TABLE, SqliteState
-from dloader._messages import JobLimits
+from dloader._node_messages import JobLimits
 
-__all__ = ["MIGRATIONS", "JobRecord", "Store"]
+__all__ = ["MIGRATIONS", "SidecarStore", "StoredJob"]
 
 #: The schema, one migration per version (see :class:`dloader._daemon.SqliteState`).
 MIGRATIONS = (
@@ -66,7 +66,7 @@ _PRUNE_EVERY = 100  # reports of a job between two prunings
 
 
 @dataclass
-class JobRecord:
+class StoredJob:
     """A registered job as stored."""
 
     job_id: str
@@ -80,7 +80,7 @@ class JobRecord:
     registered_at: float
 
 
-class Store(SqliteState):
+class SidecarStore(SqliteState):
     """The sidecar's state database at ``path``."""
 
     def __init__(self, path: str | Path) -> None:
@@ -90,7 +90,7 @@ class Store(SqliteState):
 
     # ------------------------------------------------------------------ jobs
 
-    def add_job(self, job: JobRecord) -> None:
+    def add_job(self, job: StoredJob) -> None:
         """Stores a newly registered job."""
         self._exec(
             "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
@@ -120,7 +120,7 @@ class Store(SqliteState):
         with self._lock:
             self._added.pop(job_id, None)
 
-    def active_jobs(self) -> list[JobRecord]:
+    def active_jobs(self) -> list[StoredJob]:
         """Jobs registered and not ended. A row that no longer reads is ended (it stays in the
         file) with an error naming the file and the row, instead of keeping the sidecar down."""
         rows = self._exec(
@@ -130,7 +130,7 @@ class Store(SqliteState):
         out = []
         for r in rows:
             try:
-                rec = JobRecord(
+                rec = StoredJob(
                     r[0],
                     r[1],
                     r[2],

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from dloader._allocator_messages import GradientStats, JobSpec, Measurement
 from dloader.allocator.config import Settings
-from dloader.allocator.core import AllocatorCore, GradientStats, JobRequest, Measurement
-from dloader.allocator.store import Store
+from dloader.allocator.core import AllocatorCore
+from dloader.allocator.store import AllocatorStore
 from dloader.errors import InvalidArgument
 from dloader.predictor import ScalingModel, ScalingParams
 
@@ -24,13 +25,13 @@ GOOD = {
 
 
 def core(tmp_path: Path) -> AllocatorCore:
-    c = AllocatorCore(Store(tmp_path / "a.db"), Settings(interval_s=60))
+    c = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
     c.register_node("n0", 4)
     return c
 
 
-def request(job_id: str, **kw: object) -> JobRequest:
-    return JobRequest(job_id=job_id, batch_size=64, max_batch_size=1024, scaling=dict(GOOD), **kw)  # type: ignore[arg-type]
+def request(job_id: str, **kw: object) -> JobSpec:
+    return JobSpec(job_id=job_id, batch_size=64, max_batch_size=1024, scaling=dict(GOOD), **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -41,8 +42,8 @@ def request(job_id: str, **kw: object) -> JobRequest:
         ({"priority": 1e308}, "job.priority"),
         ({"batch_size": 1 << 40}, "job.batch_size"),
         ({"max_gpus": 1 << 40}, "job.max_gpus"),
-        ({"restart_s": float("nan")}, "job.restart_seconds"),
-        ({"measurements": [Measurement(1, 1, 8, 0.1)] * 30_000}, "job.measurements"),
+        ({"restart_seconds": float("nan")}, "job.restart_seconds"),
+        ({"measurements": (Measurement(1, 1, 8, 0.1),) * 30_000}, "job.measurements"),
     ],
 )
 def test_extreme_submissions_are_refused_naming_the_field(
@@ -50,7 +51,7 @@ def test_extreme_submissions_are_refused_naming_the_field(
 ) -> None:
     c = core(tmp_path)
     base = request("bad")
-    req = JobRequest(**{**base.__dict__, **change})  # type: ignore[arg-type]
+    req = JobSpec(**{**base.__dict__, **change})  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument) as err:
         c.submit(req)
     assert err.value.field.startswith(field), err.value
@@ -80,7 +81,7 @@ def test_a_stored_row_that_no_longer_validates_does_not_stop_a_restart(tmp_path:
     c.decide()
     c.store._exec("UPDATE jobs SET spec = ? WHERE job_id = 'stale'", (b'{"job_id": "stale"}',))
     c.store.close()
-    again = AllocatorCore(Store(tmp_path / "a.db"), Settings(interval_s=60))
+    again = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
     assert "good" in again.jobs and "stale" not in again.jobs
     assert again.store.known_job("stale")  # kept in the file, set aside
 
@@ -90,7 +91,7 @@ def test_a_restart_reads_fitted_models_instead_of_refitting(
 ) -> None:
     c = core(tmp_path)
     points = [Measurement(1, k, 8, 0.1 + 0.01 * k) for k in (1, 2, 4)]
-    c.submit(JobRequest(job_id="fitted", batch_size=32, measurements=points))
+    c.submit(JobSpec(job_id="fitted", batch_size=32, measurements=tuple(points)))
     before = c.jobs["fitted"].model.params
     c.store.close()
 
@@ -98,5 +99,5 @@ def test_a_restart_reads_fitted_models_instead_of_refitting(
         raise AssertionError("refitted at start")
 
     monkeypatch.setattr(ScalingModel, "fit", no_fit)
-    again = AllocatorCore(Store(tmp_path / "a.db"), Settings(interval_s=60))
+    again = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
     assert again.jobs["fitted"].model.params == before

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dloader.allocator import AllocatorError, Cluster, JobSpec, optimize, place
+from dloader.allocator import AllocatorError, Cluster, OptimizerJob, optimize, place
 from dloader.allocator.optimizer import admit, candidate_counts
 
 
@@ -57,7 +57,7 @@ def brute_force(jobs, capacity, objective, horizon, power):
 
 
 job_strategy = st.builds(
-    lambda i, peak, serial, half, lo, span, cur, prio, phi, batches: JobSpec(
+    lambda i, peak, serial, half, lo, span, cur, prio, phi, batches: OptimizerJob(
         f"j{i}",
         scaling(peak, serial, half),
         batches,
@@ -108,7 +108,7 @@ def test_dp_matches_brute_force(jobs, capacity, objective, power):
 
 
 def test_goodput_prefers_smaller_batches_than_throughput():
-    job = JobSpec("a", scaling(100, 0.5, 64), (32, 64, 128, 256, 512), efficiency=noise(50))
+    job = OptimizerJob("a", scaling(100, 0.5, 64), (32, 64, 128, 256, 512), efficiency=noise(50))
     fast = optimize([job], Cluster((4,)), objective="throughput").assignments["a"]
     good = optimize([job], Cluster((4,)), objective="goodput").assignments["a"]
     assert fast.batch_size == 512
@@ -118,10 +118,10 @@ def test_goodput_prefers_smaller_batches_than_throughput():
 def test_admission_is_first_come_first_served():
     f = scaling(100, 0.1, 64)
     jobs = [
-        JobSpec("a", f, (64,), min_gpus=4, max_gpus=8),
-        JobSpec("b", f, (64,), min_gpus=3, max_gpus=8),
-        JobSpec("c", f, (64,), min_gpus=2, max_gpus=8),  # does not fit after a and b
-        JobSpec("d", f, (64,), min_gpus=1, max_gpus=8),  # would fit, but waits behind c
+        OptimizerJob("a", f, (64,), min_gpus=4, max_gpus=8),
+        OptimizerJob("b", f, (64,), min_gpus=3, max_gpus=8),
+        OptimizerJob("c", f, (64,), min_gpus=2, max_gpus=8),  # does not fit after a and b
+        OptimizerJob("d", f, (64,), min_gpus=1, max_gpus=8),  # would fit, but waits behind c
     ]
     plan = optimize(jobs, Cluster((4, 4)))
     assert list(plan.assignments) == ["a", "b"]
@@ -132,15 +132,15 @@ def test_admission_is_first_come_first_served():
 def test_restart_only_when_the_gain_over_the_horizon_pays_for_it():
     # "b" would gain ~1% from one more GPU: not worth a 60 s restart over 600 s ...
     flat = scaling(100, 0.98, 64)
-    jobs = [JobSpec("a", flat, (64,), max_gpus=8, current_gpus=3, restart_s=60)]
-    jobs.append(JobSpec("b", flat, (64,), max_gpus=8, current_gpus=1, restart_s=60))
+    jobs = [OptimizerJob("a", flat, (64,), max_gpus=8, current_gpus=3, restart_s=60)]
+    jobs.append(OptimizerJob("b", flat, (64,), max_gpus=8, current_gpus=1, restart_s=60))
     plan = optimize(jobs, Cluster((4,)), horizon_s=600)
     assert {k: a.gpus for k, a in plan.assignments.items()} == {"a": 3, "b": 1}
     assert plan.assignments["a"].reason.startswith("keep")
     # ... while a job that scales well is worth moving
     steep = scaling(100, 0.01, 64)
-    jobs = [JobSpec("a", flat, (64,), max_gpus=8, current_gpus=3, restart_s=60)]
-    jobs.append(JobSpec("b", steep, (64,), max_gpus=8, current_gpus=1, restart_s=60))
+    jobs = [OptimizerJob("a", flat, (64,), max_gpus=8, current_gpus=3, restart_s=60)]
+    jobs.append(OptimizerJob("b", steep, (64,), max_gpus=8, current_gpus=1, restart_s=60))
     plan = optimize(jobs, Cluster((4,)), horizon_s=600)
     assert plan.assignments["b"].gpus == 3
     assert "grow 1->3" in plan.assignments["b"].reason
@@ -148,9 +148,11 @@ def test_restart_only_when_the_gain_over_the_horizon_pays_for_it():
 
 def test_priority_shifts_gpus():
     f = scaling(100, 0.05, 64)
-    even = optimize([JobSpec("a", f, (64,)), JobSpec("b", f, (64,))], Cluster((8,)))
+    even = optimize([OptimizerJob("a", f, (64,)), OptimizerJob("b", f, (64,))], Cluster((8,)))
     assert [a.gpus for a in even.assignments.values()] == [4, 4]
-    skew = optimize([JobSpec("a", f, (64,), priority=4), JobSpec("b", f, (64,))], Cluster((8,)))
+    skew = optimize(
+        [OptimizerJob("a", f, (64,), priority=4), OptimizerJob("b", f, (64,))], Cluster((8,))
+    )
     assert skew.assignments["a"].gpus > skew.assignments["b"].gpus >= 1
 
 
@@ -165,16 +167,17 @@ def test_candidate_counts_cover_small_counts_and_ladder():
 def test_bad_input_is_named():
     f = scaling(1, 0.1, 1)
     with pytest.raises(AllocatorError, match="min_gpus"):
-        JobSpec("a", f, (1,), min_gpus=3, max_gpus=2)
+        OptimizerJob("a", f, (1,), min_gpus=3, max_gpus=2)
     with pytest.raises(AllocatorError, match="batch_sizes"):
-        JobSpec("a", f, ())
+        OptimizerJob("a", f, ())
     with pytest.raises(AllocatorError, match="duplicate job ids"):
-        optimize([JobSpec("a", f, (1,)), JobSpec("a", f, (1,))], Cluster((2,)))
+        optimize([OptimizerJob("a", f, (1,)), OptimizerJob("a", f, (1,))], Cluster((2,)))
     with pytest.raises(AllocatorError, match="objective='speed'"):
         optimize([], Cluster((2,)), objective="speed")  # type: ignore[arg-type]
     with pytest.raises(AllocatorError, match="predicted throughput is 0"):
         optimize(
-            [JobSpec("a", lambda k, b: np.zeros(np.broadcast(k, b).shape), (1,))], Cluster((2,))
+            [OptimizerJob("a", lambda k, b: np.zeros(np.broadcast(k, b).shape), (1,))],
+            Cluster((2,)),
         )
     with pytest.raises(AllocatorError, match="nodes"):
         Cluster(())
@@ -233,7 +236,7 @@ def test_repack_moves_a_spread_job_only_onto_fewer_nodes():
 
 def test_a_spread_share_lowers_the_value_of_that_count():
     f = scaling(100, 0.01, 8)
-    compact = optimize([JobSpec("a", f, (64,), max_gpus=8)], Cluster((4, 4)))
+    compact = optimize([OptimizerJob("a", f, (64,), max_gpus=8)], Cluster((4, 4)))
     assert compact.assignments["a"].gpus == 8
-    spread = optimize([JobSpec("a", f, (64,), max_gpus=8, placed={8: 0.3})], Cluster((4, 4)))
+    spread = optimize([OptimizerJob("a", f, (64,), max_gpus=8, placed={8: 0.3})], Cluster((4, 4)))
     assert spread.assignments["a"].gpus < 8

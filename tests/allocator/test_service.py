@@ -13,18 +13,18 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dloader._allocator_messages import JobSpec, Measurement
 from dloader._client import Endpoint
-from dloader._messages import JobLimits, Registration
+from dloader._node_messages import JobLimits, Registration
 from dloader.allocator.cli import parser, serve
-from dloader.allocator.config import AllocatorConfig, Settings
+from dloader.allocator.config import AllocatorDaemonConfig, Settings
 from dloader.allocator.core import AllocatorCore
-from dloader.allocator.server import job_request
-from dloader.allocator.store import Store
+from dloader.allocator.store import AllocatorStore
 from dloader.errors import ConfigError
 from dloader.sidecar.allocator_link import AllocatorLink
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import NodeCore
-from dloader.sidecar.store import Store as NodeStore
+from dloader.sidecar.store import SidecarStore
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
 from tests._daemon import ThreadedDaemon, free_port
@@ -95,7 +95,7 @@ def test_jobs_share_the_cluster_and_wait_in_order(alloc: Allocator) -> None:
     s.CompleteJob(pb.CompleteJobRequest(job_id="a"))
     snap = until(s, lambda x: "a" not in by_job(x) and by_job(x)["c"].gpus == 4)
     assert by_job(snap)["b"].gpus == 4 and by_job(snap)["d"].gpus == 0
-    decisions = Store(alloc.state_dir / "allocator.db").decisions("a")
+    decisions = AllocatorStore(alloc.state_dir / "allocator.db").decisions("a")
     assert decisions[0][2] == 8 and decisions[-1][2] == 0
     assert all(d[4] for d in decisions)  # every change logged with its reason
 
@@ -202,7 +202,7 @@ def test_dry_run_only_recommends(alloc: Allocator) -> None:
     s.SubmitJob(job("b", max_gpus=4))
     snap = until(s, lambda x: x.dry_run and by_job(x).get("b") and by_job(x)["b"].gpus > 0)
     assert by_job(snap)["a"].gpus < 4  # the recommendation ...
-    decisions = Store(alloc.state_dir / "allocator.db").decisions("a")
+    decisions = AllocatorStore(alloc.state_dir / "allocator.db").decisions("a")
     assert decisions[-1][5]  # ... logged as a dry-run decision
     s.Configure(pb.ConfigureRequest(config=pb.AllocatorConfig(dry_run=False), set_dry_run=True))
     # leaving dry run applies the decision
@@ -245,7 +245,7 @@ def test_sidecar_link_registers_reports_and_directs_batch_sizes(
     alloc: Allocator, tmp_path: Path
 ) -> None:
     async def scenario() -> None:
-        core = NodeCore(NodeStore(tmp_path / "node.db"), PolicySettings("even", 8, 2, 60.0))
+        core = NodeCore(SidecarStore(tmp_path / "node.db"), PolicySettings("even", 8, 2, 60.0))
         limits = JobLimits(1, 1, 1, 64, may_change_batch_size=True)
         pid = (os.getpid(),)
         rank0 = core.register(Registration("train-x", pid, 1, 4, limits)).job_id
@@ -284,11 +284,11 @@ def test_sidecar_link_registers_reports_and_directs_batch_sizes(
 def test_a_silent_node_leaves_the_pool_until_it_reports(tmp_path: Path, caplog) -> None:
     now = [1000.0]
     core = AllocatorCore(
-        Store(tmp_path / "a.db"), Settings(), clock=lambda: now[0], node_timeout_s=60
+        AllocatorStore(tmp_path / "a.db"), Settings(), clock=lambda: now[0], node_timeout_s=60
     )
     core.register_node("n0", 2)
     core.register_node("n1", 2)
-    core.submit(job_request(job("a", max_gpus=4).job))
+    core.submit(JobSpec.from_pb(job("a", max_gpus=4).job))
     assert core.decide().allocations[0].gpus == 4
     now[0] += 30
     core.report_node("n1", 2, [])
@@ -303,7 +303,7 @@ def test_a_silent_node_leaves_the_pool_until_it_reports(tmp_path: Path, caplog) 
     core.report_node("n1", 2, [])
     assert core.decide().allocations[0].gpus == 4
     with pytest.raises(ValueError, match="node_timeout_s=-1"):
-        AllocatorCore(Store(tmp_path / "b.db"), Settings(), node_timeout_s=-1)
+        AllocatorCore(AllocatorStore(tmp_path / "b.db"), Settings(), node_timeout_s=-1)
 
 
 def test_jobs_across_nodes_get_a_rendezvous_per_placement(tmp_path: Path) -> None:
@@ -345,19 +345,17 @@ def test_rendezvous_ports_flag_is_checked(tmp_path: Path) -> None:
         parser().parse_args(["--rendezvous-ports", "abc"])
     a_args = parser().parse_args(["--rendezvous-ports", "80-90", "--state-dir", str(tmp_path)])
     with pytest.raises(ConfigError, match="--rendezvous-ports 80-90"):
-        AllocatorConfig.resolve(a_args, None)
+        AllocatorDaemonConfig.resolve(a_args, None)
 
 
 def test_a_job_measured_on_one_gpu_grows_as_its_measurements_come_in(tmp_path: Path) -> None:
     """The live service learns as the simulator's online mode does: a model from
     measurements is trusted up to twice the GPUs measured."""
-    from dloader.allocator.core import JobRequest, Measurement
-
     now = [1000.0]
-    core = AllocatorCore(Store(tmp_path / "a.db"), Settings(), clock=lambda: now[0])
+    core = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(), clock=lambda: now[0])
     core.register_node("n0", 8)
-    one = [Measurement(1, 1, 32, 0.2)]
-    core.submit(JobRequest(job_id="a", batch_size=256, max_gpus=8, measurements=one))
+    one = (Measurement(1, 1, 32, 0.2),)
+    core.submit(JobSpec(job_id="a", batch_size=256, max_gpus=8, measurements=one))
     assert core.decide().allocations[0].gpus == 2  # 2x the one GPU measured
     now[0] += 3600  # old enough that a restart is cheap
     core.update("a", [Measurement(1, 2, 32, 0.21, 0.01)])

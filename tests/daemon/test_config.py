@@ -5,21 +5,21 @@ from __future__ import annotations
 import pytest
 
 from dloader.allocator.cli import parser as allocator_parser
-from dloader.allocator.config import AllocatorConfig, Settings
+from dloader.allocator.config import AllocatorDaemonConfig, Settings
 from dloader.errors import ConfigError
 from dloader.sidecar.cli import parser as sidecar_parser
-from dloader.sidecar.config import PolicySettings, SidecarConfig
+from dloader.sidecar.config import PolicySettings, SidecarDaemonConfig
 
 
-def sidecar(*flags: str, stored: str | None = None) -> SidecarConfig:
-    return SidecarConfig.resolve(
+def sidecar(*flags: str, stored: str | None = None) -> SidecarDaemonConfig:
+    return SidecarDaemonConfig.resolve(
         sidecar_parser().parse_args(["--socket", "/tmp/x.sock", *flags]), stored
     )
 
 
-def allocator(*flags: str, stored: str | None = None) -> AllocatorConfig:
+def allocator(*flags: str, stored: str | None = None) -> AllocatorDaemonConfig:
     args = allocator_parser().parse_args(["--socket", "/tmp/a.sock", *flags])
-    return AllocatorConfig.resolve(args, stored)
+    return AllocatorDaemonConfig.resolve(args, stored)
 
 
 def test_sidecar_stored_policy_beats_defaults_and_flags_beat_stored() -> None:
@@ -28,8 +28,9 @@ def test_sidecar_stored_policy_beats_defaults_and_flags_beat_stored() -> None:
     assert sidecar(stored=stored).policy == PolicySettings("even", 5, 1, 3.0)
     p = sidecar("--policy", "adaptive", "--period", "0.5", stored=stored).policy
     assert p == PolicySettings("adaptive", 5, 1, 0.5)
-    # the older stored form is still read
-    assert sidecar(stored="even,6,2,1.0").policy == PolicySettings("even", 6, 2, 1.0)
+    # anything but what to_json wrote is refused, naming the value (no release wrote another)
+    with pytest.raises(ConfigError, match=r"stored policy 'even,6,2,1\.0' is unreadable"):
+        sidecar(stored="even,6,2,1.0")
 
 
 def test_allocator_stored_settings_beat_defaults_and_flags_beat_stored() -> None:

@@ -13,7 +13,7 @@ from dloader._daemon.paths import SocketClaim, own_folder
 from dloader.allocator.cli import main as allocator_main
 from dloader.errors import ConfigError
 from dloader.sidecar.cli import main as sidecar_main
-from dloader.sidecar.store import Store
+from dloader.sidecar.store import SidecarStore
 from tests.sidecar.conftest import Sidecar
 
 pytestmark = pytest.mark.integration
@@ -86,10 +86,10 @@ def test_folders_of_others_or_writable_by_others_are_refused(tmp_path: Path) -> 
 def test_an_empty_state_file_is_refused_with_a_way_out(tmp_path: Path) -> None:
     (tmp_path / "sidecar.db").write_bytes(b"")
     with pytest.raises(ConfigError, match=r"empty \(0 bytes\).*move it away"):
-        Store(tmp_path / "sidecar.db")
+        SidecarStore(tmp_path / "sidecar.db")
     (tmp_path / "sidecar.db").write_bytes(b"not a database at all" * 100)
     with pytest.raises(ConfigError, match=r"sidecar\.db is not usable"):
-        Store(tmp_path / "sidecar.db")
+        SidecarStore(tmp_path / "sidecar.db")
 
 
 @pytest.mark.parametrize("main", [sidecar_main, allocator_main])

@@ -9,10 +9,10 @@ import pytest
 
 from dloader._daemon.store import SETTINGS_TABLE, SqliteState
 from dloader.allocator.store import MIGRATIONS as ALLOCATOR_MIGRATIONS
-from dloader.allocator.store import Store as AllocatorStore
+from dloader.allocator.store import AllocatorStore
 from dloader.errors import ConfigError
 from dloader.sidecar.store import MIGRATIONS as SIDECAR_MIGRATIONS
-from dloader.sidecar.store import Store as SidecarStore
+from dloader.sidecar.store import SidecarStore
 
 V1 = "CREATE TABLE IF NOT EXISTS things (id INTEGER PRIMARY KEY);\n" + SETTINGS_TABLE
 V2 = "ALTER TABLE things ADD COLUMN name TEXT NOT NULL DEFAULT '';"
@@ -61,14 +61,10 @@ def test_a_failed_migration_leaves_the_file_at_its_version(tmp_path: Path) -> No
     ("store", "migrations"),
     [(SidecarStore, SIDECAR_MIGRATIONS), (AllocatorStore, ALLOCATOR_MIGRATIONS)],
 )
-def test_daemon_stores_are_versioned_and_read_unversioned_files(
+def test_daemon_stores_are_versioned(
     tmp_path: Path, store: type, migrations: tuple[str, ...]
 ) -> None:
-    # a file written before versioning: the tables exist, user_version is 0
-    with sqlite3.connect(tmp_path / "old.db") as db:
-        db.executescript(migrations[0])
-    assert version(tmp_path / "old.db") == 0
-    s = store(tmp_path / "old.db")
+    s = store(tmp_path / "state.db")
     assert s.schema_version == len(migrations)
     s.close()
-    assert version(tmp_path / "old.db") == len(migrations)
+    assert version(tmp_path / "state.db") == len(migrations)

@@ -1,4 +1,4 @@
-"""The real pipelines of the testbed (dloader.pipelines) at a small size."""
+"""The real pipelines of the testbed (dloader.apps.pipelines) at a small size."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dloader import pipelines, testbed
+from dloader.apps import pipelines, testbed
 
 pytest.importorskip("PIL")
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import dloader
-from dloader.testbed import PROFILES, EmulatedDataset, run_job
+from dloader.apps.testbed import PROFILES, EmulatedDataset, run_job
 from tests.dloader import datasets as D
 
 

@@ -64,6 +64,9 @@ def main() -> None:
     (args.out / f"{args.phase}.rank{rank}.json").write_text(
         json.dumps({"world": world, "shards": shards})
     )
+    # every rank done before any tears gloo down: a rank that destroys the group while a peer
+    # still writes its files has aborted ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 

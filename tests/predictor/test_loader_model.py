@@ -152,20 +152,6 @@ def test_exploration_plan_stops_when_doubling_stops_paying() -> None:
     assert exploration_plan(seen, cores=2, max_workers=16) is None
 
 
-def test_smallest_allocation() -> None:
-    model = LoaderModel()
-    model.update(*(truth(k, 2, 32, **IO_HEAVY) for k in (1, 2, 4, 8, 16)))
-    alloc = model.smallest_allocation(batch_size=32, max_cores=2, max_workers=32, fraction=0.9)
-    target = 0.9 * model.accelerator_limit(32)
-    assert alloc.reaches_target and alloc.predicted >= target
-    assert model.predict(alloc.num_workers - 1, alloc.cores, 32).samples_per_s < target
-    # CPU-heavy on 2 cores cannot reach 95% of its limit: the best there is, flagged.
-    cpu = LoaderModel()
-    cpu.update(*(truth(k, 2, 32, **CPU_HEAVY) for k in (1, 2, 4, 8)))
-    best = cpu.smallest_allocation(batch_size=32, max_cores=2, max_workers=16)
-    assert not best.reaches_target and best.cores == 2
-
-
 def test_persistence_roundtrip() -> None:
     model = LoaderModel()
     model.update(*(truth(k, 2, 32, **IO_HEAVY) for k in (1, 2, 4)))
@@ -188,8 +174,6 @@ def test_bad_input_is_refused() -> None:
     model.update(truth(2, 2, 32, **IO_HEAVY))
     with pytest.raises(PredictorError, match="num_workers=-1"):
         model.predict(-1, 2, 32)
-    with pytest.raises(PredictorError, match=r"fraction=1\.5"):
-        model.smallest_allocation(batch_size=32, max_cores=2, max_workers=4, fraction=1.5)
 
 
 def test_fit_keeps_the_most_recent_thousand() -> None:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from dloader._messages import JobReport, Registration, WorkerReport
+from dloader._node_messages import JobReport, Registration, WorkerReport
 from dloader.errors import InvalidArgument
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import NodeCore
 from dloader.sidecar.monitors import ProcessTreeStats
-from dloader.sidecar.store import Store
+from dloader.sidecar.store import SidecarStore
 
 
 class FakeNode:
@@ -51,7 +51,7 @@ def report(workers: int, tput: float) -> JobReport:
 def test_observations_carry_the_workers_run_queue_wait(tmp_path: Path, wait_share: float) -> None:
     node = FakeNode(wait_share)
     core = NodeCore(
-        Store(tmp_path / "s.db"),
+        SidecarStore(tmp_path / "s.db"),
         PolicySettings("even", 2, 2, 1.0),
         tree_stats=node.tree,
         clock=node.clock,
@@ -71,7 +71,7 @@ def test_jobs_that_stop_reporting_expire_and_a_restart_gives_a_full_timeout(
     tmp_path: Path,
 ) -> None:
     node = FakeNode(0.0)
-    store = Store(tmp_path / "s.db")
+    store = SidecarStore(tmp_path / "s.db")
     settings = PolicySettings("even", 4, 2, 1.0)
     core = NodeCore(store, settings, tree_stats=node.tree, clock=node.clock, job_timeout_s=30)
     quiet = core.register(Registration("quiet", pids=(100,), num_workers=1, batch_size=32))
@@ -89,7 +89,7 @@ def test_jobs_that_stop_reporting_expire_and_a_restart_gives_a_full_timeout(
 def test_registration_lists_are_bounded(tmp_path: Path) -> None:
     node = FakeNode(0.0)
     core = NodeCore(
-        Store(tmp_path / "s.db"), PolicySettings("even", 4, 2, 1.0), tree_stats=node.tree
+        SidecarStore(tmp_path / "s.db"), PolicySettings("even", 4, 2, 1.0), tree_stats=node.tree
     )
     with pytest.raises(InvalidArgument, match="pids: 50000 ids"):
         core.register(Registration("many", pids=tuple(range(50_000)), num_workers=1, batch_size=8))
@@ -125,7 +125,7 @@ def test_memory_budget_and_the_cost_of_a_worker(
     """A worker costs the peak private memory of the job's workers; a fractional budget is a
     share of the available memory plus what the workers hold; the policy stays under it."""
     core = NodeCore(
-        Store(tmp_path / "s.db"),
+        SidecarStore(tmp_path / "s.db"),
         PolicySettings("even", 16, 2, 1.0, setting),
         tree_stats=tree_with_memory,
         available_memory=lambda: 1000 * MiB,
@@ -145,7 +145,7 @@ def test_before_any_worker_a_worker_is_assumed_to_copy_the_trainer(tmp_path: Pat
         return ProcessTreeStats(tuple(pids), True, 1.0, 1, 0, 0, (), 1.0, {}, {100: 300 * MiB})
 
     core = NodeCore(
-        Store(tmp_path / "s.db"),
+        SidecarStore(tmp_path / "s.db"),
         PolicySettings("even", 16, 2, 1.0, 1 << 30),
         tree_stats=no_workers,
     )
@@ -161,7 +161,7 @@ def test_a_new_job_is_learned_from_its_first_window(tmp_path: Path) -> None:
     registration) feeds the model at once, no settling time added."""
     node = FakeNode(0.0)
     core = NodeCore(
-        Store(tmp_path / "s.db"),
+        SidecarStore(tmp_path / "s.db"),
         PolicySettings("adaptive", 4, 2, 1.0),
         tree_stats=node.tree,
         clock=node.clock,
@@ -178,7 +178,7 @@ def test_a_neighbours_change_is_not_credited_to_a_job(tmp_path: Path) -> None:
     CPU contention moved under it."""
     node = FakeNode(0.0)
     core = NodeCore(
-        Store(tmp_path / "s.db"),
+        SidecarStore(tmp_path / "s.db"),
         PolicySettings("even", 4, 2, 1.0),
         tree_stats=node.tree,
         clock=node.clock,

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from dloader._messages import Registration
+from dloader._node_messages import Registration
 from dloader.sidecar.cgroups import CgroupWeights, detect
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import NodeCore
 from dloader.sidecar.policy import cpu_sets
-from dloader.sidecar.store import Store
+from dloader.sidecar.store import SidecarStore
 
 
 def test_cpu_sets_are_disjoint_and_proportional() -> None:
@@ -32,7 +32,9 @@ def test_cpu_sets_are_disjoint_and_proportional() -> None:
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 def test_core_pins_each_job_to_its_own_cpus(tmp_path: Path) -> None:
     cpus = sorted(os.sched_getaffinity(0))
-    core = NodeCore(Store(tmp_path / "s.db"), PolicySettings("adaptive", 8, 2, 1.0), pin_cpus=cpus)
+    core = NodeCore(
+        SidecarStore(tmp_path / "s.db"), PolicySettings("adaptive", 8, 2, 1.0), pin_cpus=cpus
+    )
     ids = [
         core.register(Registration(n, pids=(os.getpid(),), num_workers=2, batch_size=32)).job_id
         for n in ("a", "b")

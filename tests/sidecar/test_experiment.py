@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dloader.demo import single
-from dloader.experiment import run_jobs, score, sidecar_process
+from dloader.apps.demo import single
+from dloader.apps.experiment import run_jobs, score, sidecar_process
 
 pytestmark = pytest.mark.integration
 

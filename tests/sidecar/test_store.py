@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import dloader.sidecar.store as store_mod
-from dloader.sidecar.store import Store
+from dloader.sidecar.store import SidecarStore
 
 
 def test_reports_are_pruned_to_the_most_recent(
@@ -15,7 +15,7 @@ def test_reports_are_pruned_to_the_most_recent(
 ) -> None:
     monkeypatch.setattr(store_mod, "_KEEP_REPORTS", 10)
     monkeypatch.setattr(store_mod, "_PRUNE_EVERY", 5)
-    store = Store(tmp_path / "s.db")
+    store = SidecarStore(tmp_path / "s.db")
     for i in range(33):
         store.add_report("a", {"i": i})
         store.add_report("b", {"i": i})
@@ -23,7 +23,7 @@ def test_reports_are_pruned_to_the_most_recent(
             store.flush()
     assert len(store._exec("SELECT * FROM reports")) < 2 * 33  # 3 still queued
     store.close()  # flushes
-    store = Store(tmp_path / "s.db")
+    store = SidecarStore(tmp_path / "s.db")
     rows = store._exec("SELECT job_id, body FROM reports ORDER BY at")
     store.close()
     for job in ("a", "b"):
@@ -33,12 +33,12 @@ def test_reports_are_pruned_to_the_most_recent(
 
 
 def test_a_row_that_no_longer_reads_is_ended_not_fatal(tmp_path: Path) -> None:
-    from dloader._messages import JobLimits
-    from dloader.sidecar.store import JobRecord
+    from dloader._node_messages import JobLimits
+    from dloader.sidecar.store import StoredJob
 
-    s = Store(tmp_path / "s.db")
-    good = JobRecord("good", "a", "t", JobLimits(), [1], [], 1, 8, 0.0)
-    bad = JobRecord("bad", "b", "t", JobLimits(), [1], [], 1, 8, 0.0)
+    s = SidecarStore(tmp_path / "s.db")
+    good = StoredJob("good", "a", "t", JobLimits(), [1], [], 1, 8, 0.0)
+    bad = StoredJob("bad", "b", "t", JobLimits(), [1], [], 1, 8, 0.0)
     s.add_job(good)
     s.add_job(bad)
     s._exec("UPDATE jobs SET limits = '{\"bogus\": 1}' WHERE job_id = 'bad'")

@@ -8,7 +8,7 @@ limit of a job is ``b / step(b)`` samples/s. See ``../shared/DESIGN.md``.
 
 Run one job from the command line::
 
-    python -m dloader.testbed --profile io_heavy --workers 8 --seconds 10
+    python -m dloader.apps.testbed --profile io_heavy --workers 8 --seconds 10
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Profile:
     """Accelerator step: part per sample in the batch."""
     pipeline: str = "emulated"
     """The data: ``emulated`` (``io_ms`` and ``cpu_ms`` per sample), or a real pipeline of
-    :mod:`dloader.pipelines` (``jpeg``, ``text``, ``remote``: costs vary per sample; ``io_ms``
+    :mod:`dloader.apps.pipelines` (``jpeg``, ``text``, ``remote``: costs vary per sample; ``io_ms``
     and ``cpu_ms`` are then their measured means, for information)."""
 
     def step_s(self, batch_size: int) -> float:
@@ -78,7 +78,7 @@ PROFILES: dict[str, Profile] = {
     "gpu_bound": Profile(
         "gpu_bound", io_ms=1.0, cpu_ms=0.5, batch_size=32, step_base_ms=40.0, step_per_sample_ms=5.0
     ),
-    # real pipelines (dloader.pipelines), costs measured on a 2-core EPYC
+    # real pipelines (dloader.apps.pipelines), costs measured on a 2-core EPYC
     "image_jpeg": Profile("image_jpeg", 0.0, 4.1, 32, 8.0, 0.6, pipeline="jpeg"),
     "text_pack": Profile("text_pack", 0.0, 1.6, 32, 6.0, 0.3, pipeline="text"),
     "remote_read": Profile("remote_read", 10.4, 0.2, 32, 4.0, 0.4, pipeline="remote"),
@@ -89,10 +89,10 @@ REAL_MIX = ("image_jpeg", "text_pack", "remote_read")
 
 def make_dataset(profile: Profile, length: int, jpegs: int = 3000) -> Dataset[Any]:
     """The dataset of ``profile`` with ``length`` samples (``jpegs``: files generated once into
-    :func:`dloader.pipelines.default_cache` for the image pipeline)."""
+    :func:`dloader.apps.pipelines.default_cache` for the image pipeline)."""
     if profile.pipeline == "emulated":
         return EmulatedDataset.from_profile(profile, length)
-    from dloader import pipelines
+    from dloader.apps import pipelines
 
     if profile.pipeline == "jpeg":
         files = pipelines.make_jpegs(pipelines.default_cache() / str(jpegs), jpegs)
@@ -247,7 +247,7 @@ def run_job(
 def main(argv: list[str] | None = None) -> int:
     """Command line: run one emulated job and print its throughput and idle share."""
     parser = argparse.ArgumentParser(
-        prog="python -m dloader.testbed",
+        prog="python -m dloader.apps.testbed",
         description="Run one emulated training job (no GPU needed) and report its throughput "
         "and accelerator-idle share. Profiles: "
         + "; ".join(

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dloader import DataLoader
-from dloader.testbed import PROFILES, EmulatedDataset
+from dloader.apps.testbed import PROFILES, EmulatedDataset
 
 __all__ = ["main", "node", "single"]
 
@@ -169,7 +169,7 @@ def node(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.seconds < 20:
         parser.error(f"--seconds={args.seconds} must be >= 20 (the sidecar explores first)")
-    from dloader.experiment import run_jobs, score, sidecar_process
+    from dloader.apps.experiment import run_jobs, score, sidecar_process
 
     console = Console(width=None if sys.stdout.isatty() else 110)
     jobs = [("io_heavy", 4, 0.0, None), ("cpu_heavy", 4, 0.0, None), ("gpu_bound", 4, 0.0, None)]

@@ -1,6 +1,6 @@
 """Running emulated jobs on this node, with or without a sidecar: for the demo and benchmarks.
 
-Each job is its own process (``python -m dloader.testbed``), as on a real shared node; the
+Each job is its own process (``python -m dloader.apps.testbed``), as on a real shared node; the
 sidecar is a real ``dloader-sidecar`` process on a Unix socket with its SQLite state.
 """
 
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JobSpec", "Sidecar", "run_jobs", "score", "sidecar_process"]
+__all__ = ["JobPlan", "Sidecar", "run_jobs", "score", "sidecar_process"]
 
-JobSpec = tuple[str, int, float, int | None]
+JobPlan = tuple[str, int, float, int | None]
 """(profile, start workers, arrival second, samples or None for a fixed time)."""
 
 
@@ -81,7 +81,7 @@ def sidecar_process(
 
 
 def run_jobs(
-    jobs: Sequence[JobSpec],
+    jobs: Sequence[JobPlan],
     folder: Path,
     *,
     seconds: float | None = None,
@@ -89,7 +89,7 @@ def run_jobs(
     extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Runs the jobs (each arriving at its second) to completion; returns their timelines.
-    ``extra``: more ``dloader.testbed`` arguments for every job (e.g. ``--jpegs 200``)."""
+    ``extra``: more ``dloader.apps.testbed`` arguments for every job (e.g. ``--jpegs 200``)."""
     folder.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     procs, outs = [], {}
@@ -100,7 +100,7 @@ def run_jobs(
         cmd = [
             sys.executable,
             "-m",
-            "dloader.testbed",
+            "dloader.apps.testbed",
             "--profile",
             name,
             "--workers",

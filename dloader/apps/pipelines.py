@@ -9,14 +9,13 @@
 * :class:`RemoteReads`: reads from remote storage: a latency with jitter (log-normal) and
   occasional slow reads (a tail), then a little CPU to parse the payload.
 
-The accelerator stays emulated (:mod:`dloader.testbed`'s step model). Pillow is needed for the
+The accelerator stays emulated (:mod:`dloader.apps.testbed`'s step model). Pillow is needed for the
 image pipeline only (``pip install "dloader-elastic[bench]"``).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import random
 import re
 import time
@@ -28,6 +27,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from dloader import _env
+
 __all__ = ["JpegImages", "PackedText", "RemoteReads", "default_cache", "make_jpegs"]
 
 _MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
@@ -35,11 +36,8 @@ _STD = np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255
 
 
 def default_cache() -> Path:
-    """Where the generated JPEGs are kept (``$DLOADER_CACHE`` or ``~/.cache/dloader``)."""
-    root = os.environ.get("DLOADER_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dloader"
-    )
-    return Path(root) / "jpegs"
+    """Where the generated JPEGs are kept (``$DLOADER_CACHE/jpegs``, see :mod:`dloader._env`)."""
+    return _env.cache_dir() / "jpegs"
 
 
 def make_jpegs(folder: Path, count: int = 3000, seed: int = 0) -> list[Path]:

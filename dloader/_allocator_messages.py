@@ -1,0 +1,375 @@
+"""The messages of the cluster allocator's API (``proto/dloader/v1/allocator.proto``), typed.
+
+Each class is the Python form of the message of the same name, with the same field names, and
+one conversion per transport: ``to_pb``/``from_pb`` for gRPC, ``to_json``/``from_json`` for
+the allocator's state file. The servicer converts a request once, on arrival; the core, the
+launcher and the sidecar's allocator link see only these classes. The limits the API accepts
+(:data:`MAX_GPUS`, ...) live here too, and the checks that need nothing but the message itself
+(a measurement's ranges; a job's fields, :meth:`JobSpec.normalised`).
+
+No gRPC or protobuf at import: ``to_pb``/``from_pb`` import the generated messages when first
+called.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from dloader.errors import InvalidArgument, finite_within, shown
+
+if TYPE_CHECKING:
+    from dloader.v1 import allocator_pb2
+
+__all__ = [
+    "ID_MAX",
+    "MAX_BATCH",
+    "MAX_GPUS",
+    "MAX_JOBS_PER_REPORT",
+    "MAX_MEASUREMENTS_PER_CALL",
+    "MAX_PRIORITY",
+    "SCALING_FIELDS",
+    "Allocation",
+    "AllocationSet",
+    "GradientStats",
+    "JobSpec",
+    "Measurement",
+    "NodeJobReport",
+]
+
+ID_MAX = 200  # characters of a job or node id
+MAX_GPUS = 1 << 16  # per job and per cluster
+MAX_BATCH = 1 << 24  # samples per global or local batch
+MAX_PRIORITY = 1000.0
+MAX_MEASUREMENTS_PER_CALL = 1000
+MAX_JOBS_PER_REPORT = 1024
+#: The fields of ``ScalingParams`` (the scaling model's parameters).
+SCALING_FIELDS = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma")
+
+
+def _pb() -> Any:
+    from dloader.v1 import allocator_pb2
+
+    return allocator_pb2
+
+
+def check_id(name: str, value: str) -> str:
+    """``value`` as a job or node id: 1-:data:`ID_MAX` printable characters, no outer spaces."""
+    if not value or len(value) > ID_MAX or not value.isprintable() or value.strip() != value:
+        raise InvalidArgument(name, f"{shown(value)} must be 1-{ID_MAX} printable characters")
+    return value
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured step of a job: ``step_seconds`` on ``replicas`` GPUs over ``nodes`` nodes at
+    ``local_batch_size`` per GPU. Checked on creation (``INVALID_ARGUMENT`` naming the values)."""
+
+    nodes: int
+    replicas: int
+    local_batch_size: int
+    step_seconds: float
+    sync_seconds: float = 0.0
+    """The gradient-synchronisation part of ``step_seconds`` (0: unknown)."""
+
+    def __post_init__(self) -> None:
+        n, r, b = self.nodes, self.replicas, self.local_batch_size
+        if not 1 <= n <= r <= MAX_GPUS or not 1 <= b <= MAX_BATCH:
+            raise InvalidArgument(
+                "measurements",
+                f"nodes={n}, replicas={r}, local_batch_size={b}: need 1 <= nodes <= "
+                f"replicas <= {MAX_GPUS} and 1 <= local_batch_size <= {MAX_BATCH}",
+            )
+        step, sync = self.step_seconds, self.sync_seconds
+        if not (
+            math.isfinite(step) and 0 < step <= 86400 and math.isfinite(sync) and 0 <= sync <= step
+        ):
+            raise InvalidArgument(
+                "measurements",
+                f"step_seconds={step}, sync_seconds={sync}: need 0 <= sync <= step <= 86400",
+            )
+
+    def to_pb(self) -> allocator_pb2.Measurement:
+        """As a ``dloader.v1.Measurement``."""
+        return _pb().Measurement(**asdict(self))
+
+    @classmethod
+    def from_pb(cls, m: allocator_pb2.Measurement) -> Measurement:
+        """From a ``dloader.v1.Measurement``."""
+        return cls(m.nodes, m.replicas, m.local_batch_size, m.step_seconds, m.sync_seconds)
+
+    @classmethod
+    def many_from_pb(cls, items: Sequence[allocator_pb2.Measurement]) -> tuple[Measurement, ...]:
+        """A repeated field, refused whole (before any is converted) past
+        :data:`MAX_MEASUREMENTS_PER_CALL`."""
+        if len(items) > MAX_MEASUREMENTS_PER_CALL:
+            raise InvalidArgument(
+                "measurements", f"{len(items)} measurements: at most {MAX_MEASUREMENTS_PER_CALL}"
+            )
+        return tuple(cls.from_pb(m) for m in items)
+
+
+@dataclass(frozen=True)
+class GradientStats:
+    """Gradient-noise statistics of a job, measured at ``base_batch_size``."""
+
+    base_batch_size: int
+    grad_sqr: float
+    grad_var: float
+
+    def to_pb(self) -> allocator_pb2.GradientStats:
+        """As a ``dloader.v1.GradientStats``."""
+        return _pb().GradientStats(**asdict(self))
+
+    @classmethod
+    def from_pb(cls, m: Any, present: bool = True) -> GradientStats | None:
+        """From a ``dloader.v1.GradientStats`` field (None where the message lacks it)."""
+        return cls(m.base_batch_size, m.grad_sqr, m.grad_var) if present else None
+
+
+def _gradient_of(m: Any) -> GradientStats | None:
+    return GradientStats.from_pb(m.gradient, m.HasField("gradient"))
+
+
+@dataclass(frozen=True)
+class NodeJobReport:
+    """A node's report of one job running on it."""
+
+    job_id: str
+    samples_per_second: float
+    batch_size: int = 0
+    measurements: tuple[Measurement, ...] = ()
+    gradient: GradientStats | None = None
+
+    def to_pb(self) -> allocator_pb2.NodeJobReport:
+        """As a ``dloader.v1.NodeJobReport``."""
+        return _pb().NodeJobReport(
+            job_id=self.job_id,
+            samples_per_second=self.samples_per_second,
+            batch_size=self.batch_size,
+            measurements=[m.to_pb() for m in self.measurements],
+            gradient=self.gradient.to_pb() if self.gradient else None,
+        )
+
+    @classmethod
+    def from_pb(cls, m: allocator_pb2.NodeJobReport) -> NodeJobReport:
+        """From a ``dloader.v1.NodeJobReport``."""
+        return cls(
+            m.job_id,
+            m.samples_per_second,
+            m.batch_size,
+            Measurement.many_from_pb(m.measurements),
+            _gradient_of(m),
+        )
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job as submitted (``dloader.v1.JobSpec``): 0 means "the default" for every bound, as
+    in the proto; :meth:`normalised` fills the defaults in and checks every field."""
+
+    job_id: str
+    batch_size: int
+    min_gpus: int = 0
+    max_gpus: int = 0
+    requested_gpus: int = 0
+    min_batch_size: int = 0
+    max_batch_size: int = 0
+    min_local_batch_size: int = 0
+    max_local_batch_size: int = 0
+    priority: float = 0.0
+    restart_seconds: float = 0.0
+    scaling: Mapping[str, float] | None = None
+    """``ScalingParams`` by field name (:data:`SCALING_FIELDS`), or None."""
+    measurements: tuple[Measurement, ...] = ()
+    gradient: GradientStats | None = None
+
+    def normalised(self, default_restart_seconds: float) -> JobSpec:
+        """Defaults filled in and every field checked (errors name the field)."""
+        check_id("job.job_id", self.job_id)
+        for name in ("batch_size", "min_batch_size", "max_batch_size"):
+            finite_within(f"job.{name}", getattr(self, name), 0, MAX_BATCH)
+        for name in ("min_local_batch_size", "max_local_batch_size"):
+            finite_within(f"job.{name}", getattr(self, name), 0, MAX_BATCH)
+        for name in ("min_gpus", "max_gpus", "requested_gpus"):
+            finite_within(f"job.{name}", getattr(self, name), 0, MAX_GPUS)
+        if len(self.measurements) > MAX_MEASUREMENTS_PER_CALL:
+            raise InvalidArgument(
+                "job.measurements",
+                f"{len(self.measurements)} measurements: at most {MAX_MEASUREMENTS_PER_CALL} "
+                "per call (send more with UpdateJob)",
+            )
+        if self.batch_size < 1:
+            raise InvalidArgument("job.batch_size", f"{self.batch_size} must be >= 1")
+        lo_g = self.min_gpus or 1
+        hi_g = self.max_gpus or MAX_GPUS
+        if lo_g > hi_g:
+            raise InvalidArgument("job.min_gpus", f"{lo_g} is above max_gpus={hi_g}")
+        lo_b = self.min_batch_size or self.batch_size
+        hi_b = self.max_batch_size or self.batch_size
+        if not lo_b <= self.batch_size <= hi_b:
+            raise InvalidArgument(
+                "job.batch_size",
+                f"{self.batch_size} must lie within [min_batch_size={lo_b}, max_batch_size={hi_b}]",
+            )
+        lo_l = self.min_local_batch_size or 1
+        hi_l = self.max_local_batch_size or hi_b
+        if lo_l > hi_l:
+            raise InvalidArgument(
+                "job.min_local_batch_size", f"{lo_l} is above max_local_batch_size={hi_l}"
+            )
+        prio = self.priority or 1.0
+        finite_within("job.priority", prio, 1e-3, MAX_PRIORITY)
+        restart = self.restart_seconds or default_restart_seconds
+        finite_within("job.restart_seconds", restart, 0, 86400)
+        return replace(
+            self,
+            min_gpus=lo_g,
+            max_gpus=hi_g,
+            requested_gpus=min(max(self.requested_gpus or lo_g, lo_g), hi_g),
+            min_batch_size=lo_b,
+            max_batch_size=hi_b,
+            min_local_batch_size=lo_l,
+            max_local_batch_size=hi_l,
+            priority=prio,
+            restart_seconds=restart,
+        )
+
+    def to_pb(self) -> allocator_pb2.JobSpec:
+        """As a ``dloader.v1.JobSpec``."""
+        pb = _pb()
+        d = asdict(self)
+        d["measurements"] = [m.to_pb() for m in self.measurements]
+        d["gradient"] = self.gradient.to_pb() if self.gradient else None
+        d["scaling"] = pb.ScalingParams(**self.scaling) if self.scaling else None
+        return pb.JobSpec(**d)
+
+    @classmethod
+    def from_pb(cls, m: allocator_pb2.JobSpec) -> JobSpec:
+        """From a ``dloader.v1.JobSpec``."""
+        scaling = None
+        if m.HasField("scaling"):
+            scaling = {name: getattr(m.scaling, name) for name in SCALING_FIELDS}
+        return cls(
+            job_id=m.job_id,
+            batch_size=m.batch_size,
+            min_gpus=m.min_gpus,
+            max_gpus=m.max_gpus,
+            requested_gpus=m.requested_gpus,
+            min_batch_size=m.min_batch_size,
+            max_batch_size=m.max_batch_size,
+            min_local_batch_size=m.min_local_batch_size,
+            max_local_batch_size=m.max_local_batch_size,
+            priority=m.priority,
+            restart_seconds=m.restart_seconds,
+            scaling=scaling,
+            measurements=Measurement.many_from_pb(m.measurements),
+            gradient=_gradient_of(m),
+        )
+
+    def to_json(self) -> bytes:
+        """As stored in the allocator's state file."""
+        d = asdict(self)
+        d["scaling"] = dict(self.scaling) if self.scaling else None
+        return json.dumps(d).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> JobSpec:
+        """From :meth:`to_json`."""
+        d = json.loads(raw)
+        d["measurements"] = tuple(Measurement(**m) for m in d.get("measurements", ()))
+        g = d.get("gradient")
+        d["gradient"] = GradientStats(**g) if g is not None else None
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One job's allocation (or, in dry-run mode, recommendation)."""
+
+    job_id: str
+    gpus: int
+    """0: waiting."""
+    nodes: Mapping[str, int]
+    """GPUs per node id."""
+    batch_size: int
+    """Global batch size."""
+    reason: str
+    queue_position: int = 0
+    """For a waiting job, 0-based."""
+    rendezvous: str = ""
+    """``host:port`` of the job's c10d rendezvous while it spans nodes."""
+    generation: int = 0
+    """Rises whenever the job's placement changes."""
+
+    def to_pb(self) -> allocator_pb2.Allocation:
+        """As a ``dloader.v1.Allocation``."""
+        pb = _pb()
+        d = asdict(self)
+        d["nodes"] = [pb.NodeShare(node_id=n, gpus=g) for n, g in sorted(self.nodes.items())]
+        return pb.Allocation(**d)
+
+    @classmethod
+    def from_pb(cls, m: allocator_pb2.Allocation) -> Allocation:
+        """From a ``dloader.v1.Allocation``."""
+        return cls(
+            m.job_id,
+            m.gpus,
+            {n.node_id: n.gpus for n in m.nodes},
+            m.batch_size,
+            m.reason,
+            m.queue_position,
+            m.rendezvous,
+            m.generation,
+        )
+
+
+@dataclass(frozen=True)
+class AllocationSet:
+    """Every job's allocation after one decision."""
+
+    version: int
+    """Rises with every decision."""
+    dry_run: bool
+    """Recommendations only: nothing was applied."""
+    policy: str
+    allocations: tuple[Allocation, ...] = field(default_factory=tuple)
+    decided_at: float = 0.0
+    """Seconds since the epoch."""
+    decision_ms: float = 0.0
+    """The policy's wall time."""
+
+    def get(self, job_id: str) -> Allocation | None:
+        """The allocation of ``job_id`` (None: not in this set)."""
+        return next((a for a in self.allocations if a.job_id == job_id), None)
+
+    def to_pb(self, job_id: str = "", node_id: str = "") -> allocator_pb2.AllocationSet:
+        """As a ``dloader.v1.AllocationSet``, optionally only one job's or one node's
+        allocations."""
+        return _pb().AllocationSet(
+            version=self.version,
+            dry_run=self.dry_run,
+            policy=self.policy,
+            allocations=[
+                a.to_pb()
+                for a in self.allocations
+                if (not job_id or a.job_id == job_id) and (not node_id or node_id in a.nodes)
+            ],
+            decided_at=self.decided_at,
+            decision_ms=self.decision_ms,
+        )
+
+    @classmethod
+    def from_pb(cls, m: allocator_pb2.AllocationSet) -> AllocationSet:
+        """From a ``dloader.v1.AllocationSet``."""
+        return cls(
+            m.version,
+            m.dry_run,
+            m.policy,
+            tuple(Allocation.from_pb(a) for a in m.allocations),
+            m.decided_at,
+            m.decision_ms,
+        )

@@ -1,0 +1,146 @@
+"""A submitted job in the live allocator: its spec, its fitted model, and the policy's view of it.
+
+Model fitting is CPU work (a least-squares fit over up to :data:`MAX_MEASUREMENTS` steps): the
+servicer runs :func:`fit_model` off the event loop. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from dloader._allocator_messages import MAX_BATCH, GradientStats, JobSpec
+from dloader.allocator.optimizer import Cluster
+from dloader.allocator.policies import JobState, Policy
+from dloader.errors import AllocatorError, InvalidArgument, finite_within
+from dloader.predictor import (
+    GradientNoise,
+    PredictorError,
+    ScalingModel,
+    ScalingParams,
+    ScalingPoint,
+)
+
+__all__ = [
+    "MAX_MEASUREMENTS",
+    "SubmittedJob",
+    "fit_model",
+    "gradient_noise",
+    "unusable",
+]
+
+MAX_MEASUREMENTS = 2000  # kept per job; the oldest are dropped beyond
+MAX_SCALING_PARAM = 1e6  # seconds (per step, per sample): far beyond any real job
+MAX_GAMMA = 10.0
+GRADIENT_RANGE = (1e-30, 1e30)
+
+
+def fit_model(spec: JobSpec) -> ScalingModel:
+    """The job's scaling model: learned from its measurements (>= 1) as the simulator learns
+    online (:meth:`ScalingModel.fit_observed`), else its stated parameters."""
+    try:
+        points = [
+            ScalingPoint(
+                m.nodes, m.replicas, m.local_batch_size, m.step_seconds, m.sync_seconds or None
+            )
+            for m in spec.measurements
+        ]
+    except PredictorError as exc:
+        raise InvalidArgument("job.measurements", str(exc)) from None
+    if points:
+        try:
+            return ScalingModel.fit_observed(points)
+        except (PredictorError, ValueError) as exc:
+            raise InvalidArgument("job.measurements", f"cannot fit a model: {exc}") from None
+    if spec.scaling:
+        try:
+            params = ScalingParams(**spec.scaling)
+        except TypeError as exc:
+            raise InvalidArgument("job.scaling", str(exc)) from None
+        for name, value in spec.scaling.items():
+            if name == "gamma":
+                finite_within("job.scaling.gamma", value, 1.0, MAX_GAMMA)
+            else:
+                finite_within(f"job.scaling.{name}", value, 0.0, MAX_SCALING_PARAM)
+        if params.alpha_c + params.beta_c <= 0:
+            raise InvalidArgument("job.scaling", "alpha_c + beta_c must be > 0 (compute time)")
+        return ScalingModel(params)
+    raise InvalidArgument(
+        "job.scaling", "need scaling parameters or at least 1 measurement to predict throughput"
+    )
+
+
+def gradient_noise(gradient: GradientStats | None, where: str) -> GradientNoise | None:
+    """The statistical-efficiency model of the job's gradient statistics (None: none sent)."""
+    if gradient is None:
+        return None
+    finite_within(f"{where}.base_batch_size", gradient.base_batch_size, 1, MAX_BATCH)
+    finite_within(f"{where}.grad_sqr", gradient.grad_sqr, *GRADIENT_RANGE)
+    if gradient.grad_var != 0:
+        finite_within(f"{where}.grad_var", gradient.grad_var, *GRADIENT_RANGE)
+    try:
+        return GradientNoise(gradient.base_batch_size, gradient.grad_sqr, gradient.grad_var)
+    except PredictorError as exc:
+        raise InvalidArgument(where, str(exc)) from None
+
+
+@dataclass
+class SubmittedJob:
+    """A job the allocator holds: what was submitted, what it learned, where the job runs."""
+
+    spec: JobSpec
+    """As submitted (normalised), with every measurement received since."""
+    seq: int
+    """Submission order (the policy decides in this order)."""
+    model: ScalingModel
+    noise: GradientNoise | None
+    token: str = ""
+    """The job's credential, returned at submission."""
+    placement: dict[str, int] = field(default_factory=dict)
+    """GPUs per node id (empty: waiting)."""
+    batch_size: int = 0
+    samples_per_second: float = 0.0
+    generation: int = 0
+    """How many times its placement changed: its launchers restart into each new one."""
+    rendezvous: str = ""
+    """``host:port`` of the c10d rendezvous of the current generation while it spans nodes."""
+    submitted_at: float = 0.0
+    """Clock time of its submission (stored: a restarted allocator keeps the job's age)."""
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    def state(self, node_ids: list[str], now: float) -> JobState:
+        """The policy's view of the job on the nodes ``node_ids`` (in that order) at ``now``."""
+        r = self.spec
+        return JobState(
+            r.job_id,
+            float(self.seq),
+            self.model,
+            requested_gpus=r.requested_gpus,
+            requested_batch=r.batch_size,
+            batch_range=(r.min_batch_size, r.max_batch_size),
+            local_bsz_range=(r.min_local_batch_size, r.max_local_batch_size),
+            min_gpus=r.min_gpus,
+            max_gpus=r.max_gpus,
+            noise=self.noise,
+            priority=r.priority,
+            placement=tuple(self.placement.get(n, 0) for n in node_ids) if self.placement else (),
+            batch_size=self.batch_size or None,
+            restart_s=r.restart_seconds,
+            age_s=max(now - self.submitted_at, 0.0),
+            restarts=max(self.generation - 1, 0),
+            # a model learned from measurements is trusted up to twice the GPUs they cover
+            explored_gpus=max(m.replicas for m in r.measurements) if r.measurements else None,
+        )
+
+
+def unusable(policy: Policy, state: JobState) -> str | None:
+    """Why ``policy`` cannot decide for the job alone on its minimum GPUs (None: it can)."""
+    need = max(state.min_gpus, 1)
+    cluster = Cluster((need,)) if need <= 64 else Cluster.uniform(-(-need // 8), 8)
+    try:
+        policy.decide([replace(state, placement=(), batch_size=None)], cluster)
+    except AllocatorError as exc:
+        return str(exc)
+    return None
