@@ -32,9 +32,10 @@ from benchmarks._common import machine, out_path, table
 from dloader.allocator import Cluster
 from dloader.allocator.policies import POLICIES, DpPolicy, Policy, make_policy
 from dloader.allocator.simulator import SimResult, Simulator
-from dloader.allocator.traces import load_apps, read_philly, read_workload
+from dloader.allocator.traces import PACKAGED_TRACES, load_apps, read_philly, read_workload
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+#: The data shipped with the package: pollux/traces, pollux/workloads, philly/philly.csv.gz.
+DATA = PACKAGED_TRACES.parents[1]
 POLLUX_H = {1: 0.58, 2: 0.92, 3: 0.61, 4: 0.76}  # Pollux's own policy, OSDI 2021 (avg JCT, h)
 TIRESIAS_H = {1: 0.69, 2: 1.43, 3: 1.08, 4: 0.91}
 #: goodput-dp ablations: label -> (DpPolicy overrides, learning)
@@ -74,7 +75,13 @@ def simulate(data: Path, workload: int, label: str) -> tuple[int, str, SimResult
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=DATA, help="the shared data/ folder")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=DATA,
+        help="a data folder with pollux/traces, pollux/workloads and philly/philly.csv[.gz] "
+        "(default: the one shipped with the package)",
+    )
     p.add_argument("--workloads", default="1,2,3,4")
     p.add_argument("--philly-jobs", type=int, default=1000, help="0: skip the Philly run")
     p.add_argument("--no-ablations", action="store_true", help="only the four policies")
@@ -197,7 +204,7 @@ def main() -> int:
 def philly_table(args: argparse.Namespace, summary: dict[str, Any]) -> None:
     apps = load_apps(args.data / "pollux" / "traces")
     philly = read_philly(
-        args.data / "philly" / "philly.csv",
+        next(args.data.glob("philly/philly.csv*")),
         apps,
         num_jobs=args.philly_jobs,
         seed=0,

@@ -24,7 +24,7 @@ from typing import Any
 from benchmarks._common import RssSampler, machine, out_path, table
 
 PROFILES = {
-    # name: (io_ms, cpu_ms) per sample; batch 32 as in DESIGN.md
+    # name: (io_ms, cpu_ms) per sample; batch 32 as in docs/architecture.md
     "io_bound": (8.0, 0.3),
     "cpu_bound": (0.0, 3.0),
 }

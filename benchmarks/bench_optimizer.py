@@ -26,9 +26,9 @@ from pathlib import Path
 from benchmarks._common import machine, out_path, table
 from dloader.allocator import Cluster, optimize
 from dloader.allocator.policies import DpPolicy, JobState, make_policy
-from dloader.allocator.traces import AppTrace, load_apps
+from dloader.allocator.traces import PACKAGED_TRACES, AppTrace, load_apps
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "pollux" / "traces"
+TRACES = PACKAGED_TRACES  # shipped with the package
 CELLS = [  # (nodes, gpus per node, jobs)
     (16, 4, 40),
     (16, 4, 80),

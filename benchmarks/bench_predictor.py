@@ -7,10 +7,10 @@
 2. Statistical efficiency: iterations needed to reach each validated run's final progress at
    its batch size, predicted from the gradient-noise statistics (of the same run, and of the
    base-batch run: a real prediction), vs the iterations the trace records.
-3. Loader model on the emulated testbed: each profile of DESIGN.md is measured alone on this node
-   at 0..16 workers (dloader's own telemetry as the observations); the model sees only the
-   allocations its cold-start exploration plan picks (at most 5) and predicts the rest
-   (target: median error <= 15%; its best allocation within 5% of the measured best). The
+3. Loader model on the emulated testbed: each testbed profile (docs/architecture.md) is
+   measured alone on this node at 0..16 workers (dloader's own telemetry as the observations); the
+   model sees only the allocations its cold-start exploration plan picks (at most 5) and predicts
+   the rest (target: median error <= 15%; its best allocation within 5% of the measured best). The
    predicted best is the fewest workers predicted within 5% of the predicted maximum.
 4. Fitting cost: one ``LoaderModel.update`` with 1,000 observations (target < 50 ms).
 
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks._common import machine, out_path, table
+from dloader.allocator.traces import PACKAGED_TRACES
 from dloader.predictor import (
     GradientNoise,
     LoaderModel,
@@ -47,7 +48,7 @@ from dloader.predictor.pollux import (
     validated_batch_sizes,
 )
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "pollux" / "traces"
+TRACES = PACKAGED_TRACES  # shipped with the package
 TRAIN_PLACEMENTS = ("1", "4", "22", "1111", "4444")
 CORES = 2
 
@@ -172,11 +173,11 @@ def measure(profile_name: str, workers: int, seconds: float) -> dict[str, Any]:
         "num_workers": workers,
         "cores": CORES,
         "batch_size": profile.batch_size,
-        "samples_per_s": s.samples_per_s,
+        "samples_per_s": s.samples_per_second,
         "idle_share": s.idle_share,
-        "step_s": s.step_s,
-        "fetch_s": statistics.mean(w.fetch_s for w in ws) if ws else None,
-        "cpu_s": statistics.mean(w.cpu_s for w in ws) if ws else None,
+        "step_s": s.step_seconds,
+        "fetch_s": statistics.mean(w.fetch_seconds for w in ws) if ws else None,
+        "cpu_s": statistics.mean(w.cpu_seconds for w in ws) if ws else None,
     }
 
 
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         "--traces",
         type=Path,
         default=TRACES,
-        help="Pollux traces folder (default: ../shared/data/pollux/traces)",
+        help="Pollux traces folder (default: the one shipped with the package)",
     )
     parser.add_argument(
         "--measurements",

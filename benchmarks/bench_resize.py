@@ -1,9 +1,9 @@
 """Live resize and batch-size change under a running emulated training job.
 
-The io_heavy job of DESIGN.md trains for ``--seconds``; a background thread (as the sidecar agent
-would) changes the loader at fixed times: grow 2 -> 12 workers, change the batch size 32 -> 48,
-shrink 12 -> 4, grow 4 -> 8. Two ways of making each change are compared, each with the ``fork``
-and ``spawn`` start methods:
+The testbed's io_heavy job (docs/architecture.md) trains for ``--seconds``; a background thread (as
+the sidecar agent would) changes the loader at fixed times: grow 2 -> 12 workers, change the batch
+size 32 -> 48, shrink 12 -> 4, grow 4 -> 8. Two ways of making each change are compared, each with
+the ``fork`` and ``spawn`` start methods:
 
 * ``live``: ``loader.resize()`` / ``loader.set_batch_size()`` mid-epoch (dloader);
 * ``rebuild``: what a torch user can do instead: drop the iterator, build a new loader with the

@@ -1,11 +1,11 @@
 """The headline: three emulated jobs share this node; how much useful throughput do they get?
 
-The io_heavy, cpu_heavy and gpu_bound jobs of DESIGN.md run concurrently as separate processes,
-each starting with the same worker count (4), under
+The testbed's io_heavy, cpu_heavy and gpu_bound jobs (docs/architecture.md) run concurrently as
+separate processes, each starting with the same worker count (4), under
 
 (a) ``even``: a sidecar with the even policy (the node's workers split equally);
 (b) ``adaptive``: a sidecar with the adaptive policy (it explores, models, re-divides);
-each at the same node worker budget: 12 (even: 4 each, DESIGN.md's baseline) and 24;
+each at the same node worker budget: 12 (even: 4 each, the architecture doc's baseline) and 24;
 (c) ``static best``: no sidecar, the best fixed split within the same budget found by a small
 grid search (jobs that know their best worker count in advance, which nobody does).
 
@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         "--mix",
         choices=sorted(GRIDS),
         default="emulated",
-        help="emulated: DESIGN.md's three profiles; real: the real-pipeline mix",
+        help="emulated: the testbed's three profiles (docs/architecture.md); real: the "
+        "real-pipeline mix",
     )
     args = p.parse_args(argv)
     global JOBS

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from dloader import _env
 from dloader._client import Backoff, Endpoint
 from dloader._iter import PROCESS_START_LOCK
-from dloader._node_messages import Directive, JobLimits, JobReport, Registration, WorkerReport
+from dloader._node_messages import Directive, JobLimits, JobReport, Registration
 
 if TYPE_CHECKING:
     from dloader._loader import DataLoader
@@ -161,20 +161,7 @@ class SidecarAgent:
             s = loader.stats()
             del loader
             self._enforce_cpus(s.workers)
-            report = JobReport(
-                timestamp=time.time(),
-                num_workers=s.num_workers,
-                batch_size=s.batch_size or 1,
-                samples_per_second=s.samples_per_s,
-                idle_share=s.idle_share,
-                step_seconds=s.step_s,
-                wait_seconds=s.wait_s,
-                window_seconds=s.window_s,
-                samples=s.samples,
-                workers=tuple(
-                    WorkerReport(w.pid or 0, w.fetch_s, w.cpu_s, w.batches) for w in s.workers
-                ),
-            )
+            report = JobReport.from_stats(s, time.time())
             try:
                 proc.stdin.write(json.dumps({"op": "report", "report": report.to_json()}) + "\n")
             except (BrokenPipeError, ValueError):

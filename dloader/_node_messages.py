@@ -12,7 +12,7 @@ sidecar).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 __all__ = ["Directive", "JobLimits", "JobReport", "Registration", "WorkerReport"]
@@ -81,6 +81,23 @@ class JobReport:
     window_seconds: float
     samples: int
     workers: tuple[WorkerReport, ...] = ()
+
+    @classmethod
+    def from_stats(cls, stats: Any, timestamp: float) -> JobReport:
+        """From a loader's ``dloader.LoaderStats`` (whose fields carry the same names; this
+        module imports nothing of the loader's, so it takes the object as it is)."""
+        names = [
+            f.name for f in fields(cls) if f.name not in ("timestamp", "batch_size", "workers")
+        ]
+        return cls(
+            timestamp=timestamp,
+            batch_size=stats.batch_size or 1,
+            workers=tuple(
+                WorkerReport(w.pid or 0, w.fetch_seconds, w.cpu_seconds, w.batches)
+                for w in stats.workers
+            ),
+            **{name: getattr(stats, name) for name in names},
+        )
 
     def to_json(self) -> dict[str, Any]:
         """As a JSON-compatible dict (the agent -> helper pipe, the sidecar's store)."""

@@ -30,11 +30,11 @@ class WorkerStats:
     """Batches this worker has fetched."""
     in_flight: int
     """Tasks sent to this worker and not yet returned."""
-    fetch_s: float
+    fetch_seconds: float
     """Moving average of the wall time to fetch and collate one batch, seconds."""
-    cpu_s: float
+    cpu_seconds: float
     """Moving average of the worker's CPU time per batch, seconds."""
-    cpu_total_s: float
+    cpu_total_seconds: float
     """CPU seconds this worker has spent fetching."""
 
 
@@ -54,15 +54,15 @@ class LoaderStats:
     """Batches delivered since the loader was created."""
     epoch: int
     """Iterators started over this loader (0 before the first ``iter()``)."""
-    wait_total_s: float
+    wait_total_seconds: float
     """Total time the trainer spent inside ``next()`` waiting for data."""
-    window_s: float
+    window_seconds: float
     """Length of the recent window the following fields cover (at most the configured window)."""
-    samples_per_s: float
+    samples_per_second: float
     """Delivered samples per second over the recent window."""
-    wait_s: float
+    wait_seconds: float
     """Time waited for data within the recent window."""
-    step_s: float
+    step_seconds: float
     """Mean time between batch requests (the training step, data wait included), recent window."""
     idle_share: float
     """Share of wall time the trainer waited for data in the recent window (accelerator idle)."""
@@ -80,9 +80,9 @@ class _WorkerRecord:
     state: str = "starting"
     batches: int = 0
     in_flight: int = 0
-    fetch_s: float = 0.0
-    cpu_s: float = 0.0
-    cpu_total_s: float = 0.0
+    fetch_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    cpu_total_seconds: float = 0.0
 
 
 class Telemetry:
@@ -91,10 +91,10 @@ class Telemetry:
     def __init__(self, window_s: float) -> None:
         if not window_s > 0:
             raise ValueError(f"stats_window_s={window_s!r} must be > 0")
-        self.window_s = window_s
+        self.window_seconds = window_s
         self.samples = 0
         self.batches = 0
-        self.wait_total_s = 0.0
+        self.wait_total_seconds = 0.0
         # (exit time, wait, samples) per delivered batch within the window, with running sums
         self._recent: deque[tuple[float, float, int]] = deque()
         self._recent_wait = 0.0
@@ -117,7 +117,7 @@ class Telemetry:
         with self.lock:
             self.samples += samples
             self.batches += 1
-            self.wait_total_s += wait
+            self.wait_total_seconds += wait
             if self._last_exit is None:
                 # The first batch of a run of steps: its window starts when it was requested.
                 self._first_in_window = enter
@@ -129,7 +129,7 @@ class Telemetry:
             self._evict(exit_)
 
     def _evict(self, now: float) -> None:
-        recent, horizon = self._recent, now - self.window_s
+        recent, horizon = self._recent, now - self.window_seconds
         while recent and recent[0][0] < horizon:
             t, wait, samples = recent.popleft()
             self._recent_wait -= wait
@@ -144,16 +144,16 @@ class Telemetry:
                 rec = self.workers.setdefault(slot, _WorkerRecord())
         return rec
 
-    def record_fetch(self, slot: int, fetch_s: float, cpu_s: float) -> None:
+    def record_fetch(self, slot: int, fetch_seconds: float, cpu_seconds: float) -> None:
         """Records one batch fetched by worker ``slot``."""
         rec = self.worker(slot)
         if rec.batches == 0:
-            rec.fetch_s, rec.cpu_s = fetch_s, cpu_s
+            rec.fetch_seconds, rec.cpu_seconds = fetch_seconds, cpu_seconds
         else:
-            rec.fetch_s += _EMA * (fetch_s - rec.fetch_s)
-            rec.cpu_s += _EMA * (cpu_s - rec.cpu_s)
+            rec.fetch_seconds += _EMA * (fetch_seconds - rec.fetch_seconds)
+            rec.cpu_seconds += _EMA * (cpu_seconds - rec.cpu_seconds)
         rec.batches += 1
-        rec.cpu_total_s += cpu_s
+        rec.cpu_total_seconds += cpu_seconds
 
     def snapshot(self, *, num_workers: int, batch_size: int | None, epoch: int) -> LoaderStats:
         """A consistent :class:`LoaderStats` at this moment."""
@@ -164,15 +164,22 @@ class Telemetry:
                 start = self._first_in_window if self._first_in_window is not None else recent[0][0]
                 window = max(recent[-1][0] - start, 1e-9)
                 n = len(recent)
-                samples_per_s = self._recent_samples / window
-                step_s = window / n
+                samples_per_second = self._recent_samples / window
+                step_seconds = window / n
                 wait = max(self._recent_wait, 0.0)
                 idle = min(wait / window, 1.0)
             else:
-                window = samples_per_s = step_s = wait = idle = 0.0
+                window = samples_per_second = step_seconds = wait = idle = 0.0
             workers = tuple(
                 WorkerStats(
-                    slot, r.pid, r.state, r.batches, r.in_flight, r.fetch_s, r.cpu_s, r.cpu_total_s
+                    slot,
+                    r.pid,
+                    r.state,
+                    r.batches,
+                    r.in_flight,
+                    r.fetch_seconds,
+                    r.cpu_seconds,
+                    r.cpu_total_seconds,
                 )
                 for slot, r in sorted(self.workers.items())
             )
@@ -183,11 +190,11 @@ class Telemetry:
                 samples=self.samples,
                 batches=self.batches,
                 epoch=epoch,
-                wait_total_s=self.wait_total_s,
-                window_s=window,
-                samples_per_s=samples_per_s,
-                wait_s=wait,
-                step_s=step_s,
+                wait_total_seconds=self.wait_total_seconds,
+                window_seconds=window,
+                samples_per_second=samples_per_second,
+                wait_seconds=wait,
+                step_seconds=step_seconds,
                 idle_share=idle,
                 queue_depth=self.queue_depth,
                 in_flight=self.in_flight,

@@ -228,6 +228,7 @@ def _imported_after(statement: str) -> set[str]:
     return set(out.stdout.split())
 
 
+@pytest.mark.integration
 def test_daemons_do_not_import_torch_and_the_loader_not_grpc() -> None:
     daemons = _imported_after("import dloader.sidecar.cli, dloader.allocator.cli")
     assert "torch" not in daemons

@@ -82,7 +82,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         caller = self._caller(context)
         if caller is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
-        token = CALLER.set(caller)  # type: ignore[arg-type]
+        token = CALLER.set(caller)
         try:
             yield
         except grpc.aio.AbortError:

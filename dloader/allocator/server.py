@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import grpc
+
 from dloader._allocator_messages import (
     GradientStats,
     JobSpec,
@@ -32,7 +34,7 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
         self.core = core
 
     async def SubmitJob(
-        self, request: pb.SubmitJobRequest, context: object
+        self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.SubmitJobResponse:
         # checking and fitting a job is CPU work: off the event loop, so that other clients
         # are not held up; the core changes only on the loop (commit)
@@ -41,7 +43,7 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
         return pb.SubmitJobResponse(job_id=job_id, queue_position=pos, token=token)
 
     async def UpdateJob(
-        self, request: pb.UpdateJobRequest, context: object
+        self, request: pb.UpdateJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdateJobResponse:
         staged = await asyncio.to_thread(
             self.core.stage_update,
@@ -55,13 +57,13 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
         return pb.UpdateJobResponse()
 
     async def CompleteJob(
-        self, request: pb.CompleteJobRequest, context: object
+        self, request: pb.CompleteJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.CompleteJobResponse:
         self.core.complete(request.job_id, request.failed, request.token)
         return pb.CompleteJobResponse()
 
     async def RegisterNode(
-        self, request: pb.RegisterNodeRequest, context: object
+        self, request: pb.RegisterNodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterNodeResponse:
         self.core.register_node(
             request.node_id, request.gpus, request.sidecar_address, request.host
@@ -69,7 +71,7 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
         return pb.RegisterNodeResponse()
 
     async def ReportNode(
-        self, request: pb.ReportNodeRequest, context: object
+        self, request: pb.ReportNodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReportNodeResponse:
         self.core.report_node(
             request.node_id,
@@ -79,19 +81,21 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
         return pb.ReportNodeResponse()
 
     async def GetAllocations(
-        self, request: pb.GetAllocationsRequest, context: object
+        self, request: pb.GetAllocationsRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocationSet:
         return self.core.snapshot().to_pb()
 
     async def WatchAllocations(
-        self, request: pb.WatchAllocationsRequest, context: object
+        self, request: pb.WatchAllocationsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.AllocationSet]:
         if request.job_id:
             self.core.get(request.job_id)  # NOT_FOUND for an unknown job
         async for snap in self.core.watch():
             yield snap.to_pb(request.job_id, request.node_id)
 
-    async def Configure(self, request: pb.ConfigureRequest, context: object) -> pb.AllocatorConfig:
+    async def Configure(
+        self, request: pb.ConfigureRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AllocatorConfig:
         c = request.config
         s = self.core.configure(
             c.policy,

@@ -1,11 +1,11 @@
 """``dloader-demo``: what dloader does on a shared node, on emulated jobs (no GPU needed).
 
-Default: three emulated training jobs (I/O-bound, CPU-bound, accelerator-bound; DESIGN.md) share
-this node, first as people usually configure them (4 loader workers each, no sidecar), then
-joined to an adaptive ``dloader-sidecar`` on embedded defaults (a Unix socket in a temporary
-folder, its SQLite state under ``.dloader-demo/``). The sidecar explores, models each job and
-re-divides the workers; the demo prints per-job throughput and accelerator idle, before and
-after.
+Default: three emulated training jobs (I/O-bound, CPU-bound, accelerator-bound; see
+docs/architecture.md) share this node, first as people usually configure them (4 loader workers
+each, no sidecar), then joined to an adaptive ``dloader-sidecar`` on embedded defaults (a Unix
+socket in a temporary folder, its SQLite state under ``.dloader-demo/``). The sidecar explores,
+models each job and re-divides the workers; the demo prints per-job throughput and accelerator idle,
+before and after.
 
 ``--single``: one job whose loader is resized and re-batched live, without a restart.
 """

@@ -4,7 +4,8 @@ A job is a per-sample I/O latency ``io_ms`` (a sleep: remote storage), a per-sam
 ``cpu_ms`` (busy work measured on the thread's CPU clock, so that contention for cores slows it as
 it slows real decoding) and an accelerator step per batch, a sleep of
 ``step(b) = base + per_sample * b`` milliseconds during which the CPU is free. The accelerator
-limit of a job is ``b / step(b)`` samples/s. See ``../shared/DESIGN.md``.
+limit of a job is ``b / step(b)`` samples/s. See ``docs/architecture.md``, "The
+emulated-accelerator testbed".
 
 Run one job from the command line::
 
@@ -67,7 +68,7 @@ class Profile:
         return b / self.step_s(b)
 
 
-#: The three profiles of DESIGN.md.
+#: The three profiles of docs/architecture.md.
 PROFILES: dict[str, Profile] = {
     "io_heavy": Profile(
         "io_heavy", io_ms=8.0, cpu_ms=0.3, batch_size=32, step_base_ms=4.0, step_per_sample_ms=0.5
@@ -162,20 +163,20 @@ class RunResult:
 
     samples: int
     steps: int
-    elapsed_s: float
-    wait_s: float
+    elapsed_seconds: float
+    wait_seconds: float
     #: per step: (seconds since start at the end of the step, samples in the batch, wait seconds)
     timeline: list[tuple[float, int, float]] = field(default_factory=list)
 
     @property
-    def samples_per_s(self) -> float:
+    def samples_per_second(self) -> float:
         """Mean delivered throughput."""
-        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return self.samples / self.elapsed_seconds if self.elapsed_seconds > 0 else 0.0
 
     @property
     def idle_share(self) -> float:
         """Share of the run the emulated accelerator waited for data."""
-        return self.wait_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return self.wait_seconds / self.elapsed_seconds if self.elapsed_seconds > 0 else 0.0
 
     def window(self, start_s: float, end_s: float) -> tuple[float, float]:
         """(samples/s, idle share) over steps ending within ``[start_s, end_s)``."""
@@ -228,14 +229,14 @@ def run_job(
             now = time.perf_counter() - start
             result.samples += n
             result.steps += 1
-            result.wait_s += t1 - t0
+            result.wait_seconds += t1 - t0
             result.timeline.append((now, n, t1 - t0))
             if on_step is not None:
                 on_step(result.steps, now)
             if (seconds is not None and now >= seconds) or (
                 max_steps is not None and result.steps >= max_steps
             ):
-                result.elapsed_s = now
+                result.elapsed_seconds = now
                 close = getattr(it, "close", None) or getattr(it, "_shutdown_workers", None)
                 if close is not None:
                     close()
@@ -350,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     if agent is not None:
         agent.stop()
     print(
-        f"{profile.name}: samples/s {r.samples_per_s:.0f} (limit {profile.limit(bs):.0f}, "
-        f"{r.samples_per_s / profile.limit(bs):.0%}), accelerator idle {r.idle_share:.0%}"
+        f"{profile.name}: samples/s {r.samples_per_second:.0f} (limit {profile.limit(bs):.0f}, "
+        f"{r.samples_per_second / profile.limit(bs):.0%}), accelerator idle {r.idle_share:.0%}"
     )
     if args.out:
         timeline = [(t, n, w, k) for (t, n, w), k in zip(r.timeline, workers, strict=True)]

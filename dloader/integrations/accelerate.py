@@ -233,7 +233,7 @@ def _loader_kwargs(loader: DataLoader[Any]) -> dict[str, Any]:
         **worker_arguments(loader),
         **{name: getattr(loader, name) for name in _DLOADER_ARGS},
     }
-    kwargs["stats_window_s"] = loader._telemetry.window_s
+    kwargs["stats_window_s"] = loader._telemetry.window_seconds
     agent = loader.sidecar_agent  # not started: it starts at the first iter()
     if agent is not None:
         kwargs.update(sidecar=agent.target, job_name=agent.name)

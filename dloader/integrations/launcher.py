@@ -360,7 +360,7 @@ class Launcher:
         finally:
             await self._stop()
 
-    async def _submit(self, stub: pb_grpc.ClusterAllocatorStub) -> None:
+    async def _submit(self, stub: pb_grpc.ClusterAllocatorAsyncStub) -> None:
         if self.submitted or self.spec is None:
             return
         try:
@@ -395,7 +395,7 @@ class Launcher:
                 self.job_token = self.args.token_file.read_text().strip()
         return self.job_token
 
-    async def _complete(self, stub: pb_grpc.ClusterAllocatorStub, code: int) -> int:
+    async def _complete(self, stub: pb_grpc.ClusterAllocatorAsyncStub, code: int) -> int:
         try:
             await stub.CompleteJob(
                 pb.CompleteJobRequest(
@@ -413,7 +413,7 @@ class Launcher:
         )
         return code
 
-    async def _session(self, stub: pb_grpc.ClusterAllocatorStub, stop: asyncio.Event) -> int:
+    async def _session(self, stub: pb_grpc.ClusterAllocatorAsyncStub, stop: asyncio.Event) -> int:
         a = self.args
         if self.exit_code is not None:  # the script ended while the allocator was away
             return await self._complete(stub, self.exit_code)
@@ -457,7 +457,7 @@ class Launcher:
                     self.exit_code = code
                     return await self._complete(stub, code)
                 snapshot = watch.result()  # an RPC error here: reconnect, training goes on
-                if snapshot is grpc.aio.EOF:
+                if not isinstance(snapshot, pb.AllocationSet):  # grpc.aio.EOF
                     raise grpc.aio.AioRpcError(
                         grpc.StatusCode.UNAVAILABLE,
                         grpc.aio.Metadata(),

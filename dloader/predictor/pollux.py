@@ -1,4 +1,5 @@
-"""Readers for the Pollux (OSDI 2021) job profiles in ``shared/data/pollux/traces/<app>/``.
+"""Readers for the Pollux (OSDI 2021) job profiles, one folder per application
+(``<traces>/<app>/``; the package ships them: ``dloader.allocator.traces.PACKAGED_TRACES``).
 
 I/O lives here, apart from the models: each function returns plain values.
 """

@@ -88,7 +88,7 @@ class AllocatorLink:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=backoff.next())
 
-    async def _serve(self, stub: pb_grpc.ClusterAllocatorStub, stop: asyncio.Event) -> None:
+    async def _serve(self, stub: pb_grpc.ClusterAllocatorAsyncStub, stop: asyncio.Event) -> None:
         tasks = [
             asyncio.create_task(self._watch(stub)),
             asyncio.create_task(self._report(stub, stop)),
@@ -103,7 +103,7 @@ class AllocatorLink:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _watch(self, stub: pb_grpc.ClusterAllocatorStub) -> None:
+    async def _watch(self, stub: pb_grpc.ClusterAllocatorAsyncStub) -> None:
         stream = stub.WatchAllocations(
             pb.WatchAllocationsRequest(node_id=self.node_id), metadata=self._metadata
         )
@@ -143,7 +143,7 @@ class AllocatorLink:
             jobs=[NodeJobReport(n, rates[n]).to_pb() for n in sorted(rates)],
         )
 
-    async def _report(self, stub: pb_grpc.ClusterAllocatorStub, stop: asyncio.Event) -> None:
+    async def _report(self, stub: pb_grpc.ClusterAllocatorAsyncStub, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
                 await stub.ReportNode(self.report(), metadata=self._metadata, timeout=10)

@@ -24,11 +24,11 @@ from dloader.v1 import node_pb2_grpc as pb_grpc
 __all__ = ["main"]
 
 
-def _stub(args: argparse.Namespace) -> tuple[pb_grpc.NodeServiceStub, list[tuple[str, str]]]:
+def _stub(args: argparse.Namespace) -> tuple[pb_grpc.NodeServiceStub, tuple[tuple[str, str], ...]]:
     endpoint = Endpoint.of(
         args.target or f"unix://{args.socket}", args.token or _env.sidecar_token(), args.tls_ca
     )
-    return pb_grpc.NodeServiceStub(endpoint.channel()), list(endpoint.metadata)
+    return pb_grpc.NodeServiceStub(endpoint.channel()), endpoint.metadata
 
 
 def jobs_table(jobs: list[pb.JobStatus], title: str = "jobs") -> Table:

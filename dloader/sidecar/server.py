@@ -7,7 +7,8 @@ daemons' shared ones: :func:`dloader._daemon.start_server`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+
+import grpc
 
 from dloader._daemon.server import ListenConfig, Serving, start_server
 from dloader._node_messages import JobReport, Registration
@@ -28,7 +29,7 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
         self._node_status = node_status
 
     async def RegisterJob(
-        self, request: pb.RegisterJobRequest, context: Any
+        self, request: pb.RegisterJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterJobResponse:
         job = self.core.register(Registration.from_pb(request))
         return pb.RegisterJobResponse(
@@ -38,7 +39,7 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
         )
 
     async def Report(
-        self, request_iterator: AsyncIterator[pb.JobReport], context: Any
+        self, request_iterator: AsyncIterator[pb.JobReport], context: grpc.aio.ServicerContext
     ) -> pb.ReportSummary:
         job: Job | None = None
         accepted = 0
@@ -58,19 +59,21 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
         return pb.ReportSummary(accepted=accepted)
 
     async def WatchDirectives(
-        self, request: pb.WatchDirectivesRequest, context: Any
+        self, request: pb.WatchDirectivesRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Directive]:
         job = self.core.authenticate(request.job_id, request.token)
         async for d in self.core.watch(job):
             yield d.to_pb(job.job_id)
 
     async def DeregisterJob(
-        self, request: pb.DeregisterJobRequest, context: Any
+        self, request: pb.DeregisterJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeregisterJobResponse:
         self.core.deregister(request.job_id, request.token)
         return pb.DeregisterJobResponse()
 
-    async def ListJobs(self, request: pb.ListJobsRequest, context: Any) -> pb.ListJobsResponse:
+    async def ListJobs(
+        self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListJobsResponse:
         return pb.ListJobsResponse(jobs=[self.job_status(j) for j in self.core.jobs.values()])
 
     def job_status(self, job: Job) -> pb.JobStatus:
@@ -96,10 +99,14 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
             directive=job.directive.to_pb(job.job_id),
         )
 
-    async def GetNodeStatus(self, request: pb.GetNodeStatusRequest, context: Any) -> pb.NodeStatus:
+    async def GetNodeStatus(
+        self, request: pb.GetNodeStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.NodeStatus:
         return self._node_status()
 
-    async def GetPolicy(self, request: pb.GetPolicyRequest, context: Any) -> pb.PolicyConfig:
+    async def GetPolicy(
+        self, request: pb.GetPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PolicyConfig:
         return self._policy_pb()
 
     def _policy_pb(self) -> pb.PolicyConfig:
@@ -112,7 +119,9 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
             memory_budget=s.memory_budget,
         )
 
-    async def SetPolicy(self, request: pb.SetPolicyRequest, context: Any) -> pb.PolicyConfig:
+    async def SetPolicy(
+        self, request: pb.SetPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PolicyConfig:
         c, s = request.config, self.core.settings
         self.core.set_policy(
             PolicySettings(
@@ -125,7 +134,9 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
         )
         return self._policy_pb()
 
-    async def Explain(self, request: pb.ExplainRequest, context: Any) -> pb.ExplainResponse:
+    async def Explain(
+        self, request: pb.ExplainRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExplainResponse:
         job = self.core.get(request.job_id)
         d = job.decision
         budget, used = self.core.memory_budget()

@@ -15,6 +15,8 @@ import torch.utils.data as tud
 import dloader
 from tests.dloader import datasets as D
 
+pytestmark = pytest.mark.integration  # real worker processes
+
 
 def to_py(x: Any) -> Any:
     if isinstance(x, torch.Tensor):

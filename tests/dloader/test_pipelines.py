@@ -37,6 +37,7 @@ def test_text_is_packed_and_reads_have_a_tail() -> None:
     assert reads[5].shape == (2,)
 
 
+@pytest.mark.integration
 def test_the_testbed_runs_a_real_pipeline_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,7 +13,13 @@ from tests.dloader import datasets as D
 
 def test_stats_before_iteration_are_zero() -> None:
     s = dloader.DataLoader(D.Range(10), batch_size=2).stats()
-    assert (s.samples, s.batches, s.epoch, s.samples_per_s, s.idle_share) == (0, 0, 0, 0.0, 0.0)
+    assert (s.samples, s.batches, s.epoch, s.samples_per_second, s.idle_share) == (
+        0,
+        0,
+        0,
+        0.0,
+        0.0,
+    )
     assert s.batch_size == 2 and s.num_workers == 0 and s.workers == ()
 
 
@@ -25,17 +31,18 @@ def test_data_bound_loader_shows_high_idle_share() -> None:
     s = loader.stats()
     assert s.samples == 60 and s.batches == 15 and s.epoch == 1
     assert s.idle_share > 0.7
-    assert s.wait_total_s == pytest.approx(60 * 0.005, rel=0.5)
-    assert s.step_s == pytest.approx(s.window_s / 15, rel=0.01)
+    assert s.wait_total_seconds == pytest.approx(60 * 0.005, rel=0.5)
+    assert s.step_seconds == pytest.approx(s.window_seconds / 15, rel=0.01)
 
 
+@pytest.mark.integration
 def test_compute_bound_loader_shows_low_idle_share() -> None:
     loader = dloader.DataLoader(D.Range(40), batch_size=4, num_workers=2)
     for _ in loader:
         time.sleep(0.02)
     s = loader.stats()
     assert s.idle_share < 0.2
-    assert s.samples_per_s == pytest.approx(4 / 0.02, rel=0.35)
+    assert s.samples_per_second == pytest.approx(4 / 0.02, rel=0.35)
 
 
 def test_window_forgets_old_steps() -> None:
@@ -48,10 +55,11 @@ def test_window_forgets_old_steps() -> None:
     s = loader.stats()
     elapsed = time.monotonic() - start
     # the window (0.2 s) keeps the last step or two, never all five, however slow the machine
-    assert 0 < s.window_s < elapsed - 0.09
+    assert 0 < s.window_seconds < elapsed - 0.09
     assert s.batches == 5
 
 
+@pytest.mark.integration
 def test_per_worker_stats() -> None:
     loader = dloader.DataLoader(EmulatedDataset(64, io_ms=2, cpu_ms=1), batch_size=4, num_workers=2)
     it = iter(loader)
@@ -61,11 +69,12 @@ def test_per_worker_stats() -> None:
     assert [w.slot for w in workers] == [0, 1]
     for w in workers:
         assert w.pid is not None and w.state == "ready" and w.batches >= 4
-        assert w.fetch_s >= 4 * 0.003 * 0.9  # 4 samples x (2 ms sleep + 1 ms CPU)
-        assert 4 * 0.001 * 0.8 <= w.cpu_s < w.fetch_s
+        assert w.fetch_seconds >= 4 * 0.003 * 0.9  # 4 samples x (2 ms sleep + 1 ms CPU)
+        assert 4 * 0.001 * 0.8 <= w.cpu_seconds < w.fetch_seconds
     del it
 
 
+@pytest.mark.integration
 def test_testbed_run_job_measures_the_emulated_accelerator() -> None:
     profile = PROFILES["gpu_bound"]
     loader = dloader.DataLoader(
@@ -74,4 +83,4 @@ def test_testbed_run_job_measures_the_emulated_accelerator() -> None:
     r = run_job(loader, profile, max_steps=8)
     assert r.steps == 8 and r.samples == 64
     # Step time is 40 + 5*8 = 80 ms: throughput cannot exceed the accelerator limit.
-    assert r.samples_per_s <= profile.limit(8) * 1.05
+    assert r.samples_per_second <= profile.limit(8) * 1.05

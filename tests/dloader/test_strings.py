@@ -57,6 +57,7 @@ def worker_growth(paths: object, n: int) -> int:
     return int(list(loader)[1])
 
 
+@pytest.mark.integration
 def test_forked_workers_do_not_copy_it() -> None:
     n = 300_000
     names = [f"/data/imagenet/train/n{i // 1300:08d}/img_{i:08d}.JPEG" for i in range(n)]

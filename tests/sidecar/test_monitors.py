@@ -32,6 +32,7 @@ def _tree_if(pid: int, pred: Callable[[ProcessTreeStats], bool]) -> ProcessTreeS
     return stats if pred(stats) else None
 
 
+@pytest.mark.integration
 def test_tree_of_a_live_process_then_of_a_dead_one() -> None:
     # a shell (the "training process") with a subshell that has its own child: 3 descendants
     root = subprocess.Popen(
@@ -55,6 +56,7 @@ def test_unknown_pid_is_not_alive() -> None:
     assert not stats.alive and stats.worker_pids == ()
 
 
+@pytest.mark.integration
 def test_run_delay_grows_under_contention() -> None:
     # more CPU-bound processes than CPUs: each waits on a run queue, and schedstat says so
     n = (os.cpu_count() or 1) * 2 + 1
@@ -77,6 +79,7 @@ def test_run_delay_grows_under_contention() -> None:
             p.wait()
 
 
+@pytest.mark.integration
 def test_tree_stats_give_each_process_its_private_memory() -> None:
     """USS per process (what a forked worker has copied) and the tree's PSS, from the kernel."""
     import multiprocessing as mp

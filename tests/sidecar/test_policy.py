@@ -50,8 +50,8 @@ def test_adaptive_gives_workers_where_they_help() -> None:
 
 
 def test_adaptive_finds_the_best_static_shape_with_room() -> None:
-    """With workers to spare, the split DESIGN.md's grid search found best: many I/O workers,
-    two CPU workers (sharing what the cores have left), one for the GPU-bound job."""
+    """With workers to spare, the split a grid search found best (docs/architecture.md): many
+    I/O workers, two CPU workers (sharing what the cores have left), one for the GPU-bound job."""
     jobs = [
         JobView("io", 32, 4, model=fitted(IO_HEAVY)),
         JobView("cpu", 32, 4, model=fitted(CPU_HEAVY)),
