@@ -89,7 +89,8 @@ class Measurement:
         ):
             raise InvalidArgument(
                 "measurements",
-                f"step_seconds={step}, sync_seconds={sync}: need 0 <= sync <= step <= 86400",
+                f"step_seconds={step}, sync_seconds={sync}: need 0 < step <= 86400 and "
+                "0 <= sync <= step",
             )
 
     def to_pb(self) -> allocator_pb2.Measurement:

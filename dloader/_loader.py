@@ -3,6 +3,7 @@ resumable state."""
 
 from __future__ import annotations
 
+import resource
 import threading
 import warnings
 import weakref
@@ -33,6 +34,20 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return value
 
 
+#: File descriptors one worker process holds open in the trainer (measured: 4).
+FDS_PER_WORKER = 4
+_FDS_SPARE = 64  # for everything else the trainer opens
+
+
+def worker_ceiling() -> int:
+    """The most workers :meth:`DataLoader.resize` accepts when no ``max_workers`` was given:
+    as many as the soft open-file limit leaves descriptors for, at most 1,024."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1024
+    return max(1, min(1024, (soft - _FDS_SPARE) // FDS_PER_WORKER))
+
+
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in ``torch.utils.data.DataLoader`` whose worker count and batch size can change
     while it runs, which measures how long the trainer waits for data, and whose position in an
@@ -44,7 +59,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     Args:
         min_workers: lowest worker count :meth:`resize` accepts (default 0).
-        max_workers: highest worker count :meth:`resize` accepts (default: no limit).
+        max_workers: highest worker count :meth:`resize` accepts (default: as many as the
+            process's open-file limit allows, :func:`worker_ceiling`).
         batch_size_range: ``(low, high)`` inclusive bounds for :meth:`set_batch_size`
             (default: any positive size).
         stats_window_s: length of the "recent" window of :meth:`stats`, seconds.
@@ -226,6 +242,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             raise ValueError(
                 f"num_workers={num_workers} is outside [min_workers={self.min_workers}, "
                 f"max_workers={self.max_workers}]"
+            )
+        ceiling = worker_ceiling()
+        if self.max_workers is None and num_workers > max(ceiling, self.num_workers):
+            raise ValueError(
+                f"num_workers={num_workers} is above {ceiling}, the most workers this process "
+                f"can open files for (each takes {FDS_PER_WORKER} descriptors; RLIMIT_NOFILE "
+                "allows the rest): pass max_workers= to the DataLoader to set the bound yourself"
             )
         with self._control:
             self.num_workers = num_workers

@@ -134,22 +134,40 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if item.get_closest_marker("isolated") is None:
         return None
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-    for report in _run_isolated(item):
+    for report in _run_isolated(item, nextitem):
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 
 
-def _run_isolated(item: pytest.Item) -> list[pytest.TestReport]:
+def _fresh_forkserver() -> None:
+    """In a forked child: forget the parent's multiprocessing forkserver (not this process's
+    child: waiting for it fails with ECHILD); the first forkserver process starts a new one."""
+    import multiprocessing.forkserver as fs
+
+    fresh = fs.ForkServer()
+    fs._forkserver = fresh
+    for name in ("ensure_running", "get_inherited_fds", "connect_to_new_process"):
+        setattr(fs, name, getattr(fresh, name))
+    fs.set_forkserver_preload = fresh.set_forkserver_preload
+
+
+def _run_isolated(item: pytest.Item, nextitem: pytest.Item | None) -> list[pytest.TestReport]:
     """Setup, call and teardown of ``item`` in a forked child, its reports sent back through a
     pipe as pytest serialises them for xdist. A child that dies gives a failed report."""
     from _pytest.runner import runtestprotocol
 
     config = item.config
+    # the parent keeps pytest's setup stack as runtestprotocol would: what the previous item set
+    # up and this one does not share is torn down here, before the fork (the child sets up and
+    # tears down its own), and again after, for the next item
+    state = item.session._setupstate
+    state.teardown_exact(item)
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: run, send the reports, exit without running the parent's atexit
         os.close(read_end)
+        _fresh_forkserver()
         code = 0
         try:
             reports = runtestprotocol(item, log=False, nextitem=None)
@@ -166,6 +184,7 @@ def _run_isolated(item: pytest.Item) -> list[pytest.TestReport]:
     with os.fdopen(read_end, "rb") as src:
         data = src.read()
     _, status = os.waitpid(pid, 0)
+    state.teardown_exact(nextitem)
     if data:
         kind, payload = pickle.loads(data)
         if kind == "ok":

@@ -27,6 +27,7 @@ import os
 import secrets
 import socket
 import struct
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 MAX_CONNECTIONS = 1024  # open connections on the Unix socket, all clients together
+OPERATOR_CONNECTIONS = 64  # of those, kept for operators (the daemon's user and root)
+MAX_CONNECTIONS_PER_USER = 256  # open connections of one local user who is not an operator
 _CHUNK = 1 << 16
 
 
@@ -114,6 +117,8 @@ class UnixFront:
         self.peers = peers
         """``ipv4:127.0.0.1:PORT`` of a relay connection -> the caller behind it."""
         self._server: asyncio.AbstractServer | None = None
+        self._open: Counter[int] = Counter()
+        """Open connections per uid (counted from accept, before the relay connects)."""
 
     async def start(self) -> None:
         """Listens on the socket (mode 0660)."""
@@ -138,26 +143,56 @@ class UnixFront:
         except OSError:
             writer.close()
             return
-        if len(self.peers) >= MAX_CONNECTIONS:
-            log.warning(
-                "refused a connection from pid %d (uid %d): %d open", pid, uid, MAX_CONNECTIONS
-            )
+        role = local_role(uid)
+        full = self._full(uid, role)
+        if full:
+            log.warning("refused a connection from pid %d (uid %d): %s", pid, uid, full)
             writer.close()
             return
+        self._open[uid] += 1
+        key = ""
+        up_writer: asyncio.StreamWriter | None = None
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
-        except OSError:
-            writer.close()
-            return
-        host, port = up_writer.get_extra_info("sockname")[:2]
-        key = f"ipv4:{host}:{port}"
-        self.peers[key] = Caller(local_role(uid), uid, pid)
-        try:
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                return
+            host, port = up_writer.get_extra_info("sockname")[:2]
+            key = f"ipv4:{host}:{port}"
+            self.peers[key] = Caller(role, uid, pid)
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        except asyncio.CancelledError:
+            pass  # the front is stopping: the connection ends here, quietly
         finally:
+            # the entry goes before the relay's connection closes: no later connection can
+            # meet it with that connection's address
             self.peers.pop(key, None)
+            self._open[uid] -= 1
+            if not self._open[uid]:
+                del self._open[uid]
             for w in (writer, up_writer):
-                w.close()
+                if w is not None:
+                    w.close()
+
+    def _full(self, uid: int, role: Role) -> str:
+        """Why a new connection of ``uid`` is refused ("": it is not). Operators may use every
+        place; other users together leave ``OPERATOR_CONNECTIONS`` places, and each holds at
+        most ``MAX_CONNECTIONS_PER_USER``, so no user shuts out the operator, the node's own
+        loaders or the other users."""
+        total = sum(self._open.values())
+        if total >= MAX_CONNECTIONS:
+            return f"{total} connections open, the most the socket takes"
+        if role >= Role.OPERATOR:
+            return ""
+        users = sum(n for u, n in self._open.items() if local_role(u) < Role.OPERATOR)
+        if users >= MAX_CONNECTIONS - OPERATOR_CONNECTIONS:
+            return (
+                f"users hold {users} connections (the last {OPERATOR_CONNECTIONS} are kept "
+                "for operators)"
+            )
+        if self._open[uid] >= MAX_CONNECTIONS_PER_USER:
+            return f"uid {uid} holds {self._open[uid]} connections, the most one user may"
+        return ""
 
 
 async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:

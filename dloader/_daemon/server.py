@@ -4,11 +4,13 @@
   INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, UNAUTHENTICATED); anything
   else becomes INTERNAL with a logged traceback, and the daemon carries on;
 * every call has a caller (:mod:`dloader._daemon.peer`): on the Unix socket, the connecting
-  process's uid from the kernel (the daemon serves the socket itself and relays to gRPC on a
-  private loopback port); on TCP, the role whose token the call carries as
-  ``authorization: Bearer <token>`` (UNAUTHENTICATED without one). TLS when a certificate and
-  key are given. A local operator never needs a token, so ``--token`` with ``--listen`` does
-  not lock them out;
+  process's uid from the kernel (the daemon serves the socket itself and relays each connection
+  to a gRPC server of its own on a private loopback port, the only server that knows the relay
+  connections, and one that accepts no token); on TCP (``--listen``, a second gRPC server that
+  knows only tokens), the role whose token the call carries as ``authorization: Bearer
+  <token>`` (UNAUTHENTICATED without one), whatever its source address and port. TLS when a
+  certificate and key are given. A local operator never needs a token, so ``--token`` with
+  ``--listen`` does not lock them out;
 * standard gRPC health checking and reflection;
 * messages above ``MAX_MESSAGE_BYTES`` are refused (RESOURCE_EXHAUSTED).
 """
@@ -90,7 +92,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         except Exception as exc:
             await _abort_for(exc, context, method)
         finally:
-            CALLER.reset(token)
+            # a stream dropped while suspended is closed by asyncio's async-generator finalizer,
+            # in another task's Context, where the token cannot be reset (and where the caller
+            # was never set): nothing to undo there
+            with contextlib.suppress(ValueError):
+                CALLER.reset(token)
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: Any
@@ -172,9 +178,10 @@ def _server_credentials(cert: str, key: str) -> grpc.ServerCredentials:
 
 @dataclass
 class Serving:
-    """A started server, the addresses it listens on, and its claim on the Unix socket."""
+    """The started servers, the addresses they listen on, and the claim on the Unix socket."""
 
-    server: grpc.aio.Server
+    servers: list[grpc.aio.Server]
+    """The relay server (behind the Unix socket), then the TCP server, as configured."""
     addresses: list[str]
     claim: SocketClaim | None
     front: UnixFront | None = None
@@ -184,36 +191,25 @@ class Serving:
         try:
             if self.front is not None:
                 await self.front.stop()
-            await self.server.stop(grace=GRACE_S)
+            for server in self.servers:
+                await server.stop(grace=GRACE_S)
         finally:
             if self.claim is not None:
                 self.claim.release()
 
 
-async def start_server(
+async def _server(
     register: Callable[[grpc.aio.Server], None],
     service_names: Sequence[str],
-    listen: ListenConfig,
-) -> Serving:
-    """A started server with dloader's conventions.
-
-    ``register`` adds the servicers; the server gets the error interceptor (and the token check
-    on TCP), the message size cap, health checking (``SERVING`` for each of ``service_names``)
-    and reflection; it listens on the Unix socket (mode 0660, claimed first: see
-    :class:`~dloader._daemon.paths.SocketClaim`) and/or TCP (TLS if configured).
-    """
-    options = [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", 4 * MAX_MESSAGE_BYTES),
-    ]
-    peers: dict[str, Caller] = {}
-    tokens = {Role.OPERATOR: listen.token, Role.NODE: listen.node_token}
-    tokens[Role.CLIENT] = listen.client_token
+    interceptor: ErrorInterceptor,
+) -> grpc.aio.Server:
+    """A server with the servicers, health checking, reflection and the message size cap."""
     server = grpc.aio.server(
-        interceptors=[
-            ErrorInterceptor({r: t for r, t in tokens.items() if t and listen.tcp}, peers)
+        interceptors=[interceptor],
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", 4 * MAX_MESSAGE_BYTES),
         ],
-        options=options,
     )
     register(server)
     health_servicer = health.aio.HealthServicer()
@@ -229,32 +225,70 @@ async def start_server(
         ),
         server,
     )
+    return server
+
+
+async def start_server(
+    register: Callable[[grpc.aio.Server], None],
+    service_names: Sequence[str],
+    listen: ListenConfig,
+) -> Serving:
+    """Started servers with dloader's conventions.
+
+    ``register`` adds the servicers (it is called once per server; servicers keep their state
+    in the core they share). Each server gets the error interceptor, the message size cap,
+    health checking (``SERVING`` for each of ``service_names``) and reflection.
+
+    * The Unix socket (mode 0660, claimed first: :class:`~dloader._daemon.paths.SocketClaim`)
+      is served by :class:`UnixFront`, which relays each connection to a server on a private
+      loopback port. That server knows each relay connection's caller by its source address
+      and accepts no token: a connection that did not come through the front is refused.
+      A second connection with a live relay connection's source address cannot exist on that
+      port (TCP allows one connection per address pair), and a relay's entry is gone before
+      its connection closes.
+    * TCP (``listen.tcp``, TLS if configured) is served by another server, which knows only
+      the tokens, never the relay connections: a caller's source port proves nothing there.
+    """
+    peers: dict[str, Caller] = {}
+    tokens = {Role.OPERATOR: listen.token, Role.NODE: listen.node_token}
+    tokens[Role.CLIENT] = listen.client_token
+    servers: list[grpc.aio.Server] = []
     addresses = []
     claim = SocketClaim(listen.socket) if listen.socket else None
     front = None
     try:
         if claim is not None:
-            private = server.add_insecure_port("127.0.0.1:0")
+            relay = await _server(register, service_names, ErrorInterceptor(peers=peers))
+            servers.append(relay)
+            private = relay.add_insecure_port("127.0.0.1:0")
             front = UnixFront(claim.path, private, peers)
             addresses.append(f"unix://{claim.path}")
         if listen.tcp:
+            tcp = await _server(
+                register,
+                service_names,
+                ErrorInterceptor({r: t for r, t in tokens.items() if t}),
+            )
+            servers.append(tcp)
             try:
                 if listen.tls_cert:
                     creds = _server_credentials(listen.tls_cert, listen.tls_key or "")
-                    port = server.add_secure_port(listen.tcp, creds)
+                    port = tcp.add_secure_port(listen.tcp, creds)
                 else:
-                    port = server.add_insecure_port(listen.tcp)
+                    port = tcp.add_insecure_port(listen.tcp)
             except RuntimeError:  # grpc's "Failed to bind"
                 port = 0
             if port == 0:
                 raise ConfigError(f"--listen {listen.tcp!r}: cannot bind (address in use?)")
             addresses.append(f"{listen.tcp.rpartition(':')[0]}:{port}")
-        await server.start()
+        for server in servers:
+            await server.start()
         if front is not None:
             await front.start()
     except BaseException:
-        await server.stop(None)
+        for server in servers:
+            await server.stop(None)
         if claim is not None:
             claim.release()
         raise
-    return Serving(server, addresses, claim, front)
+    return Serving(servers, addresses, claim, front)

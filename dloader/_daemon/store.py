@@ -14,6 +14,7 @@ have the tables of the first migration, which uses ``CREATE TABLE IF NOT EXISTS`
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -49,6 +50,7 @@ class SqliteState:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self.schema_version = self._migrate(migrations)
+            self._check(migrations)
         except sqlite3.DatabaseError as exc:
             self._db.close()
             raise ConfigError(
@@ -77,6 +79,18 @@ class SqliteState:
                 raise
         return len(migrations)
 
+    def _check(self, migrations: Sequence[str]) -> None:
+        """``sqlite3.DatabaseError`` unless the file reads whole (``PRAGMA quick_check``) and
+        every table of the schema has every column the schema gives it."""
+        problems = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
+        if problems != ["ok"]:
+            raise sqlite3.DatabaseError("; ".join(problems[:3]))
+        for table, columns in _schema("\n".join(migrations)).items():
+            have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})").fetchall()}
+            missing = [c for c in columns if c not in have]
+            if missing:
+                raise sqlite3.DatabaseError(f"table {table} lacks column(s) {', '.join(missing)}")
+
     def close(self) -> None:
         """Closes the database."""
         with self._lock:
@@ -94,3 +108,22 @@ class SqliteState:
     def set_setting(self, key: str, value: str) -> None:
         """Stores a setting."""
         self._exec("INSERT OR REPLACE INTO settings VALUES (?, ?)", (key, value))
+
+
+_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\n\);", re.S)
+_ADD = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
+
+
+def _schema(sql: str) -> dict[str, list[str]]:
+    """Each table the migrations create, with its columns (those added later included)."""
+    tables = {
+        name: [
+            line.split()[0]
+            for line in body.splitlines()
+            if line.strip() and not line.split()[0].isupper()  # not PRIMARY KEY, UNIQUE, ...
+        ]
+        for name, body in _TABLE.findall(sql)
+    }
+    for table, column in _ADD.findall(sql):
+        tables.setdefault(table, []).append(column)
+    return tables

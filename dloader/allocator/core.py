@@ -75,6 +75,8 @@ log = logging.getLogger(__name__)
 
 _DEBOUNCE_S = 0.05  # events within this window share one decision
 MAX_ACTIVE_JOBS = 100_000  # jobs submitted and not completed
+OPERATOR_RESERVE = 1_000  # of those, kept for operators: other callers together hold the rest
+MAX_JOBS_PER_CALLER = 1_000  # active jobs of one caller who is not an operator (a uid, a token)
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,7 @@ class AllocatorCore:
                     generation=row.generation,
                     rendezvous=row.rendezvous,
                     submitted_at=row.submitted_at,
+                    owner=row.owner,
                 )
             except (ValueError, TypeError, KeyError, DLoaderError) as exc:
                 # one row that no longer validates must not keep the allocator down
@@ -221,8 +224,7 @@ class AllocatorCore:
         require(Role.CLIENT, "SubmitJob")
         if spec.job_id in self.jobs or self.store.known_job(spec.job_id):
             raise AlreadyExists("job.job_id", f"{shown(spec.job_id)} was already submitted")
-        if len(self.jobs) >= MAX_ACTIVE_JOBS:
-            raise ResourceExhausted("job.job_id", f"{len(self.jobs)} active jobs, the most allowed")
+        job.owner = self._check_room()
         self._seq += 1
         job.seq = self._seq
         job.submitted_at = self._clock()
@@ -235,6 +237,7 @@ class AllocatorCore:
             _model_json(job.model),
             job.token,
             job.submitted_at,
+            job.owner,
         )
         most = "any" if spec.max_gpus >= MAX_GPUS else str(spec.max_gpus)
         log.info(
@@ -246,6 +249,31 @@ class AllocatorCore:
         )
         self._wake.set()
         return spec.job_id, sum(1 for j in self.jobs.values() if not j.placement) - 1, job.token
+
+    def _check_room(self) -> str:
+        """The caller as a job's owner, if it may hold one more active job: the table is not
+        full; and, for a caller who is not an operator, the callers' part of it is not (the
+        last ``OPERATOR_RESERVE`` places are the operators') nor its own
+        ``MAX_JOBS_PER_CALLER``. Else RESOURCE_EXHAUSTED."""
+        caller = current_caller()
+        if len(self.jobs) >= MAX_ACTIVE_JOBS:
+            raise ResourceExhausted("job.job_id", f"{len(self.jobs)} active jobs, the most allowed")
+        if caller.at_least(Role.OPERATOR):
+            return ""
+        owner = f"uid {caller.uid}" if caller.local else f"{caller.role.name.lower()} token"
+        owners = [j.owner for j in self.jobs.values() if j.owner]
+        if len(owners) >= MAX_ACTIVE_JOBS - OPERATOR_RESERVE:
+            raise ResourceExhausted(
+                "job.job_id",
+                f"callers hold {len(owners)} active jobs, the most they may (the last "
+                f"{OPERATOR_RESERVE} places are kept for operators)",
+            )
+        mine = owners.count(owner)
+        if mine >= MAX_JOBS_PER_CALLER:
+            raise ResourceExhausted(
+                "job.job_id", f"{owner} holds {mine} active jobs, the most one caller may"
+            )
+        return owner
 
     def submit(self, spec: JobSpec) -> tuple[str, int, str]:
         """Queues a job (:meth:`prepare` then :meth:`commit`)."""

@@ -105,6 +105,9 @@ class SubmittedJob:
     """``host:port`` of the c10d rendezvous of the current generation while it spans nodes."""
     submitted_at: float = 0.0
     """Clock time of its submission (stored: a restarted allocator keeps the job's age)."""
+    owner: str = ""
+    """Who submitted it: ``uid N`` (a local user), the role of a TCP token, or "" (an
+    operator); per-caller caps count it."""
 
     @property
     def job_id(self) -> str:

@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     model TEXT,
     token TEXT NOT NULL,
     generation INTEGER NOT NULL DEFAULT 0,
-    rendezvous TEXT NOT NULL DEFAULT ''
+    rendezvous TEXT NOT NULL DEFAULT '',
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS nodes (
     node_id TEXT PRIMARY KEY,
@@ -77,6 +78,8 @@ class JobRow:
     """How many times its placement changed."""
     rendezvous: str = ""
     """``host:port`` of its rendezvous while it spans nodes."""
+    owner: str = ""
+    """Who submitted it (``uid N`` or a TCP token's role; "": an operator)."""
 
 
 @dataclass
@@ -105,20 +108,15 @@ class AllocatorStore(SqliteState):
         model: str | None = None,
         token: str = "",
         submitted_at: float | None = None,
+        owner: str = "",
     ) -> None:
         """Stores a submitted job (its fitted model, its token, its submission time: a restarted
-        allocator keeps the job's age)."""
+        allocator keeps the job's age; who submitted it: per-caller caps count it)."""
+        when = time.time() if submitted_at is None else submitted_at
         self._exec(
-            "INSERT INTO jobs (job_id, seq, spec, submitted_at, model, token) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                job_id,
-                seq,
-                spec,
-                time.time() if submitted_at is None else submitted_at,
-                model,
-                token,
-            ),
+            "INSERT INTO jobs (job_id, seq, spec, submitted_at, model, token, owner) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (job_id, seq, spec, when, model, token, owner),
         )
 
     def update_spec(self, job_id: str, spec: bytes, model: str | None = None) -> None:
@@ -153,7 +151,7 @@ class AllocatorStore(SqliteState):
         """Jobs not completed, in submission order."""
         rows = self._exec(
             "SELECT job_id, seq, spec, submitted_at, placement, batch_size, model, token, "
-            "generation, rendezvous FROM jobs WHERE completed_at IS NULL ORDER BY seq"
+            "generation, rendezvous, owner FROM jobs WHERE completed_at IS NULL ORDER BY seq"
         )
         return [JobRow(r[0], r[1], r[2], r[3], json.loads(r[4]), *r[5:]) for r in rows]
 

@@ -68,7 +68,7 @@ from dloader._allocator_messages import (
     Measurement,
 )
 from dloader._client import Backoff, Endpoint
-from dloader.errors import InvalidArgument
+from dloader.errors import ConfigError, InvalidArgument
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -166,28 +166,28 @@ def _measurements(path: Path) -> tuple[Measurement, ...]:
                 for row in csv.DictReader(f)
             )
     except (OSError, KeyError, ValueError, TypeError) as exc:
-        raise SystemExit(
-            f"dloader-launch: --measurements {path}: {exc}; expected columns "
+        raise ConfigError(
+            f"--measurements {path}: {exc}; expected columns "
             "nodes,replicas,local_bsz,step_time[,sync_time] with a row per measured step"
         ) from None
 
 
 def job_spec(args: argparse.Namespace) -> JobSpec:
     """The job to submit, from the command line; every field checked here, before the
-    allocator is contacted (``SystemExit`` naming the flag)."""
+    allocator is contacted (``ConfigError`` naming the flag)."""
     scaling = None
     if args.scaling:
         try:
             scaling = {k: float(v) for k, v in json.loads(args.scaling).items()}
         except (ValueError, TypeError, AttributeError) as exc:
-            raise SystemExit(
-                f"dloader-launch: --scaling {args.scaling!r}: {exc}; expected a JSON object of "
+            raise ConfigError(
+                f"--scaling {args.scaling!r}: {exc}; expected a JSON object of "
                 f"{', '.join(SCALING_FIELDS)}"
             ) from None
         unknown = set(scaling) - set(SCALING_FIELDS)
         if unknown:
-            raise SystemExit(
-                f"dloader-launch: --scaling: unknown field(s) {sorted(unknown)}; expected "
+            raise ConfigError(
+                f"--scaling: unknown field(s) {sorted(unknown)}; expected "
                 f"{', '.join(SCALING_FIELDS)}"
             )
     spec = JobSpec(
@@ -208,7 +208,7 @@ def job_spec(args: argparse.Namespace) -> JobSpec:
         spec.normalised(default_restart_seconds=0.0)  # the allocator's own check, here first
     except InvalidArgument as exc:
         flag = "--" + exc.field.removeprefix("job.").replace("_", "-")
-        raise SystemExit(f"dloader-launch: {flag}: {exc.message}") from None
+        raise ConfigError(f"{flag}: {exc.message}") from None
     return spec
 
 
@@ -538,7 +538,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not Path(args.script).is_file():
         print(f"dloader-launch: script {args.script!r} does not exist", file=sys.stderr)
         return 2
-    spec = None if args.follow else job_spec(args)
+    try:
+        spec = None if args.follow else job_spec(args)
+    except ConfigError as exc:
+        print(f"dloader-launch: {exc}", file=sys.stderr)
+        return 2
 
     async def go() -> int:
         stop = asyncio.Event()

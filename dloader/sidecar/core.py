@@ -39,6 +39,7 @@ from dloader.sidecar.monitors import (
     available_memory_bytes,
     host_pids,
     process_owner,
+    process_start,
     process_tree_stats,
 )
 from dloader.sidecar.store import SidecarStore, StoredJob
@@ -52,6 +53,8 @@ _SAVE_MODEL_EVERY = 5  # reports
 _COALESCE_S = 0.2  # after an event, wait this long for more before deciding
 _MAX_WORKERS = 4096  # worker processes one loader may report
 MAX_JOBS = 256  # registered jobs on one node
+OPERATOR_RESERVE = 32  # of those, kept for operators: other users together hold at most the rest
+MAX_JOBS_PER_USER = 64  # registered jobs of one local user (operators: no own cap)
 MAX_PIDS = 64  # training processes one job may name
 MAX_GPUS = 64  # GPUs one job may name
 _MAIN_CPU_CHANGE = 0.1  # relative change of a job's main-process CPU that calls for a decision
@@ -106,6 +109,7 @@ class NodeCore:
         cgroup: CpuWeights | None = None,
         job_timeout_s: float = 60.0,
         owner_of: Callable[[int], int | None] = process_owner,
+        start_of: Callable[[int], int | None] = process_start,
         translate_pids: Callable[[Sequence[int], int], list[int]] = host_pids,
         available_memory: Callable[[], int] = available_memory_bytes,
     ) -> None:
@@ -121,12 +125,15 @@ class NodeCore:
         job_timeout_s: a job that neither reports nor registers for this long is ended (its
             agent re-registers if it comes back); 0: never.
         owner_of: the uid owning a process (a fake in tests).
+        start_of: when a process started (None: no such process); with its PID it names one
+            process, so a PID the kernel reuses leaves the job (a fake in tests).
         translate_pids: a local caller's PIDs (numbered in its PID namespace, e.g. a pod's)
             in this process's numbering, given the caller's PID.
         available_memory: bytes of memory the node has available now (``MemAvailable``).
         """
         self._available_memory = available_memory
         self._owner_of = owner_of
+        self._start_of = start_of
         self._translate_pids = translate_pids
         if not (math.isfinite(job_timeout_s) and job_timeout_s >= 0):
             raise ValueError(f"job_timeout_s={job_timeout_s} must be >= 0 (0: never)")
@@ -180,10 +187,7 @@ class NodeCore:
             raise InvalidArgument(
                 "limits.min_batch_size", f"min_batch_size={blo} is above max_batch_size={bhi}"
             )
-        if len(self.jobs) >= MAX_JOBS:
-            raise ResourceExhausted(
-                "name", f"this node has {len(self.jobs)} jobs, the most it takes"
-            )
+        self._check_room()
         if not reg.pids or len(reg.pids) > MAX_PIDS:
             raise InvalidArgument("pids", f"{len(reg.pids)} ids: give 1 to {MAX_PIDS}")
         if len(reg.gpus) > MAX_GPUS:
@@ -195,7 +199,7 @@ class NodeCore:
         if reg.batch_size < 1:
             raise InvalidArgument("batch_size", f"{reg.batch_size} must be >= 1")
         pids = self._local_pids(list(reg.pids))
-        self._check_owner(pids)
+        starts = self._pin(pids)
         tree = self._tree_stats(pids)
         if not tree.alive:
             raise InvalidArgument("pids", f"no process of {pids} is running on this node")
@@ -209,6 +213,8 @@ class NodeCore:
             reg.num_workers,
             reg.batch_size,
             time.time(),
+            starts,
+            None if current_caller().at_least(Role.OPERATOR) else current_caller().uid,
         )
         self.store.add_job(rec)
         job = Job(
@@ -229,6 +235,33 @@ class NodeCore:
         self.decide()
         return job
 
+    def _check_room(self) -> None:
+        """RESOURCE_EXHAUSTED if the caller may not register one more job: the node's table is
+        full; or, for a caller who is not an operator, the users' part of it is (the last
+        ``OPERATOR_RESERVE`` places are the operators'), or its own ``MAX_JOBS_PER_USER``. So no
+        user can fill the node for the others or shut the operator out."""
+        caller = current_caller()
+        if len(self.jobs) >= MAX_JOBS:
+            raise ResourceExhausted(
+                "name", f"this node has {len(self.jobs)} jobs, the most it takes"
+            )
+        if caller.at_least(Role.OPERATOR):
+            return
+        users: list[int | None] = [
+            j.record.uid for j in self.jobs.values() if j.record.uid is not None
+        ]
+        if len(users) >= MAX_JOBS - OPERATOR_RESERVE:
+            raise ResourceExhausted(
+                "name",
+                f"users hold {len(users)} jobs on this node, the most they may (the last "
+                f"{OPERATOR_RESERVE} places are kept for the operator)",
+            )
+        mine = users.count(caller.uid)
+        if mine >= MAX_JOBS_PER_USER:
+            raise ResourceExhausted(
+                "name", f"uid {caller.uid} holds {mine} jobs on this node, the most one user may"
+            )
+
     def _local_pids(self, pids: list[int]) -> list[int]:
         """A local caller's PIDs in the sidecar's numbering (a pod numbers its own)."""
         caller = current_caller()
@@ -239,20 +272,40 @@ class NodeCore:
         except ValueError as exc:
             raise InvalidArgument("pids", str(exc)) from None
 
-    def _check_owner(self, pids: list[int]) -> None:
-        """A local caller claims only its own processes (operators: any). The sidecar divides
-        CPU and workers by these processes and may write their cgroup's weight."""
+    def _pin(self, pids: list[int]) -> list[int]:
+        """Each claimed process's start time, once it is checked: it runs now, and it is the
+        caller's (operators: anyone's). A PID that no process holds yet is refused, so no one
+        can claim the processes that other users will start. The sidecar divides CPU and
+        workers by these processes and may write their cgroup's weight."""
         caller = current_caller()
-        if caller.at_least(Role.OPERATOR):
-            return
-        if not caller.local:
+        if not caller.at_least(Role.OPERATOR) and not caller.local:
             raise PermissionDenied("pids", f"registering processes needs a local caller; {caller}")
+        starts = []
         for pid in pids:
+            start = self._start_of(pid)
             owner = self._owner_of(pid)
-            if owner is not None and owner != caller.uid:
+            if start is None or owner is None or self._start_of(pid) != start:
+                raise InvalidArgument("pids", f"process {pid} is not running on this node")
+            if not caller.at_least(Role.OPERATOR) and owner != caller.uid:
                 raise PermissionDenied(
                     "pids", f"process {pid} belongs to uid {owner}, not to the caller ({caller})"
                 )
+            starts.append(start)
+        return starts
+
+    def _repin(self, job: Job) -> bool:
+        """Drops the job's processes that exited, or whose PID now names another process (its
+        start time changed); False when none is left."""
+        rec = job.record
+        if not rec.starts:  # nothing was pinned (an operator's job stored without starts)
+            return True
+        kept = [(p, t) for p, t in zip(rec.pids, rec.starts, strict=True) if self._start_of(p) == t]
+        if len(kept) < len(rec.pids):
+            gone = sorted(set(rec.pids) - {p for p, _ in kept})
+            log.info("job %s (%s): processes %s exited or were reused", rec.job_id, rec.name, gone)
+            rec.pids, rec.starts = [p for p, _ in kept], [t for _, t in kept]
+            self.store.update_pids(rec.job_id, rec.pids, rec.starts)
+        return bool(kept)
 
     def authenticate(self, job_id: str, token: str) -> Job:
         """The job ``job_id`` if ``token`` is its token."""
@@ -500,6 +553,10 @@ class NodeCore:
             if self.job_timeout_s and silent > self.job_timeout_s:
                 gone.append(job.job_id)
                 self._end(job, f"expired: no report for {silent:.0f} s")
+                continue
+            if not self._repin(job):
+                gone.append(job.job_id)
+                self._end(job, "ended: its processes are gone")
                 continue
             before, before_at = job.tree, job.tree_at
             job.tree, job.tree_at = self._tree_stats(job.record.pids), self._clock()

@@ -28,6 +28,7 @@ __all__ = [
     "ProcessTreeStats",
     "host_pids",
     "process_owner",
+    "process_start",
     "process_tree_stats",
     "run_delay_s",
 ]
@@ -321,6 +322,19 @@ def host_pids(pids: Sequence[int], peer_pid: int) -> list[int]:
     if missing:
         raise ValueError(f"process {missing[0]} is not in the caller's PID namespace")
     return [inner[p] for p in pids]
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks after boot (``/proc/PID/stat`` field 22;
+    None: no such process). A PID and its start time name one process: a PID the kernel hands
+    out again gets another start time."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            raw = f.read()
+        # the command name (field 2) may hold spaces and parentheses: split after its last ")"
+        return int(raw[raw.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def process_owner(pid: int) -> int | None:

@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     num_workers INTEGER NOT NULL,
     batch_size INTEGER NOT NULL,
     registered_at REAL NOT NULL,
-    active INTEGER NOT NULL DEFAULT 1
+    active INTEGER NOT NULL DEFAULT 1,
+    starts TEXT NOT NULL DEFAULT '[]',
+    uid INTEGER
 );
 CREATE TABLE IF NOT EXISTS reports (
     job_id TEXT NOT NULL,
@@ -78,6 +80,12 @@ class StoredJob:
     num_workers: int
     batch_size: int
     registered_at: float
+    starts: list[int] = field(default_factory=list)
+    """Each of ``pids``' start time (clock ticks after boot, ``/proc/PID/stat``): what pins a
+    PID to the process that was registered, so that a PID the kernel reuses is not the job's."""
+    uid: int | None = None
+    """The local user who registered it (None: an operator or a TCP caller); per-user caps
+    count it."""
 
 
 class SidecarStore(SqliteState):
@@ -93,7 +101,7 @@ class SidecarStore(SqliteState):
     def add_job(self, job: StoredJob) -> None:
         """Stores a newly registered job."""
         self._exec(
-            "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
+            "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
             (
                 job.job_id,
                 job.name,
@@ -104,7 +112,16 @@ class SidecarStore(SqliteState):
                 job.num_workers,
                 job.batch_size,
                 job.registered_at,
+                json.dumps(job.starts),
+                job.uid,
             ),
+        )
+
+    def update_pids(self, job_id: str, pids: list[int], starts: list[int]) -> None:
+        """Records a job's processes as they are now (some exited or were reused)."""
+        self._exec(
+            "UPDATE jobs SET pids = ?, starts = ? WHERE job_id = ?",
+            (json.dumps(pids), json.dumps(starts), job_id),
         )
 
     def update_job(self, job_id: str, *, num_workers: int, batch_size: int) -> None:
@@ -125,7 +142,7 @@ class SidecarStore(SqliteState):
         file) with an error naming the file and the row, instead of keeping the sidecar down."""
         rows = self._exec(
             "SELECT job_id, name, token, limits, pids, gpus, num_workers, "
-            "batch_size, registered_at FROM jobs WHERE active = 1"
+            "batch_size, registered_at, starts, uid FROM jobs WHERE active = 1"
         )
         out = []
         for r in rows:
@@ -140,6 +157,8 @@ class SidecarStore(SqliteState):
                     int(r[6]),
                     int(r[7]),
                     float(r[8]),
+                    [int(t) for t in json.loads(r[9])],
+                    None if r[10] is None else int(r[10]),
                 )
             except (ValueError, TypeError) as exc:
                 log.error(

@@ -101,3 +101,45 @@ def test_a_restart_reads_fitted_models_instead_of_refitting(
     monkeypatch.setattr(ScalingModel, "fit", no_fit)
     again = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
     assert again.jobs["fitted"].model.params == before
+
+
+def test_one_caller_cannot_take_every_job_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3 at the allocator: each caller (a local uid, a TCP token's role) holds at most its
+    share of the active jobs, and operators keep places of their own (the caps made small)."""
+    import dloader.allocator.core as core_mod
+    from dloader._daemon.peer import CALLER, Caller, Role
+    from dloader.errors import ResourceExhausted
+
+    monkeypatch.setattr(core_mod, "MAX_ACTIVE_JOBS", 8)
+    monkeypatch.setattr(core_mod, "OPERATOR_RESERVE", 2)
+    monkeypatch.setattr(core_mod, "MAX_JOBS_PER_CALLER", 4)
+    c = core(tmp_path)
+
+    def submit_as(caller: Caller, job_id: str) -> None:
+        token = CALLER.set(caller)
+        try:
+            c.submit(request(job_id))
+        finally:
+            CALLER.reset(token)
+
+    alice, bob, tcp = (
+        Caller(Role.CLIENT, 1001, 1),
+        Caller(Role.CLIENT, 1002, 2),
+        Caller(Role.CLIENT),
+    )
+    for i in range(4):
+        submit_as(alice, f"a{i}")
+    with pytest.raises(ResourceExhausted, match="uid 1001 holds 4 active jobs"):
+        submit_as(alice, "a4")
+    submit_as(bob, "b0")
+    submit_as(tcp, "t0")  # the client token is a caller of its own
+    with pytest.raises(ResourceExhausted, match="kept for operators"):
+        submit_as(bob, "b1")
+    c.submit(request("ops-0"))  # the operator (no caller: the daemon's own code) still can
+    c.submit(request("ops-1"))
+    assert {j.owner for j in c.jobs.values()} == {"uid 1001", "uid 1002", "client token", ""}
+    c.store.close()
+    again = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
+    assert again.jobs["a0"].owner == "uid 1001"  # a restart keeps who owns what

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -362,3 +363,53 @@ def test_a_job_measured_on_one_gpu_grows_as_its_measurements_come_in(tmp_path: P
     assert core.decide().allocations[0].gpus == 4
     core.update("a", [Measurement(1, 4, 32, 0.22, 0.02)])
     assert core.decide().allocations[0].gpus == 8
+
+
+def test_no_request_waits_for_a_decision(tmp_path: Path) -> None:
+    """The policy runs in a worker thread: while a decision takes a second, the server still
+    answers at once (with the policy on the event loop it would answer after the decision)."""
+    from dloader._daemon.server import ListenConfig
+    from dloader.allocator.server import build_server
+
+    class SlowPolicy:
+        def __init__(self, inner: object) -> None:
+            self.inner, self.name = inner, "slow"
+            self.started, self.ended = threading.Event(), threading.Event()
+
+        def decide(self, jobs: object, cluster: object) -> object:
+            self.started.set()
+            time.sleep(1.0)
+            self.ended.set()
+            return self.inner.decide(jobs, cluster)  # type: ignore[attr-defined]
+
+    async def scenario() -> None:
+        core = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
+        core.register_node("n0", 4)
+        core.submit(JobSpec.from_pb(job("a", max_gpus=4).job))
+        slow = SlowPolicy(core._policy)
+        core._policy = slow  # type: ignore[assignment]
+        serving = await build_server(core, ListenConfig(socket=str(tmp_path / "a.sock")))
+        stop = asyncio.Event()
+        loop_task = asyncio.create_task(core.run(stop))
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{tmp_path / 'a.sock'}") as channel:
+                stub = pb_grpc.ClusterAllocatorStub(channel)
+                await stub.GetAllocations(pb.GetAllocationsRequest(), timeout=5)
+                core._wake.set()
+                await asyncio.to_thread(slow.started.wait, 5)
+                began = time.monotonic()
+                during = await stub.GetAllocations(pb.GetAllocationsRequest(), timeout=5)
+                waited = time.monotonic() - began
+                assert not slow.ended.is_set(), "the request was answered after the decision"
+                assert waited < 0.3, f"GetAllocations waited {waited:.2f} s for the decision"
+                assert during.version == 0  # the decision in progress is not yet applied
+                while core.snapshot().version == 0:
+                    await asyncio.sleep(0.05)
+                assert core.snapshot().allocations[0].gpus == 4  # and then it is
+        finally:
+            stop.set()
+            core._wake.set()
+            await loop_task
+            await serving.stop()
+
+    asyncio.run(scenario())

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -240,4 +241,61 @@ def test_a_pod_registers_the_pid_it_sees_and_the_sidecar_measures_the_node_pid(
     finally:
         pod.kill()
         pod.wait()
+        s.stop()
+
+
+HOG = r"""
+import os, socket, sys, time
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+path, count = sys.argv[1], int(sys.argv[2])
+held, refused = [], 0
+for _ in range(count):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    held.append(s)
+time.sleep(1.0)  # the front has accepted every one by now: refused ones are closed
+for s in held:
+    s.setblocking(False)
+    try:
+        refused += s.recv(1) == b""
+    except BlockingIOError:
+        pass
+print(refused, flush=True)
+time.sleep(float(sys.argv[3]))
+"""
+
+
+def test_one_user_holding_connections_does_not_shut_the_operator_out(
+    shared_dir: Path,
+) -> None:
+    """S4: 1,100 connections held by one user left the operator and the node's loaders
+    UNAVAILABLE. Now a user holds at most MAX_CONNECTIONS_PER_USER and the operator keeps its
+    own places."""
+    from dloader._daemon.peer import MAX_CONNECTIONS_PER_USER
+
+    s = Sidecar(shared_dir)
+    try:
+        os.chmod(Path(s.socket).parent, 0o755)
+        os.chmod(s.socket, 0o666)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": "/tmp"}
+        extra = 40
+        hog = subprocess.Popen(
+            [sys.executable, "-c", HOG, s.socket, str(MAX_CONNECTIONS_PER_USER + extra), "20"],
+            env=env,
+            cwd="/",
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert hog.stdout is not None
+            assert int(hog.stdout.readline()) == extra  # its connections past the cap
+            began = time.monotonic()
+            s.stub.GetNodeStatus(pb.GetNodeStatusRequest(), timeout=5)  # the operator
+            assert time.monotonic() - began < 1.0
+            other = as_nobody(s.socket, [("read", "node", "ListJobs", {})])  # same uid: full
+            assert other["read"][0] == "UNAVAILABLE"
+        finally:
+            hog.kill()
+            hog.wait()
+    finally:
         s.stop()

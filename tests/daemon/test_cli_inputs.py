@@ -71,6 +71,52 @@ LAUNCH = [
     ["--allocator", "unix:///a.sock", "--job-id", "j", "--follow", "--batch-size", "8", "t.py"],
     ["--allocator", "unix:///a.sock", "--job-id", "j", "--follow", "t.py"],
     ["--allocator", "unix:///a.sock", "--job-id", "j", "t.py"],
+    # S9: refused up front, naming the flag, before the (absent) allocator is waited for
+    ["--allocator", "unix:///a.sock", "--job-id", "j", "--batch-size", "-5", "train.py"],
+    [
+        "--allocator",
+        "unix:///a.sock",
+        "--job-id",
+        "j",
+        "--batch-size",
+        "8",
+        "--max-gpus",
+        "-1",
+        "train.py",
+    ],
+    [
+        "--allocator",
+        "unix:///a.sock",
+        "--job-id",
+        "j",
+        "--batch-size",
+        "8",
+        "--measurements",
+        "garbage.csv",
+        "train.py",
+    ],
+    [
+        "--allocator",
+        "unix:///a.sock",
+        "--job-id",
+        "j",
+        "--batch-size",
+        "8",
+        "--measurements",
+        "zero.csv",
+        "train.py",
+    ],
+    [
+        "--allocator",
+        "unix:///a.sock",
+        "--job-id",
+        "j",
+        "--batch-size",
+        "8",
+        "--scaling",
+        "[1]",
+        "train.py",
+    ],
 ]
 SIM = [
     ["--workload", "7", "--out", "x.json"],
@@ -106,6 +152,8 @@ def test_bad_input_is_a_message_not_a_traceback(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("pass\n")
+    (tmp_path / "garbage.csv").write_bytes(b"\x00\xff not a csv\n1,2\n")
+    (tmp_path / "zero.csv").write_text("nodes,replicas,local_bsz,step_time\n1,1,32,0\n")
     if main in (sidecar_main, allocator_main):
         extra = ["--state-dir", str(tmp_path / "state")]
         if "--socket" not in argv:

@@ -109,3 +109,43 @@ def test_bad_paths_end_in_a_message_not_a_traceback(
         assert main(argv) == 2  # type: ignore[operator]
         err = capsys.readouterr().err
         assert "Traceback" not in err and err.strip(), argv
+
+
+def _overwrite_after_first_page(db: Path) -> None:
+    data = bytearray(db.read_bytes())
+    data[4096:] = bytes((i * 37) % 251 for i in range(len(data) - 4096))
+    db.write_bytes(bytes(data))
+
+
+def _drop_a_column(db: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:  # the jobs table rebuilt without its "token" column
+        cols = [r[1] for r in conn.execute("PRAGMA table_info(jobs)") if r[1] != "token"]
+        conn.execute(f"CREATE TABLE jobs2 AS SELECT {', '.join(cols)} FROM jobs")
+        conn.execute("DROP TABLE jobs")
+        conn.execute("ALTER TABLE jobs2 RENAME TO jobs")
+
+
+@pytest.mark.parametrize("corrupt", [_overwrite_after_first_page, _drop_a_column])
+@pytest.mark.parametrize(
+    ("main", "name"), [(sidecar_main, "sidecar"), (allocator_main, "allocator")]
+)
+def test_a_corrupt_state_file_ends_in_one_line_naming_it(
+    tmp_path: Path, main: object, name: str, corrupt: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """S8: pages after the first overwritten, or a table missing a column, ended in a traceback;
+    now in the daemons' one-line message naming the file."""
+    from dloader.allocator.store import AllocatorStore
+
+    state = tmp_path / "state"
+    store = (SidecarStore if name == "sidecar" else AllocatorStore)(state / f"{name}.db")
+    for i in range(200):  # more than one page of settings
+        store.set_setting(f"k{i}", "v" * 100)
+    store.close()
+    corrupt(state / f"{name}.db")  # type: ignore[operator]
+    argv = ["--socket", str(tmp_path / "d.sock"), "--state-dir", str(state)]
+    assert main(argv) == 2  # type: ignore[operator]
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert f"{name}.db" in err and "not usable" in err, err

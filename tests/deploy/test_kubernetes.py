@@ -101,3 +101,19 @@ def test_the_image_is_the_one_scripts_build_image_builds() -> None:
     script = (ROOT / "scripts" / "build_image").read_text()
     assert f'IMAGE="${{IMAGE:-{image["newName"]}}}"' in script
     assert f'TAG="${{TAG:-{image["newTag"]}}}"' in script
+
+
+def test_no_example_runs_a_torch_older_than_the_floor() -> None:
+    """An image that names its torch (``pytorch/pytorch:X.Y...``) is at least the torch floor of
+    ``pyproject.toml``; the training example names the user's own image and what it needs."""
+    import re
+
+    floor = re.search(r'"torch>=(\d+)\.(\d+)', (ROOT / "pyproject.toml").read_text())
+    assert floor is not None
+    lowest = (int(floor[1]), int(floor[2]))
+    for path in K8S.rglob("*.yaml"):
+        for m in re.finditer(r"pytorch/pytorch:(\d+)\.(\d+)", path.read_text()):
+            assert (int(m[1]), int(m[2])) >= lowest, f"{path}: {m[0]} is older than torch {lowest}"
+    assert (
+        f"torch >= {lowest[0]}.{lowest[1]}" in (K8S / "examples" / "training-job.yaml").read_text()
+    )

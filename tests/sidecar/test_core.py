@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+import dloader.sidecar.core as core_mod
+from dloader._daemon.peer import CALLER, Caller, Role
 from dloader._node_messages import JobReport, Registration, WorkerReport
-from dloader.errors import InvalidArgument
+from dloader.errors import InvalidArgument, ResourceExhausted
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import NodeCore
-from dloader.sidecar.monitors import ProcessTreeStats
+from dloader.sidecar.monitors import ProcessTreeStats, process_start
 from dloader.sidecar.store import SidecarStore
 
 
@@ -25,11 +28,21 @@ class FakeNode:
     def clock(self) -> float:
         return self.now
 
+    def start(self, pid: int) -> int | None:
+        """The fake processes' start times (ticks after boot): all started at tick 1."""
+        return 1 if pid in (100, 101, 102, 201, 202) else None
+
+    def owner(self, pid: int) -> int | None:
+        return 0 if self.start(pid) is not None else None
+
     def tree(self, pids: list[int]) -> ProcessTreeStats:
         delay = {p: self.now * self.wait_share for p in (201, 202)}
         return ProcessTreeStats(
             tuple(pids), True, 150.0, 1 << 20, 0, 0, (201, 202), 10.0, {100: 0.0, **delay}
         )
+
+
+FAKE = FakeNode(0.0)  # its processes' start times and owners (the same for every FakeNode)
 
 
 def report(workers: int, tput: float) -> JobReport:
@@ -54,6 +67,8 @@ def test_observations_carry_the_workers_run_queue_wait(tmp_path: Path, wait_shar
         SidecarStore(tmp_path / "s.db"),
         PolicySettings("even", 2, 2, 1.0),
         tree_stats=node.tree,
+        start_of=FAKE.start,
+        owner_of=FAKE.owner,
         clock=node.clock,
     )
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
@@ -73,7 +88,15 @@ def test_jobs_that_stop_reporting_expire_and_a_restart_gives_a_full_timeout(
     node = FakeNode(0.0)
     store = SidecarStore(tmp_path / "s.db")
     settings = PolicySettings("even", 4, 2, 1.0)
-    core = NodeCore(store, settings, tree_stats=node.tree, clock=node.clock, job_timeout_s=30)
+    core = NodeCore(
+        store,
+        settings,
+        tree_stats=node.tree,
+        start_of=FAKE.start,
+        owner_of=FAKE.owner,
+        clock=node.clock,
+        job_timeout_s=30,
+    )
     quiet = core.register(Registration("quiet", pids=(100,), num_workers=1, batch_size=32))
     talks = core.register(Registration("talks", pids=(100,), num_workers=1, batch_size=32))
     node.now += 20
@@ -82,14 +105,26 @@ def test_jobs_that_stop_reporting_expire_and_a_restart_gives_a_full_timeout(
     assert core.reap() == [quiet.job_id]  # 35 s silent > 30 s; its process is alive
     assert list(core.jobs) == [talks.job_id]
     node.now += 1000  # the sidecar was down; restored jobs get a full timeout
-    again = NodeCore(store, settings, tree_stats=node.tree, clock=node.clock, job_timeout_s=30)
+    again = NodeCore(
+        store,
+        settings,
+        tree_stats=node.tree,
+        start_of=FAKE.start,
+        owner_of=FAKE.owner,
+        clock=node.clock,
+        job_timeout_s=30,
+    )
     assert again.reap() == [] and list(again.jobs) == [talks.job_id]
 
 
 def test_registration_lists_are_bounded(tmp_path: Path) -> None:
     node = FakeNode(0.0)
     core = NodeCore(
-        SidecarStore(tmp_path / "s.db"), PolicySettings("even", 4, 2, 1.0), tree_stats=node.tree
+        SidecarStore(tmp_path / "s.db"),
+        PolicySettings("even", 4, 2, 1.0),
+        tree_stats=node.tree,
+        start_of=FAKE.start,
+        owner_of=FAKE.owner,
     )
     with pytest.raises(InvalidArgument, match="pids: 50000 ids"):
         core.register(Registration("many", pids=tuple(range(50_000)), num_workers=1, batch_size=8))
@@ -128,6 +163,8 @@ def test_memory_budget_and_the_cost_of_a_worker(
         SidecarStore(tmp_path / "s.db"),
         PolicySettings("even", 16, 2, 1.0, setting),
         tree_stats=tree_with_memory,
+        start_of=FAKE.start,
+        owner_of=FAKE.owner,
         available_memory=lambda: 1000 * MiB,
     )
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
@@ -148,6 +185,8 @@ def test_before_any_worker_a_worker_is_assumed_to_copy_the_trainer(tmp_path: Pat
         SidecarStore(tmp_path / "s.db"),
         PolicySettings("even", 16, 2, 1.0, 1 << 30),
         tree_stats=no_workers,
+        start_of=FAKE.start,
+        owner_of=FAKE.owner,
     )
     job = core.register(Registration("a", pids=(100,), num_workers=0, batch_size=32))
     core.reap()
@@ -164,6 +203,8 @@ def test_a_new_job_is_learned_from_its_first_window(tmp_path: Path) -> None:
         SidecarStore(tmp_path / "s.db"),
         PolicySettings("adaptive", 4, 2, 1.0),
         tree_stats=node.tree,
+        start_of=FAKE.start,
+        owner_of=FAKE.owner,
         clock=node.clock,
     )
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
@@ -181,6 +222,8 @@ def test_a_neighbours_change_is_not_credited_to_a_job(tmp_path: Path) -> None:
         SidecarStore(tmp_path / "s.db"),
         PolicySettings("even", 4, 2, 1.0),
         tree_stats=node.tree,
+        start_of=FAKE.start,
+        owner_of=FAKE.owner,
         clock=node.clock,
     )
     a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
@@ -193,3 +236,89 @@ def test_a_neighbours_change_is_not_credited_to_a_job(tmp_path: Path) -> None:
     node.now += 4.0
     core.report(a, report(2, 300.0))
     assert len(a.model.observations) == 1
+
+
+def _free_pids(count: int) -> list[int]:
+    """PIDs no process holds now, just above the last one the kernel handed out."""
+    last = int(Path("/proc/sys/kernel/ns_last_pid").read_text())
+    out, pid = [], last + 50
+    while len(out) < count:
+        pid += 1
+        if not Path(f"/proc/{pid}").exists():
+            out.append(pid)
+    return out
+
+
+def test_pids_that_no_process_holds_yet_cannot_be_claimed(tmp_path: Path) -> None:
+    """S2: a user registered its own PID plus the next 63; root's next process got one of them
+    and was counted as that user's. Every claimed PID must run now and be the caller's."""
+    core = NodeCore(SidecarStore(tmp_path / "s.db"), PolicySettings("even", 4, 2, 1.0))
+    me = Caller(Role.CLIENT, uid=os.geteuid(), pid=os.getpid())
+    future = _free_pids(3)
+    token = CALLER.set(me)
+    try:
+        with pytest.raises(InvalidArgument, match=f"process {future[0]} is not running"):
+            core.register(
+                Registration("grab", pids=(os.getpid(), *future), num_workers=1, batch_size=8)
+            )
+        assert not core.jobs
+        # its own running process alone: accepted, pinned to its start time
+        job = core.register(Registration("own", pids=(os.getpid(),), num_workers=1, batch_size=8))
+        assert job.record.starts == [process_start(os.getpid())]
+    finally:
+        CALLER.reset(token)
+
+
+def test_a_reused_pid_leaves_the_job_and_a_job_with_none_left_ends(tmp_path: Path) -> None:
+    starts = {100: 1, 101: 1}
+    store = SidecarStore(tmp_path / "s.db")
+    node = FakeNode(0.0)
+    core = NodeCore(
+        store,
+        PolicySettings("even", 4, 2, 1.0),
+        tree_stats=node.tree,
+        clock=node.clock,
+        start_of=starts.get,
+        owner_of=FAKE.owner,
+    )
+    job = core.register(Registration("a", pids=(100, 101), num_workers=1, batch_size=8))
+    starts[101] = 7  # the kernel gave PID 101 to another process
+    assert core.reap() == []
+    assert job.record.pids == [100] and job.record.starts == [1]
+    assert store.active_jobs()[0].pids == [100]  # and a restarted sidecar knows it
+    del starts[100]  # the trainer exited
+    assert core.reap() == [job.job_id] and not core.jobs
+
+
+def test_one_user_cannot_fill_the_node_for_the_others(tmp_path: Path) -> None:
+    """S3: one unprivileged user registered 254 jobs and the operator's RegisterJob got
+    RESOURCE_EXHAUSTED. Now each user holds at most its share, and the operator keeps a way
+    in. (Fake processes: each user's pids are its own.)"""
+    owners = {pid: 1000 + pid // 1000 for pid in range(1000, 9000)}  # pid 1xxx: uid 1001, ...
+    core = NodeCore(
+        SidecarStore(tmp_path / "s.db"),
+        PolicySettings("even", 4, 2, 1.0),
+        tree_stats=FAKE.tree,
+        start_of=lambda pid: 1 if pid in owners else None,
+        owner_of=owners.get,
+    )
+
+    def register_as(uid: int, pid: int) -> None:
+        token = CALLER.set(Caller(Role.CLIENT, uid=uid, pid=pid))
+        try:
+            core.register(Registration(f"j{pid}", pids=(pid,), num_workers=0, batch_size=8))
+        finally:
+            CALLER.reset(token)
+
+    for i in range(core_mod.MAX_JOBS_PER_USER):
+        register_as(1001, 1000 + i)
+    with pytest.raises(ResourceExhausted, match="uid 1001 holds 64 jobs"):
+        register_as(1001, 1999)
+    for uid in range(1002, 1006):  # other users fill the users' part of the table
+        for i in range(core_mod.MAX_JOBS_PER_USER):
+            if len(core.jobs) < core_mod.MAX_JOBS - core_mod.OPERATOR_RESERVE:
+                register_as(uid, uid * 1000 - 1000000 + i)
+    with pytest.raises(ResourceExhausted, match="kept for the operator"):
+        register_as(1006, 6000)
+    core.register(Registration("operator's", pids=(1000,), num_workers=0, batch_size=8))
+    assert len(core.jobs) == core_mod.MAX_JOBS - core_mod.OPERATOR_RESERVE + 1
