@@ -10,7 +10,10 @@ Every second the daemons' CPU, RSS, threads and file descriptors are sampled.
     python -m benchmarks.bench_soak                 # 3 minutes
     python -m benchmarks.bench_soak --seconds 30    # a quick look
 
-Prints a table per window and writes benchmarks/out/bench_soak.{json,png}.
+An operator probe (the daemons' own user, on their sockets) calls each daemon twice a second
+all the while: its p99 must stay under 1 s, whatever the hostile clients do. Prints a table per
+window and a summary (the operator's p99; RSS, threads and descriptors at the end against the
+first window after warm-up), and writes benchmarks/out/bench_soak.{json,png} (``--json``).
 """
 
 from __future__ import annotations
@@ -79,6 +82,27 @@ class Recorder:
         with self.lock:
             self.events.append((began - self.t0, kind, time.monotonic() - began))
         return out
+
+
+def operator(node: grpc.Channel, alloc: grpc.Channel, rec: Recorder, stop: threading.Event) -> None:
+    """The operator's own calls, timed: they must be answered whatever the others do."""
+    ns, al = pb_grpc.NodeServiceStub(node), apb_grpc.ClusterAllocatorStub(alloc)
+    while not stop.wait(0.5):
+        for kind, call in (
+            ("operator sidecar", lambda: ns.GetNodeStatus(pb.GetNodeStatusRequest(), timeout=10)),
+            (
+                "operator allocator",
+                lambda: al.GetAllocations(apb.GetAllocationsRequest(), timeout=10),
+            ),
+        ):
+            try:
+                rec.timed(kind, call)
+            except grpc.RpcError as exc:  # counted as a miss: 10 s
+                with rec.lock:
+                    rec.events.append((time.monotonic() - rec.t0, kind, 10.0))
+                    rec.codes[f"operator {exc.code().name}"] = (
+                        rec.codes.get(f"operator {exc.code().name}", 0) + 1
+                    )
 
 
 def honest_sidecar(channel: grpc.Channel, rec: Recorder, stop: threading.Event, i: int) -> None:
@@ -194,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=float, default=30.0, help="seconds per table row")
     p.add_argument("--honest", type=int, default=4, help="honest clients per daemon")
     p.add_argument("--hostile", type=int, default=4, help="hostile client threads")
+    p.add_argument("--json", type=Path, help="where to write the results (default: benchmarks/out)")
+    p.add_argument("--plot", type=Path, help="where to write the plot (default: benchmarks/out)")
     args = p.parse_args(argv)
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory(prefix="dloader-soak-") as tmp:
@@ -222,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.hostile)
         ]
         threads.append(threading.Thread(target=node_reports, daemon=True))
+        threads.append(
+            threading.Thread(target=operator, args=(node, alloc, rec, stop), daemon=True)
+        )
         for t in threads:
             t.start()
         procs = {"sidecar": psutil.Process(side.pid), "allocator": psutil.Process(alloc_proc.pid)}
@@ -292,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hostile requests: {rec.hostile:,}; status codes: {dict(sorted(rec.codes.items()))}")
     honest = {k: sum(1 for e in rec.events if e[1] == k) for k in kinds}
     print(f"honest operations: {honest}")
-    out_path("bench_soak.json").write_text(
+    summary = _summary(rec, samples, args.window)
+    print(table(["measure", *summary["columns"]], summary["rows"]))
+    (args.json or out_path("bench_soak.json")).write_text(
         json.dumps(
             {
                 "machine": machine(),
@@ -301,23 +332,66 @@ def main(argv: list[str] | None = None) -> int:
                 "hostile": rec.hostile,
                 "codes": rec.codes,
                 "honest": honest,
+                "summary": summary,
                 "samples": samples,
             },
             indent=1,
         )
     )
-    plot(rec, samples)
+    plot(rec, samples, args.plot)
     return 0
 
 
-def plot(rec: Recorder, samples: list[dict[str, float]]) -> None:
+def _summary(rec: Recorder, samples: list[dict[str, float]], warmup: float) -> dict[str, Any]:
+    """Per daemon: the operator's p99 and most-missed call; RSS, threads and fds, the most in
+    the first window after warm-up against the most in the last 30 s (flat: a leak grows)."""
+    early = [s for s in samples if warmup <= s["t"] < 2 * warmup] or samples[:30]
+    late = [s for s in samples if s["t"] >= samples[-1]["t"] - 30] if samples else []
+    rows = []
+    out: dict[str, Any] = {"columns": ["sidecar", "allocator"], "rows": rows}
+    for name in ("sidecar", "allocator"):
+        xs = [d for _, k, d in rec.events if k == f"operator {name}"]
+        out[name] = {
+            "operator_calls": len(xs),
+            "operator_p99_ms": float(np.percentile(xs, 99) * 1e3) if xs else float("nan"),
+            "operator_max_ms": max(xs, default=float("nan")) * 1e3,
+        }
+        for what in ("rss MB", "threads", "fds"):
+            key = f"{name} {what}"
+            out[name][f"{what} early"] = max((s[key] for s in early), default=float("nan"))
+            out[name][f"{what} late"] = max((s[key] for s in late), default=float("nan"))
+    for label, key in (
+        ("operator calls", "operator_calls"),
+        ("operator p99 ms", "operator_p99_ms"),
+        ("operator max ms", "operator_max_ms"),
+        ("RSS MB first window -> last 30 s", "rss MB"),
+        ("threads first window -> last 30 s", "threads"),
+        ("fds first window -> last 30 s", "fds"),
+    ):
+        if key in ("rss MB", "threads", "fds"):
+            rows.append(
+                [
+                    label,
+                    *(
+                        f"{out[n][key + ' early']:.0f} -> {out[n][key + ' late']:.0f}"
+                        for n in ("sidecar", "allocator")
+                    ),
+                ]
+            )
+        else:
+            rows.append([label, *(f"{out[n][key]:,.0f}" for n in ("sidecar", "allocator"))])
+    return out
+
+
+def plot(rec: Recorder, samples: list[dict[str, float]], path: Path | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
-    for kind in ("sidecar register", "sidecar report", "allocator decision"):
+    kinds = ("sidecar register", "sidecar report", "allocator decision")
+    for kind in (*kinds, "operator sidecar", "operator allocator"):
         xs = [(t, d * 1e3) for t, k, d in rec.events if k == kind]
         if xs:
             axes[0].plot(*zip(*xs, strict=True), ".", ms=2, label=kind)
@@ -335,7 +409,7 @@ def plot(rec: Recorder, samples: list[dict[str, float]]) -> None:
         ax.legend()
     fig.suptitle("soak: honest and hostile clients on both daemons")
     fig.tight_layout()
-    fig.savefig(out_path("bench_soak.png"), dpi=100)
+    fig.savefig(path or out_path("bench_soak.png"), dpi=100)
     plt.close(fig)
 
 

@@ -289,3 +289,24 @@ def test_every_exception_is_in_the_one_hierarchy() -> None:
         and bases(node) & {"Exception", "ValueError", "RuntimeError", "DLoaderError"}
     ]
     assert not stray, f"exceptions outside dloader.errors: {stray}"
+
+
+def test_every_environment_variable_is_documented() -> None:
+    """Every ``DLOADER_*`` variable the repository reads or exports is in the README's tables
+    (the package's own also in ``dloader/_env.py``, the one module that reads them)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    found: dict[str, set[str]] = {}
+    for folder in ("dloader", "tests", "benchmarks", "scripts", "deploy", ".ci"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and path.suffix not in (".pyc", ".gz", ".csv", ".png"):
+                for name in re.findall(
+                    r"\bDLOADER_[A-Z][A-Z_]*\b", path.read_text(errors="ignore")
+                ):
+                    found.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    missing = {n: sorted(w) for n, w in found.items() if f"`{n}`" not in readme}
+    assert not missing, f"not in the README's environment tables: {missing}"
+    package = {n for n, w in found.items() if any(p.startswith("dloader/") for p in w)}
+    env = (PACKAGE / "_env.py").read_text()
+    assert not {n for n in package if n not in env}, package

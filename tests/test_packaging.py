@@ -53,6 +53,7 @@ def test_sim_runs_on_packaged_data_without_paths(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_wheel_is_one_namespace_with_its_data_and_a_light_core(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],

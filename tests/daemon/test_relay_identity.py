@@ -12,6 +12,11 @@ refuses whatever did not come through the front.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import grpc
@@ -122,3 +127,76 @@ def test_the_private_port_refuses_what_did_not_come_through_the_front(tmp_path: 
             await serving.stop()
 
     asyncio.run(scenario())
+
+
+ATTACKER = r"""
+import json, os, sys, grpc, psutil
+from dloader.v1 import allocator_pb2 as pb, allocator_pb2_grpc as pbg
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+target, relays, tries = sys.argv[1], set(json.loads(sys.argv[2])), int(sys.argv[3])
+port = int(target.rsplit(":", 1)[1])
+me = psutil.Process()
+codes, collisions = {}, 0
+for _ in range(tries):
+    ch = grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+    stub = pbg.ClusterAllocatorStub(ch)
+    try:
+        req = pb.ConfigureRequest(config=pb.AllocatorConfig(dry_run=True), set_dry_run=True)
+        stub.Configure(req, timeout=5)
+        code = "OK"
+    except grpc.RpcError as e:
+        code = e.code().name
+    mine = {c.laddr.port for c in me.net_connections("tcp") if c.raddr and c.raddr.port == port}
+    collisions += bool(mine & relays)
+    codes[code] = codes.get(code, 0) + 1
+    ch.close()
+print(json.dumps({"codes": codes, "collisions": collisions}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the attacker as another user")
+def test_an_unprivileged_process_trying_source_ports_gets_no_role(tmp_path: Path) -> None:
+    """The attack itself: while operator connections are relayed, an unprivileged process
+    connects to the public port again and again (the kernel picks its source ports, sharing
+    them across destinations) and calls Configure without a token. It never gets a role."""
+    from tests.allocator.test_service import Allocator
+
+    shared = Path(tempfile.mkdtemp(prefix="dloader-s1-"))
+    os.chmod(shared, 0o755)
+    public = free_port()
+    a = Allocator(shared, "--listen", f"127.0.0.1:{public}", "--token", "operator-token")
+    holders = []
+    try:
+        for _ in range(16):  # operator connections, relayed for the whole test
+            ch = grpc.insecure_channel(
+                f"unix://{a.socket}", options=[("grpc.use_local_subchannel_pool", 1)]
+            )
+            stream = pb_grpc.ClusterAllocatorStub(ch).WatchAllocations(pb.WatchAllocationsRequest())
+            next(stream)
+            holders.append((ch, stream))
+        me = psutil.Process()
+        listening = {
+            c.laddr.port for c in me.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+        }
+        relays = sorted(
+            c.laddr.port
+            for c in me.net_connections("tcp")
+            if c.raddr and c.raddr.port in listening - {public} and c.laddr.ip == "127.0.0.1"
+        )
+        assert len(relays) >= 16, relays
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "HOME": "/tmp"}
+        out = subprocess.run(
+            [sys.executable, "-c", ATTACKER, f"127.0.0.1:{public}", json.dumps(relays), "3000"],
+            env=env, cwd="/", capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        got = json.loads(out.stdout.splitlines()[-1])
+        print(f"attacker: {got}")  # how many of its connections shared a relay's source port
+        assert set(got["codes"]) == {"UNAUTHENTICATED"}, got
+        assert not a.stub.Configure(pb.ConfigureRequest(), timeout=5).dry_run
+    finally:
+        for ch, stream in holders:
+            stream.cancel()
+            ch.close()
+        a.stop()

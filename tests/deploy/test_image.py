@@ -17,6 +17,7 @@ from tests.dloader import datasets as D
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.integration,
     pytest.mark.skipif(shutil.which("buildah") is None, reason="needs buildah (apt)"),
     pytest.mark.skipif(os.geteuid() != 0, reason="buildah with chroot isolation runs as root"),
 ]

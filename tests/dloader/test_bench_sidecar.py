@@ -13,6 +13,7 @@ from benchmarks import bench_sidecar
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_bench_sidecar_real_mix_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--mix", "real", "--quick", "--jpegs", "200", "--out-dir", str(tmp_path)]
     argv += ["--seconds", "14", "--window", "6", "--grid-seconds", "6"]

@@ -1,0 +1,30 @@
+"""Both daemons under honest and hostile clients for five minutes (benchmarks/bench_soak.py):
+the operator is answered within 1 s at p99 all the while, and memory, threads and descriptors
+stay flat (slow lane)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_soak
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+def test_five_minutes_of_hostile_clients(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    argv = ["--seconds", "300", "--window", "60", "--json", str(out)]
+    assert bench_soak.main([*argv, "--plot", str(tmp_path / "soak.png")]) == 0
+    result = json.loads(out.read_text())
+    assert result["hostile"] > 1000
+    for name in ("sidecar", "allocator"):
+        s = result["summary"][name]
+        assert s["operator_calls"] > 400, s
+        assert s["operator_p99_ms"] < 1000, s
+        assert s["fds late"] <= s["fds early"] + 16, s
+        assert s["threads late"] <= s["threads early"] + 4, s
+        assert s["rss MB late"] <= s["rss MB early"] * 1.25 + 20, s
+    assert not [c for c in result["codes"] if c.startswith("operator ")], result["codes"]
