@@ -92,15 +92,26 @@ class _Task:
 
 
 def _describe_exit(worker: _Worker) -> str:
-    code = worker.process.exitcode
+    """torch's sentence for a worker that died (``torch/csrc/DataLoader.cpp``, which log
+    scrapers and tests match), then which worker it was."""
+    code, pid = worker.process.exitcode, worker.process.pid
     if code is not None and code < 0:
         try:
-            how = f"killed by signal {signal.Signals(-code).name}"
+            name = signal.Signals(-code).name
         except ValueError:
-            how = f"killed by signal {-code}"
-    else:
-        how = f"exit code {code}"
-    return f"worker {worker.slot} (pid {worker.process.pid}) {how}"
+            name = str(-code)
+        text = f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(-code)}. "
+        if -code == signal.SIGBUS:
+            text += (
+                "It is possible that dataloader's workers are out of shared memory. Please try "
+                "to raise your shared memory limit. "
+            )
+        return f"{text}(worker {worker.slot}, {name})"
+    return (
+        f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}. Details are "
+        "lost due to multiprocessing. Rerunning with num_workers=0 may give better error "
+        f"trace. (worker {worker.slot})"
+    )
 
 
 class ElasticIterator:
@@ -461,13 +472,8 @@ class ElasticIterator:
                 died.append(w)
         if died:
             pids = tuple(w.process.pid for w in died)
-            details = "; ".join(_describe_exit(w) for w in died)
             self._shutdown_workers(graceful=False)
-            raise WorkerDiedError(
-                f"DataLoader worker (pid(s) {', '.join(map(str, pids))}) exited unexpectedly: "
-                f"{details}",
-                pids,
-            )
+            raise WorkerDiedError(" ".join(_describe_exit(w) for w in died), pids)
 
     # ------------------------------------------------------------------ dispatch and receive
 

@@ -73,8 +73,9 @@ class DLoaderError(Exception):
 class WorkerDiedError(DLoaderError, RuntimeError):
     """A loader worker process exited without being asked to (e.g. killed by a signal).
 
-    It is a ``RuntimeError`` like torch's, and its message starts like torch's
-    (``DataLoader worker (pid(s) ...) exited unexpectedly``), followed by the signal or exit code.
+    It is a ``RuntimeError`` like torch's, with torch's wording for each worker that died
+    (``DataLoader worker (pid N) is killed by signal: Segmentation fault.``, or ``... exited
+    unexpectedly with exit code N. ...``), followed by which worker it was.
     """
 
     def __init__(self, message: str, pids: tuple[int, ...] = ()) -> None:

@@ -143,3 +143,19 @@ def test_one_caller_cannot_take_every_job_place(
     c.store.close()
     again = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
     assert again.jobs["a0"].owner == "uid 1001"  # a restart keeps who owns what
+
+
+def test_a_restart_keeps_each_jobs_age(tmp_path: Path) -> None:
+    """The restart penalty weighs a job's age: a restarted allocator must not make every job
+    new again (the submit time is stored, on the core's clock)."""
+    now = [1000.0]
+    c = AllocatorCore(
+        AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60), clock=lambda: now[0]
+    )
+    c.submit(request("old"))
+    c.store.close()
+    now[0] = 5000.0
+    again = AllocatorCore(
+        AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60), clock=lambda: now[0]
+    )
+    assert again.jobs["old"].state([], now[0]).age_s == pytest.approx(4000.0)

@@ -93,15 +93,16 @@ class Failing(Range):
 
 
 class SuicidalWorker(Range):
-    """The worker that fetches sample ``bad`` kills itself with SIGKILL."""
+    """The worker that fetches sample ``bad`` kills itself with ``sig`` (SIGKILL)."""
 
-    def __init__(self, n: int, bad: int) -> None:
+    def __init__(self, n: int, bad: int, sig: int = 9) -> None:
         super().__init__(n)
         self.bad = bad
+        self.sig = sig
 
     def __getitem__(self, i: int) -> int:
         if i == self.bad and get_worker_info() is not None:
-            os.kill(os.getpid(), 9)
+            os.kill(os.getpid(), self.sig)
         return i
 
 

@@ -66,10 +66,25 @@ def test_killed_worker_names_pid_and_signal_quickly() -> None:
         list(loader)
     assert time.monotonic() - start < 5
     msg = str(err.value)
-    assert msg.startswith("DataLoader worker (pid(s) ")
-    assert "exited unexpectedly" in msg and "SIGKILL" in msg
+    # torch's wording (torch/csrc/DataLoader.cpp), which log scrapers match; detail after it
+    pid = err.value.pids[0]
+    assert msg.startswith(f"DataLoader worker (pid {pid}) is killed by signal: Killed. "), msg
+    assert "SIGKILL" in msg
     assert isinstance(err.value, RuntimeError)
-    assert str(err.value.pids[0]) in msg
+
+
+def test_a_segfault_reads_as_torch_says_it() -> None:
+    """torch: "DataLoader worker (pid N) is killed by signal: Segmentation fault." """
+    import signal
+
+    loader = dloader.DataLoader(
+        D.SuicidalWorker(8, bad=3, sig=signal.SIGSEGV), batch_size=2, num_workers=1
+    )
+    with pytest.raises(dloader.WorkerDiedError) as err:
+        list(loader)
+    pid = err.value.pids[0]
+    expected = f"DataLoader worker (pid {pid}) is killed by signal: Segmentation fault. "
+    assert str(err.value).startswith(expected), str(err.value)
 
 
 def test_timeout_raises_like_torch() -> None:
