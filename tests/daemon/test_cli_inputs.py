@@ -64,6 +64,7 @@ CTL = [
     ["policy", "set", "greedy"],
     ["explain"],
 ]
+SUBMIT = ["--allocator", "unix:///a.sock", "--job-id", "j", "--batch-size", "8"]
 LAUNCH = [
     ["--allocator", "nohost", "--job-id", "j", "--batch-size", "8", "train.py"],
     ["--allocator", "unix:///nonexistent.sock", "--job-id", "j", "--batch-size", "8", "nope.py"],
@@ -72,51 +73,11 @@ LAUNCH = [
     ["--allocator", "unix:///a.sock", "--job-id", "j", "--follow", "t.py"],
     ["--allocator", "unix:///a.sock", "--job-id", "j", "t.py"],
     # S9: refused up front, naming the flag, before the (absent) allocator is waited for
-    ["--allocator", "unix:///a.sock", "--job-id", "j", "--batch-size", "-5", "train.py"],
-    [
-        "--allocator",
-        "unix:///a.sock",
-        "--job-id",
-        "j",
-        "--batch-size",
-        "8",
-        "--max-gpus",
-        "-1",
-        "train.py",
-    ],
-    [
-        "--allocator",
-        "unix:///a.sock",
-        "--job-id",
-        "j",
-        "--batch-size",
-        "8",
-        "--measurements",
-        "garbage.csv",
-        "train.py",
-    ],
-    [
-        "--allocator",
-        "unix:///a.sock",
-        "--job-id",
-        "j",
-        "--batch-size",
-        "8",
-        "--measurements",
-        "zero.csv",
-        "train.py",
-    ],
-    [
-        "--allocator",
-        "unix:///a.sock",
-        "--job-id",
-        "j",
-        "--batch-size",
-        "8",
-        "--scaling",
-        "[1]",
-        "train.py",
-    ],
+    [*SUBMIT[:-1], "-5", "train.py"],  # --batch-size -5
+    [*SUBMIT, "--max-gpus", "-1", "train.py"],
+    [*SUBMIT, "--measurements", "garbage.csv", "train.py"],
+    [*SUBMIT, "--measurements", "zero.csv", "train.py"],
+    [*SUBMIT, "--scaling", "[1]", "train.py"],
 ]
 SIM = [
     ["--workload", "7", "--out", "x.json"],

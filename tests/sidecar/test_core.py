@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,11 @@ class FakeNode:
 FAKE = FakeNode(0.0)  # its processes' start times and owners (the same for every FakeNode)
 
 
+def fake_core(store: SidecarStore, settings: PolicySettings, **kw: Any) -> NodeCore:
+    """A core whose processes are the fake node's (``tree_stats`` and the rest in ``kw``)."""
+    return NodeCore(store, settings, start_of=FAKE.start, owner_of=FAKE.owner, **kw)
+
+
 def report(workers: int, tput: float) -> JobReport:
     return JobReport(
         timestamp=0.0,
@@ -63,12 +69,10 @@ def report(workers: int, tput: float) -> JobReport:
 @pytest.mark.parametrize("wait_share", [0.0, 0.25])
 def test_observations_carry_the_workers_run_queue_wait(tmp_path: Path, wait_share: float) -> None:
     node = FakeNode(wait_share)
-    core = NodeCore(
+    core = fake_core(
         SidecarStore(tmp_path / "s.db"),
         PolicySettings("even", 2, 2, 1.0),
         tree_stats=node.tree,
-        start_of=FAKE.start,
-        owner_of=FAKE.owner,
         clock=node.clock,
     )
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
@@ -88,12 +92,10 @@ def test_jobs_that_stop_reporting_expire_and_a_restart_gives_a_full_timeout(
     node = FakeNode(0.0)
     store = SidecarStore(tmp_path / "s.db")
     settings = PolicySettings("even", 4, 2, 1.0)
-    core = NodeCore(
+    core = fake_core(
         store,
         settings,
         tree_stats=node.tree,
-        start_of=FAKE.start,
-        owner_of=FAKE.owner,
         clock=node.clock,
         job_timeout_s=30,
     )
@@ -105,12 +107,10 @@ def test_jobs_that_stop_reporting_expire_and_a_restart_gives_a_full_timeout(
     assert core.reap() == [quiet.job_id]  # 35 s silent > 30 s; its process is alive
     assert list(core.jobs) == [talks.job_id]
     node.now += 1000  # the sidecar was down; restored jobs get a full timeout
-    again = NodeCore(
+    again = fake_core(
         store,
         settings,
         tree_stats=node.tree,
-        start_of=FAKE.start,
-        owner_of=FAKE.owner,
         clock=node.clock,
         job_timeout_s=30,
     )
@@ -119,12 +119,10 @@ def test_jobs_that_stop_reporting_expire_and_a_restart_gives_a_full_timeout(
 
 def test_registration_lists_are_bounded(tmp_path: Path) -> None:
     node = FakeNode(0.0)
-    core = NodeCore(
+    core = fake_core(
         SidecarStore(tmp_path / "s.db"),
         PolicySettings("even", 4, 2, 1.0),
         tree_stats=node.tree,
-        start_of=FAKE.start,
-        owner_of=FAKE.owner,
     )
     with pytest.raises(InvalidArgument, match="pids: 50000 ids"):
         core.register(Registration("many", pids=tuple(range(50_000)), num_workers=1, batch_size=8))
@@ -159,12 +157,10 @@ def test_memory_budget_and_the_cost_of_a_worker(
 ) -> None:
     """A worker costs the peak private memory of the job's workers; a fractional budget is a
     share of the available memory plus what the workers hold; the policy stays under it."""
-    core = NodeCore(
+    core = fake_core(
         SidecarStore(tmp_path / "s.db"),
         PolicySettings("even", 16, 2, 1.0, setting),
         tree_stats=tree_with_memory,
-        start_of=FAKE.start,
-        owner_of=FAKE.owner,
         available_memory=lambda: 1000 * MiB,
     )
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
@@ -181,12 +177,10 @@ def test_before_any_worker_a_worker_is_assumed_to_copy_the_trainer(tmp_path: Pat
     def no_workers(pids: list[int]) -> ProcessTreeStats:
         return ProcessTreeStats(tuple(pids), True, 1.0, 1, 0, 0, (), 1.0, {}, {100: 300 * MiB})
 
-    core = NodeCore(
+    core = fake_core(
         SidecarStore(tmp_path / "s.db"),
         PolicySettings("even", 16, 2, 1.0, 1 << 30),
         tree_stats=no_workers,
-        start_of=FAKE.start,
-        owner_of=FAKE.owner,
     )
     job = core.register(Registration("a", pids=(100,), num_workers=0, batch_size=32))
     core.reap()
@@ -199,12 +193,10 @@ def test_a_new_job_is_learned_from_its_first_window(tmp_path: Path) -> None:
     """Registration changes nothing for the job: its first report (a 2 s window after
     registration) feeds the model at once, no settling time added."""
     node = FakeNode(0.0)
-    core = NodeCore(
+    core = fake_core(
         SidecarStore(tmp_path / "s.db"),
         PolicySettings("adaptive", 4, 2, 1.0),
         tree_stats=node.tree,
-        start_of=FAKE.start,
-        owner_of=FAKE.owner,
         clock=node.clock,
     )
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
@@ -218,12 +210,10 @@ def test_a_neighbours_change_is_not_credited_to_a_job(tmp_path: Path) -> None:
     """While another job's worker count has just changed, a job's window is not observed: the
     CPU contention moved under it."""
     node = FakeNode(0.0)
-    core = NodeCore(
+    core = fake_core(
         SidecarStore(tmp_path / "s.db"),
         PolicySettings("even", 4, 2, 1.0),
         tree_stats=node.tree,
-        start_of=FAKE.start,
-        owner_of=FAKE.owner,
         clock=node.clock,
     )
     a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
