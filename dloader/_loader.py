@@ -343,6 +343,32 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         it = self._live_iterator()
         return it.batches_cut if it is not None else 0
 
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """Read by Hugging Face Accelerate's ``prepare_data_loader`` just before it replaces a
+        loader by its own ``DataLoaderShard``. A plain ``dloader.DataLoader`` is not prepared;
+        the replacement would drop dloader silently, so this says so, loudly, once per loader.
+        (``dloader.integrations.accelerate.prepare`` shards it and keeps it a dloader one.)"""
+        if self.__dict__.get("_accelerate_prepared"):
+            return True
+        if not self.__dict__.get("_accelerate_warned"):
+            self.__dict__["_accelerate_warned"] = True
+            warnings.warn(
+                "accelerator.prepare() replaces this dloader.DataLoader by accelerate's "
+                "DataLoaderShard: resize(), set_batch_size(), stats() and the node sidecar will "
+                "not reach the loader that trains. Use "
+                "dloader.integrations.accelerate.prepare(accelerator, model, optimizer, loader) "
+                "instead: it shards the loader as accelerate would and keeps it a "
+                "dloader.DataLoader.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return False
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        self.__dict__["_accelerate_prepared"] = bool(value)
+
     def stats(self) -> LoaderStats:
         """A snapshot of this loader's telemetry; cheap enough to call every step."""
         return self._telemetry.snapshot(

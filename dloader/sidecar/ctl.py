@@ -209,6 +209,30 @@ def cmd_explain(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
+    """A table of what works on this node and what to fix; exit 1 if a check failed."""
+    from dloader.sidecar import doctor
+
+    if not args.json:
+        console.print(
+            f"checking this node (a real loader runs for {args.seconds:g} s)..."
+            if args.seconds
+            else "checking this node..."
+        )
+    rows = doctor.checks(args.socket, args.seconds, args.workers)
+    if args.json:
+        print(doctor.as_json(rows))
+    else:
+        table = Table(title="dloader doctor")
+        for column in ("check", "status", "found", "what to do"):
+            table.add_column(column, overflow="fold")
+        style = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+        for r in rows:
+            table.add_row(r.name, f"[{style[r.status]}]{r.status}[/]", r.found, r.fix)
+        console.print(table)
+    return 1 if any(r.status == "fail" for r in rows) else 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dloaderctl", description="Look at and steer the node's dloader sidecar."
@@ -257,12 +281,32 @@ def parser() -> argparse.ArgumentParser:
     end.add_argument("--name-prefix", default="", help="end every job whose name starts so")
     e = sub.add_parser("explain", help="why a job's last allocation was chosen")
     e.add_argument("job", help="job id (see `dloaderctl jobs`)")
+    d = sub.add_parser(
+        "doctor",
+        help="check this node before trusting dloader on it: NVML, cgroups, the sidecar's "
+        "socket, a real loader against the GPU; exit 1 if something failed",
+    )
+    d.add_argument(
+        "--seconds",
+        type=float,
+        default=20.0,
+        help="how long the real loader trains (0: skip it; default %(default)s)",
+    )
+    d.add_argument("--workers", type=int, default=4, help="its loader workers (default 4)")
+    d.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``dloaderctl``."""
     args = parser().parse_args(argv)
+    if args.command == "doctor" and not (0 <= args.seconds <= 600 and 0 <= args.workers <= 64):
+        print(
+            f"dloaderctl doctor: --seconds {args.seconds} and --workers {args.workers}: expected "
+            "0-600 seconds and 0-64 workers",
+            file=sys.stderr,
+        )
+        return 2
     console = Console()
     commands: dict[str, Any] = {
         "jobs": cmd_jobs,
@@ -272,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         "end": cmd_end,
         "policy": cmd_policy,
         "explain": cmd_explain,
+        "doctor": cmd_doctor,
     }
     try:
         return int(commands[args.command](args, console))
