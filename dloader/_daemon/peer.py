@@ -28,12 +28,23 @@ import secrets
 import socket
 import struct
 from collections import Counter
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dloader.errors import PermissionDenied
 
-__all__ = ["CALLER", "Caller", "Role", "UnixFront", "current_caller", "require", "same_token"]
+__all__ = [
+    "CALLER",
+    "Caller",
+    "Role",
+    "Shares",
+    "UnixFront",
+    "current_caller",
+    "require",
+    "same_token",
+]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +107,35 @@ def require(role: Role, action: str) -> Caller:
     return caller
 
 
+@dataclass(frozen=True)
+class Shares:
+    """Places (jobs, connections) shared by callers: ``most`` in all; callers other than
+    operators hold at most ``most - reserve`` together (the rest is kept for operators, who
+    always have a way in) and at most ``per_owner`` each. One rule for every table and pool
+    that a user could otherwise fill for the others."""
+
+    most: int
+    reserve: int
+    per_owner: int
+
+    def refusal(self, held: Mapping[Any, int], owner: Hashable) -> tuple[str, int] | None:
+        """Why one more place for ``owner`` (None: an operator) is refused: ``("all", places
+        held)``, ``("users", places callers other than operators hold)`` or ``("owner", the
+        owner's places)``; None when it fits. ``held``: places by owner, operators' under None."""
+        total = sum(held.values())
+        if total >= self.most:
+            return "all", total
+        if owner is None:
+            return None
+        users = total - held.get(None, 0)
+        if users >= self.most - self.reserve:
+            return "users", users
+        mine = held.get(owner, 0)
+        if mine >= self.per_owner:
+            return "owner", mine
+        return None
+
+
 def same_token(expected: str, given: str) -> bool:
     """Whether ``given`` is the credential ``expected`` (constant time; any text, ASCII or not;
     an empty ``expected`` matches nothing)."""
@@ -105,6 +145,9 @@ def same_token(expected: str, given: str) -> bool:
 def local_role(uid: int) -> Role:
     """A local caller's role: the daemon's own user and root operate it."""
     return Role.OPERATOR if uid in (0, os.geteuid()) else Role.CLIENT
+
+
+CONNECTIONS = Shares(MAX_CONNECTIONS, OPERATOR_CONNECTIONS, MAX_CONNECTIONS_PER_USER)
 
 
 class UnixFront:
@@ -117,8 +160,9 @@ class UnixFront:
         self.peers = peers
         """``ipv4:127.0.0.1:PORT`` of a relay connection -> the caller behind it."""
         self._server: asyncio.AbstractServer | None = None
-        self._open: Counter[int] = Counter()
-        """Open connections per uid (counted from accept, before the relay connects)."""
+        self._open: Counter[int | None] = Counter()
+        """Open connections per uid, operators' under None (counted from accept, before the
+        relay connects)."""
 
     async def start(self) -> None:
         """Listens on the socket (mode 0660)."""
@@ -144,12 +188,20 @@ class UnixFront:
             writer.close()
             return
         role = local_role(uid)
-        full = self._full(uid, role)
-        if full:
-            log.warning("refused a connection from pid %d (uid %d): %s", pid, uid, full)
+        owner = None if role >= Role.OPERATOR else uid
+        refused = CONNECTIONS.refusal(self._open, owner)
+        if refused is not None:
+            bound, n = refused
+            why = {
+                "all": f"{n} connections open, the most the socket takes",
+                "users": f"users hold {n} connections (the last {OPERATOR_CONNECTIONS} are kept "
+                "for operators)",
+                "owner": f"uid {uid} holds {n} connections, the most one user may",
+            }[bound]
+            log.warning("refused a connection from pid %d (uid %d): %s", pid, uid, why)
             writer.close()
             return
-        self._open[uid] += 1
+        self._open[owner] += 1
         key = ""
         up_writer: asyncio.StreamWriter | None = None
         try:
@@ -167,32 +219,12 @@ class UnixFront:
             # the entry goes before the relay's connection closes: no later connection can
             # meet it with that connection's address
             self.peers.pop(key, None)
-            self._open[uid] -= 1
-            if not self._open[uid]:
-                del self._open[uid]
+            self._open[owner] -= 1
+            if not self._open[owner]:
+                del self._open[owner]
             for w in (writer, up_writer):
                 if w is not None:
                     w.close()
-
-    def _full(self, uid: int, role: Role) -> str:
-        """Why a new connection of ``uid`` is refused ("": it is not). Operators may use every
-        place; other users together leave ``OPERATOR_CONNECTIONS`` places, and each holds at
-        most ``MAX_CONNECTIONS_PER_USER``, so no user shuts out the operator, the node's own
-        loaders or the other users."""
-        total = sum(self._open.values())
-        if total >= MAX_CONNECTIONS:
-            return f"{total} connections open, the most the socket takes"
-        if role >= Role.OPERATOR:
-            return ""
-        users = sum(n for u, n in self._open.items() if local_role(u) < Role.OPERATOR)
-        if users >= MAX_CONNECTIONS - OPERATOR_CONNECTIONS:
-            return (
-                f"users hold {users} connections (the last {OPERATOR_CONNECTIONS} are kept "
-                "for operators)"
-            )
-        if self._open[uid] >= MAX_CONNECTIONS_PER_USER:
-            return f"uid {uid} holds {self._open[uid]} connections, the most one user may"
-        return ""
 
 
 async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:

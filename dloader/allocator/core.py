@@ -28,6 +28,7 @@ import logging
 import math
 import secrets
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -43,7 +44,7 @@ from dloader._allocator_messages import (
     Measurement,
     NodeJobReport,
 )
-from dloader._daemon.peer import Role, current_caller, require, same_token
+from dloader._daemon.peer import Role, Shares, current_caller, require, same_token
 from dloader.allocator.config import STORED_SETTINGS, Settings
 from dloader.allocator.jobs import (
     MAX_MEASUREMENTS,
@@ -251,27 +252,29 @@ class AllocatorCore:
         return spec.job_id, sum(1 for j in self.jobs.values() if not j.placement) - 1, job.token
 
     def _check_room(self) -> str:
-        """The caller as a job's owner, if it may hold one more active job: the table is not
-        full; and, for a caller who is not an operator, the callers' part of it is not (the
-        last ``OPERATOR_RESERVE`` places are the operators') nor its own
-        ``MAX_JOBS_PER_CALLER``. Else RESOURCE_EXHAUSTED."""
+        """The caller as a job's owner ("": an operator), if it may hold one more active job:
+        the table is not full; and, for a caller who is not an operator, neither the callers'
+        part of it (the last ``OPERATOR_RESERVE`` places are the operators') nor its own
+        ``MAX_JOBS_PER_CALLER`` is. Else RESOURCE_EXHAUSTED."""
         caller = current_caller()
-        if len(self.jobs) >= MAX_ACTIVE_JOBS:
-            raise ResourceExhausted("job.job_id", f"{len(self.jobs)} active jobs, the most allowed")
-        if caller.at_least(Role.OPERATOR):
-            return ""
-        owner = f"uid {caller.uid}" if caller.local else f"{caller.role.name.lower()} token"
-        owners = [j.owner for j in self.jobs.values() if j.owner]
-        if len(owners) >= MAX_ACTIVE_JOBS - OPERATOR_RESERVE:
+        owner = ""
+        if not caller.at_least(Role.OPERATOR):
+            owner = f"uid {caller.uid}" if caller.local else f"{caller.role.name.lower()} token"
+        # read at each call: tests make the caps small
+        shares = Shares(MAX_ACTIVE_JOBS, OPERATOR_RESERVE, MAX_JOBS_PER_CALLER)
+        refused = shares.refusal(
+            Counter(j.owner or None for j in self.jobs.values()), owner or None
+        )
+        if refused is not None:
+            bound, n = refused
             raise ResourceExhausted(
                 "job.job_id",
-                f"callers hold {len(owners)} active jobs, the most they may (the last "
-                f"{OPERATOR_RESERVE} places are kept for operators)",
-            )
-        mine = owners.count(owner)
-        if mine >= MAX_JOBS_PER_CALLER:
-            raise ResourceExhausted(
-                "job.job_id", f"{owner} holds {mine} active jobs, the most one caller may"
+                {
+                    "all": f"{n} active jobs, the most allowed",
+                    "users": f"callers hold {n} active jobs, the most they may (the last "
+                    f"{OPERATOR_RESERVE} places are kept for operators)",
+                    "owner": f"{owner} holds {n} active jobs, the most one caller may",
+                }[bound],
             )
         return owner
 

@@ -27,7 +27,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["CgroupWeights", "detect", "weighted_group"]
+__all__ = ["CgroupWeights", "cgroup_of", "detect", "weighted_group"]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def _cgroup2_mount(mounts: Path) -> Path | None:
     return None
 
 
-def _cgroup_of(pid: int | str, proc: Path) -> str | None:
+def cgroup_of(pid: int | str, proc: Path) -> str | None:
     """The cgroup v2 path (``0::/path`` line) of a process, or None."""
     try:
         for line in (proc / str(pid) / "cgroup").read_text().splitlines():
@@ -89,7 +89,7 @@ class CgroupWeights:
     def __init__(self, mount: Path, *, proc: Path = Path("/proc")) -> None:
         self.mount = mount
         self.proc = proc
-        self.own = _cgroup_of("self", proc)
+        self.own = cgroup_of("self", proc)
         self._warned: set[str] = set()
         self.applied: dict[str, int] = {}
         """cgroup path -> weight last written."""
@@ -100,7 +100,7 @@ class CgroupWeights:
             return
         mean = sum(s for _, s in shares.values()) / len(shares)
         for job_id, (pids, share) in shares.items():
-            found = next((g for p in pids if (g := _cgroup_of(p, self.proc))), None)
+            found = next((g for p in pids if (g := cgroup_of(p, self.proc))), None)
             group = weighted_group(found) if found else None
             if group in (None, "/", self.own):
                 self._warn(job_id, f"job {job_id}: not in a cgroup of its own; no cpu.weight")

@@ -17,11 +17,12 @@ import math
 import secrets
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from dloader._daemon.peer import Role, current_caller, require, same_token
+from dloader._daemon.peer import Role, Shares, current_caller, require, same_token
 from dloader._node_messages import Directive, JobReport, Registration
 from dloader.errors import (
     InvalidArgument,
@@ -55,6 +56,7 @@ _MAX_WORKERS = 4096  # worker processes one loader may report
 MAX_JOBS = 256  # registered jobs on one node
 OPERATOR_RESERVE = 32  # of those, kept for operators: other users together hold at most the rest
 MAX_JOBS_PER_USER = 64  # registered jobs of one local user (operators: no own cap)
+JOBS = Shares(MAX_JOBS, OPERATOR_RESERVE, MAX_JOBS_PER_USER)
 MAX_PIDS = 64  # training processes one job may name
 MAX_GPUS = 64  # GPUs one job may name
 _MAIN_CPU_CHANGE = 0.1  # relative change of a job's main-process CPU that calls for a decision
@@ -187,7 +189,7 @@ class NodeCore:
             raise InvalidArgument(
                 "limits.min_batch_size", f"min_batch_size={blo} is above max_batch_size={bhi}"
             )
-        self._check_room()
+        owner = self._check_room()
         if not reg.pids or len(reg.pids) > MAX_PIDS:
             raise InvalidArgument("pids", f"{len(reg.pids)} ids: give 1 to {MAX_PIDS}")
         if len(reg.gpus) > MAX_GPUS:
@@ -214,7 +216,7 @@ class NodeCore:
             reg.batch_size,
             time.time(),
             starts,
-            None if current_caller().at_least(Role.OPERATOR) else current_caller().uid,
+            owner,
         )
         self.store.add_job(rec)
         job = Job(
@@ -235,32 +237,27 @@ class NodeCore:
         self.decide()
         return job
 
-    def _check_room(self) -> None:
-        """RESOURCE_EXHAUSTED if the caller may not register one more job: the node's table is
-        full; or, for a caller who is not an operator, the users' part of it is (the last
-        ``OPERATOR_RESERVE`` places are the operators'), or its own ``MAX_JOBS_PER_USER``. So no
-        user can fill the node for the others or shut the operator out."""
+    def _check_room(self) -> int | None:
+        """The caller's uid as the owner of one more job (None: an operator), if it may
+        register one: the node's table is not full; and, for a caller who is not an operator,
+        neither the users' part of it (the last ``OPERATOR_RESERVE`` places are the operators')
+        nor its own ``MAX_JOBS_PER_USER`` is. Else RESOURCE_EXHAUSTED. So no user can fill the
+        node for the others or shut the operator out."""
         caller = current_caller()
-        if len(self.jobs) >= MAX_JOBS:
-            raise ResourceExhausted(
-                "name", f"this node has {len(self.jobs)} jobs, the most it takes"
-            )
-        if caller.at_least(Role.OPERATOR):
-            return
-        users: list[int | None] = [
-            j.record.uid for j in self.jobs.values() if j.record.uid is not None
-        ]
-        if len(users) >= MAX_JOBS - OPERATOR_RESERVE:
+        owner = None if caller.at_least(Role.OPERATOR) else caller.uid
+        refused = JOBS.refusal(Counter(j.record.uid for j in self.jobs.values()), owner)
+        if refused is not None:
+            bound, n = refused
             raise ResourceExhausted(
                 "name",
-                f"users hold {len(users)} jobs on this node, the most they may (the last "
-                f"{OPERATOR_RESERVE} places are kept for the operator)",
+                {
+                    "all": f"this node has {n} jobs, the most it takes",
+                    "users": f"users hold {n} jobs on this node, the most they may (the last "
+                    f"{OPERATOR_RESERVE} places are kept for the operator)",
+                    "owner": f"uid {owner} holds {n} jobs on this node, the most one user may",
+                }[bound],
             )
-        mine = users.count(caller.uid)
-        if mine >= MAX_JOBS_PER_USER:
-            raise ResourceExhausted(
-                "name", f"uid {caller.uid} holds {mine} jobs on this node, the most one user may"
-            )
+        return owner
 
     def _local_pids(self, pids: list[int]) -> list[int]:
         """A local caller's PIDs in the sidecar's numbering (a pod numbers its own)."""

@@ -118,23 +118,29 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_health(args: argparse.Namespace, console: Console) -> int:
-    """gRPC health of the daemon at the socket or target (the sidecar's or the allocator's):
-    exit 0 when it is SERVING; for container health checks and Kubernetes exec probes."""
+def serving_status(endpoint: Endpoint, timeout: float) -> str:
+    """The gRPC health status (``SERVING``, ``NOT_SERVING``, ...) of the daemon at
+    ``endpoint``; raises ``grpc.RpcError`` when it does not answer."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    endpoint = Endpoint.of(
-        args.target or f"unix://{args.socket}", args.token or _env.sidecar_token(), args.tls_ca
-    )
     with endpoint.channel() as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=""),
-            timeout=args.timeout,
+            timeout=timeout,
             metadata=endpoint.metadata,
         )
-    name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def cmd_health(args: argparse.Namespace, console: Console) -> int:
+    """gRPC health of the daemon at the socket or target (the sidecar's or the allocator's):
+    exit 0 when it is SERVING; for container health checks and Kubernetes exec probes."""
+    endpoint = Endpoint.of(
+        args.target or f"unix://{args.socket}", args.token or _env.sidecar_token(), args.tls_ca
+    )
+    name = serving_status(endpoint, args.timeout)
     print(name)
-    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+    return 0 if name == "SERVING" else 1
 
 
 def cmd_end(args: argparse.Namespace, console: Console) -> int:

@@ -100,7 +100,7 @@ def cgroup_checks(proc: Path = Path("/proc")) -> list[Check]:
     affinity = len(os.sched_getaffinity(0))
     cpus = os.cpu_count() or affinity
     mount, why = cgroups.detect(proc)
-    group = cgroups._cgroup_of("self", proc) or "/"
+    group = cgroups.cgroup_of("self", proc) or "/"
     quota = _quota_cpus(mount, group) if mount else None
     limit = f"; cpu.max allows {quota:.1f} CPUs" if quota else ""
     out.append(
@@ -184,19 +184,16 @@ def socket_checks(socket: str, timeout: float = 3.0) -> list[Check]:
             )
         )
         return out
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from dloader.sidecar.ctl import serving_status
 
     try:
-        with Endpoint.of(f"unix://{socket}").channel() as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=timeout
-            )
-        serving = reply.status == health_pb2.HealthCheckResponse.SERVING
+        status = serving_status(Endpoint.of(f"unix://{socket}"), timeout)
+        serving = status == "SERVING"
         out.append(
             Check(
                 "sidecar reachable",
                 OK if serving else FAIL,
-                "health: " + health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status),
+                f"health: {status}",
                 "" if serving else "see the sidecar's log",
             )
         )
