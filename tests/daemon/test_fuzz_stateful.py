@@ -20,7 +20,14 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    rule,
+)
 
 from dloader.v1 import allocator_pb2 as apb
 from dloader.v1 import node_pb2 as pb
@@ -114,6 +121,32 @@ class Daemons(RuleBasedStateMachine):
     def _ok(self, what: str, code: grpc.StatusCode) -> None:
         CODES[f"{what} {code.name}"] = CODES.get(f"{what} {code.name}", 0) + 1
         assert code in ALLOWED, f"{what} answered {code.name}"
+
+    # ------------------------------------------------------------------ every run starts so
+
+    @initialize(target=jobs)
+    def a_measured_job(self) -> Any:
+        """A job with a valid measurement sent with its token: every run reaches the model fit
+        (random updates alone may all be refused before it)."""
+        job = self.submit(64, 2, 4)
+        req = apb.UpdateJobRequest(job_id=job[0], token=job[1])
+        req.measurements.add(nodes=1, replicas=1, local_batch_size=32, step_seconds=0.1)
+        code, _ = _code(self.allocator.stub.UpdateJob, req)
+        self._ok("UpdateJob", code)
+        assert code == grpc.StatusCode.OK, code
+        return job
+
+    @initialize(target=loaders)
+    def a_reporting_loader(self) -> Any:
+        """A loader with a valid report sent with its token: every run reaches the sidecar's
+        model."""
+        loader = self.register(2, 32)
+        r = _report(2, 32, 500.0, 0.3, 0.05)
+        r.job_id, r.token = loader
+        code, _ = _code(self.sidecar.stub.Report, iter([r]))
+        self._ok("Report", code)
+        assert code == grpc.StatusCode.OK, code
+        return loader
 
     # ------------------------------------------------------------------ allocator
 
