@@ -26,3 +26,15 @@ def torchrun(script: str, nproc: int, *args: str, timeout: float = 240) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+def end_ranks() -> None:
+    """The end of a job script that every rank reaches: all ranks done before any tears the
+    process group down. A rank that destroyed gloo (or exited) while a peer still worked has
+    aborted jobs here ("terminate called without an active exception", exit -6). Nothing to do
+    without a process group."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,10 @@ from torch.utils.data import Dataset, IterableDataset
 
 import dloader
 from dloader.integrations.accelerate import prepare
+
+sys.path.insert(0, os.getcwd())  # torchrun runs in the repository root
+
+from tests.integrations import end_ranks
 
 
 class Indices(Dataset[torch.Tensor]):
@@ -78,7 +84,7 @@ def main() -> None:
     out = args.out / f"{args.phase}.rank{rank}.json"
     if args.phase != "compare":
         out.write_text(json.dumps(resume(acc, args.out / "ckpt", args.phase)))
-        acc.wait_for_everyone()
+        end_ranks()
         return
     report: dict[str, Any] = {"world": acc.num_processes, "cases": []}
 
@@ -137,7 +143,7 @@ def main() -> None:
     report["ends"] = ends
 
     out.write_text(json.dumps(report))
-    acc.wait_for_everyone()
+    end_ranks()
 
 
 def resume(acc: Accelerator, ckpt: Path, phase: str) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 
 import torch
@@ -20,6 +22,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from dloader import elastic
+
+sys.path.insert(0, os.getcwd())  # torchrun runs in the repository root
+
+from tests.integrations import end_ranks
 
 
 def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -64,10 +70,7 @@ def main() -> None:
     (args.out / f"{args.phase}.rank{rank}.json").write_text(
         json.dumps({"world": world, "shards": shards})
     )
-    # every rank done before any tears gloo down: a rank that destroys the group while a peer
-    # still writes its files has aborted ("terminate called without an active exception")
-    dist.barrier()
-    dist.destroy_process_group()
+    end_ranks()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import Dataset
 
 import dloader
+
+sys.path.insert(0, os.getcwd())  # torchrun runs in the repository root
+
+from tests.integrations import end_ranks
 
 
 class Indexed(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -104,6 +110,7 @@ def main() -> None:
     trainer.fit(model, ckpt_path=str(ckpt) if args.phase == "resume" else None)
     report = {"seen": model.seen, "loader": model.loader_info, "weight": model.linear.weight.item()}
     (args.out / f"{args.phase}.rank{trainer.global_rank}.json").write_text(json.dumps(report))
+    end_ranks()
 
 
 if __name__ == "__main__":

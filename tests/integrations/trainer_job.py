@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,10 @@ from transformers import Trainer, TrainingArguments
 
 import dloader
 from dloader.integrations.transformers import DLoaderTrainer
+
+sys.path.insert(0, os.getcwd())  # torchrun runs in the repository root
+
+from tests.integrations import end_ranks
 
 
 class Indexed(Dataset[dict[str, torch.Tensor]]):
@@ -91,6 +97,7 @@ def main() -> None:
     report["resumed"] = run(DLoaderTrainer, args.out, "resumed", resume=True)
     rank = torch.distributed.get_rank()
     (args.out / f"trainer.rank{rank}.json").write_text(json.dumps(report))
+    end_ranks()
 
 
 if __name__ == "__main__":
