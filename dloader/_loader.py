@@ -3,18 +3,21 @@ resumable state."""
 
 from __future__ import annotations
 
+import logging
+import os
 import resource
 import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch.utils.data
 from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
 
 from dloader import _env
 from dloader._agent import SidecarAgent
+from dloader._autotune import AutoTuner, start_count
 from dloader._iter import ElasticIterator
 from dloader._state import STATE_VERSION, check_state
 from dloader._stats import LoaderStats, Telemetry
@@ -24,6 +27,8 @@ from dloader.errors import StateError
 __all__ = ["DataLoader"]
 
 _T_co = TypeVar("_T_co", covariant=True)
+
+log = logging.getLogger("dloader")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -48,6 +53,13 @@ def worker_ceiling() -> int:
     return max(1, min(1024, (soft - _FDS_SPARE) // FDS_PER_WORKER))
 
 
+def auto_ceiling() -> int:
+    """The most workers ``num_workers="auto"`` tries when no ``max_workers`` was given: 8 per
+    usable CPU, at least 32 (I/O-bound pipelines want many more workers than CPUs), within
+    :func:`worker_ceiling`."""
+    return min(worker_ceiling(), max(32, 8 * len(os.sched_getaffinity(0))))
+
+
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in ``torch.utils.data.DataLoader`` whose worker count and batch size can change
     while it runs, which measures how long the trainer waits for data, and whose position in an
@@ -58,6 +70,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     order as torch's DataLoader for the same seed.
 
     Args:
+        num_workers: torch's, or ``"auto"``: the loader finds the worker count that maximises
+            the training loop's throughput by measuring it, holds it, and searches again when
+            the step time or the per-sample cost changes; within ``[max(min_workers, 1),
+            max_workers]``, the CPUs and memory the process may use (affinity, cgroup quota
+            and memory limit, each worker's measured private memory). ``loader.stats().tuner``
+            says what it chose and why. With a sidecar configured, the sidecar decides instead.
+            See ``docs/autotune.md``.
         min_workers: lowest worker count :meth:`resize` accepts (default 0).
         max_workers: highest worker count :meth:`resize` accepts (default: as many as the
             process's open-file limit allows, :func:`worker_ceiling`).
@@ -89,7 +108,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         shuffle: bool | None = None,
         sampler: Sampler[Any] | Iterable[Any] | None = None,
         batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
-        num_workers: int = 0,
+        num_workers: int | Literal["auto"] = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -109,27 +128,39 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         sidecar: str | None = None,
         job_name: str | None = None,
     ) -> None:
+        auto = num_workers == "auto"
+        if isinstance(num_workers, str) and not auto:
+            raise ValueError(f"num_workers={num_workers!r} must be an int >= 0 or 'auto'")
+        if auto:
+            _check_int("min_workers", min_workers, 0)
+            if max_workers is not None:
+                _check_int("max_workers", max_workers, 1)
+            num_workers = start_count(max(min_workers, 1), max_workers or auto_ceiling())
+        assert isinstance(num_workers, int)
         # By keyword: Lightning re-instantiates loaders from the arguments their __init__ got
         # and needs each to reach torch's under its own name.
-        super().__init__(
-            dataset,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            sampler=sampler,
-            batch_sampler=batch_sampler,
-            num_workers=num_workers,
-            collate_fn=collate_fn,
-            pin_memory=pin_memory,
-            drop_last=drop_last,
-            timeout=timeout,
-            worker_init_fn=worker_init_fn,
-            multiprocessing_context=multiprocessing_context,
-            generator=generator,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers,
-            pin_memory_device=pin_memory_device,
-            in_order=in_order,
-        )
+        with warnings.catch_warnings():
+            if auto:  # torch's warning about more workers than CPUs: the tuner measures that
+                warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
+            super().__init__(
+                dataset,
+                batch_size=batch_size,
+                shuffle=shuffle,
+                sampler=sampler,
+                batch_sampler=batch_sampler,
+                num_workers=num_workers,
+                collate_fn=collate_fn,
+                pin_memory=pin_memory,
+                drop_last=drop_last,
+                timeout=timeout,
+                worker_init_fn=worker_init_fn,
+                multiprocessing_context=multiprocessing_context,
+                generator=generator,
+                prefetch_factor=prefetch_factor,
+                persistent_workers=persistent_workers,
+                pin_memory_device=pin_memory_device,
+                in_order=in_order,
+            )
         _check_int("min_workers", min_workers, 0)
         if max_workers is not None:
             _check_int("max_workers", max_workers, 1)
@@ -166,6 +197,36 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.sidecar_agent: SidecarAgent | None = None
         if target is not None:
             self.sidecar_agent = SidecarAgent(self, target, name=job_name)
+        self.autotuner: AutoTuner | None = None
+        """The worker-count tuner of ``num_workers="auto"`` (None: not tuning)."""
+        if auto:
+            self._start_auto(max(min_workers, 1))
+
+    def _start_auto(self, minimum: int) -> None:
+        if self.sidecar_agent is not None:
+            log.info(
+                "dloader: num_workers='auto' with a sidecar (%s): the sidecar decides the worker "
+                "count; starting from %d",
+                self.sidecar_agent.target,
+                self.num_workers,
+            )
+        elif self._is_iterable:
+            warnings.warn(
+                "num_workers='auto' needs a map-style dataset: an IterableDataset's workers "
+                "each hold a shard of the stream, so their count cannot change mid-epoch. "
+                f"Using {self.num_workers} workers; pass an int to choose",
+                UserWarning,
+                stacklevel=3,
+            )
+        else:
+            self.autotuner = AutoTuner(self, minimum=minimum, maximum=self.worker_bound())
+
+    def worker_bound(self) -> int:
+        """The most workers this loader may have: ``max_workers``, else (tuning)
+        :func:`auto_ceiling` or (not tuning) :func:`worker_ceiling`."""
+        if self.max_workers is not None:
+            return self.max_workers
+        return auto_ceiling() if self.autotuner is not None else worker_ceiling()
 
     @staticmethod
     def _check_range(batch_size_range: Any, batch_size: int | None) -> tuple[int, int]:
@@ -191,7 +252,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self._epoch = int(restore.get("epoch", self._epoch))
         else:
             self._epoch += 1
-        if self.num_workers > 0:
+        if self.num_workers > 0 and self.autotuner is None:
             self.check_worker_number_rationality()  # torch warns here too
         it = ElasticIterator(self, restore)
         self._live, self._live_id, self._last_state = weakref.ref(it), id(it), None
@@ -200,6 +261,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def __iter__(self) -> ElasticIterator:  # type: ignore[override]
         if self.sidecar_agent is not None:
             self.sidecar_agent.start()  # in the background: training never waits for it
+        if self.autotuner is not None:
+            self.autotuner.start()
         old = self._iterator
         if self.persistent_workers and isinstance(old, ElasticIterator):
             if self._is_iterable and old.live_workers != self.num_workers:
@@ -229,7 +292,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
         Safe to call from any thread at any time. The iterating thread applies it before its next
         batch, or within ``DLOADER_POLL_INTERVAL_S`` while it waits. ``resize(0)`` switches to
-        in-process loading once the workers' outstanding batches are delivered.
+        in-process loading once the workers' outstanding batches are delivered. On a loader
+        with ``num_workers="auto"`` it stops the tuner: the count is then yours.
 
         Raises:
             TypeError: ``num_workers`` is not an int.
@@ -251,23 +315,29 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 "allows the rest): pass max_workers= to the DataLoader to set the bound yourself"
             )
         with self._control:
-            self.num_workers = num_workers
-            if num_workers > 0 and self.prefetch_factor is None:
-                self.prefetch_factor = 2
-            it = self._live_iterator()
-            if it is None:
-                return
-            if self._is_iterable:
-                if it.live_workers != num_workers:
-                    warnings.warn(
-                        f"resize(num_workers={num_workers}) on an IterableDataset applies from "
-                        "the next epoch: each worker iterates its own shard of the dataset, so "
-                        "the worker count cannot change mid-epoch",
-                        UserWarning,
-                        stacklevel=2,
-                    )
-                return
-            it.request_resize(num_workers)
+            if self.autotuner is not None:
+                self.autotuner.stop(f"resize({num_workers}) called")
+            self._set_workers(num_workers)
+
+    def _set_workers(self, num_workers: int) -> None:
+        # with self._control held
+        self.num_workers = num_workers
+        if num_workers > 0 and self.prefetch_factor is None:
+            self.prefetch_factor = 2
+        it = self._live_iterator()
+        if it is None:
+            return
+        if self._is_iterable:
+            if it.live_workers != num_workers:
+                warnings.warn(
+                    f"resize(num_workers={num_workers}) on an IterableDataset applies from "
+                    "the next epoch: each worker iterates its own shard of the dataset, so "
+                    "the worker count cannot change mid-epoch",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            return
+        it.request_resize(num_workers)
 
     def set_batch_size(self, batch_size: int, *, at_batch: int | None = None) -> None:
         """Changes the batch size from the next batch not yet dispatched to a worker.
@@ -372,7 +442,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def stats(self) -> LoaderStats:
         """A snapshot of this loader's telemetry; cheap enough to call every step."""
         return self._telemetry.snapshot(
-            num_workers=self.num_workers, batch_size=self.batch_size, epoch=self._epoch
+            num_workers=self.num_workers,
+            batch_size=self.batch_size,
+            epoch=self._epoch,
+            tuner=self.autotuner.summary if self.autotuner is not None else "",
         )
 
     def state_dict(self) -> dict[str, Any]:

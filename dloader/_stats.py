@@ -72,6 +72,8 @@ class LoaderStats:
     """Tasks dispatched to workers and not yet returned."""
     workers: tuple[WorkerStats, ...] = field(default_factory=tuple)
     """Per-worker figures (empty when loading in-process)."""
+    tuner: str = ""
+    """With ``num_workers="auto"``: what the tuner is doing and why (else empty)."""
 
 
 @dataclass
@@ -155,7 +157,9 @@ class Telemetry:
         rec.batches += 1
         rec.cpu_total_seconds += cpu_seconds
 
-    def snapshot(self, *, num_workers: int, batch_size: int | None, epoch: int) -> LoaderStats:
+    def snapshot(
+        self, *, num_workers: int, batch_size: int | None, epoch: int, tuner: str = ""
+    ) -> LoaderStats:
         """A consistent :class:`LoaderStats` at this moment."""
         now = time.monotonic()
         with self.lock:
@@ -199,4 +203,5 @@ class Telemetry:
                 queue_depth=self.queue_depth,
                 in_flight=self.in_flight,
                 workers=workers,
+                tuner=tuner,
             )

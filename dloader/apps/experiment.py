@@ -21,8 +21,8 @@ from typing import Any
 
 __all__ = ["JobPlan", "Sidecar", "run_jobs", "score", "sidecar_process"]
 
-JobPlan = tuple[str, int, float, int | None]
-"""(profile, start workers, arrival second, samples or None for a fixed time)."""
+JobPlan = tuple[str, int | str, float, int | None]
+"""(profile, start workers or "auto", arrival second, samples or None for a fixed time)."""
 
 
 @dataclass(frozen=True)

@@ -245,6 +245,18 @@ def run_job(
             raise ValueError("the loader yielded no batch")
 
 
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a count nor 'auto'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: run one emulated job and print its throughput and idle share."""
     parser = argparse.ArgumentParser(
@@ -263,7 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         default="io_heavy",
         help="job profile (default: %(default)s)",
     )
-    parser.add_argument("--workers", type=int, default=2, help="loader workers (default: 2)")
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        default=2,
+        help="loader workers, or 'auto' (dloader only: it tunes the count; default: 2)",
+    )
     parser.add_argument(
         "--batch-size", type=int, default=None, help="batch size (default: the profile's)"
     )
@@ -305,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --seconds or --samples, not both")
     if args.seconds is None and args.samples is None:
         args.seconds = 10.0
-    if args.workers < 0:
-        parser.error(f"--workers={args.workers} must be >= 0")
+    if args.workers == "auto" and args.loader == "torch":
+        parser.error("--workers auto needs --loader dloader")
     if args.seconds is not None and args.seconds <= 0:
         parser.error(f"--seconds={args.seconds} must be > 0")
     if args.samples is not None and args.samples < 1:
@@ -354,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{profile.name}: samples/s {r.samples_per_second:.0f} (limit {profile.limit(bs):.0f}, "
         f"{r.samples_per_second / profile.limit(bs):.0%}), accelerator idle {r.idle_share:.0%}"
     )
+    tuner = loader.stats().tuner if args.loader == "dloader" else ""
+    if tuner:
+        print(tuner)
     if args.out:
         timeline = [(t, n, w, k) for (t, n, w), k in zip(r.timeline, workers, strict=True)]
         with open(args.out, "w") as f:
@@ -363,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                     "limit": profile.limit(bs),
                     "timeline": timeline,
                     "started": started,
+                    "tuner": tuner,
                     "ended": time.time(),
                 },
                 f,

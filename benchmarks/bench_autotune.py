@@ -1,0 +1,278 @@
+"""``num_workers="auto"`` against the best fixed worker count, found by sweeping in the same run.
+
+For each testbed profile alone on this node (the emulated io/cpu/gpu-bound jobs and the real
+JPEG, text and remote-read pipelines), each a separate process as a user would run it:
+
+* ``fixed N`` for every N of ``--counts``: samples/s over the run after ``--warmup`` seconds;
+* ``auto``: samples/s over its whole run after the same warm-up, so the search's cost counts;
+  and when it settled (the last change of its worker count).
+
+Then pairs of jobs side by side (``--pairs``): both ``auto`` against the best static split,
+found by a coordinate search over the two counts (from each job's best count alone, each job's
+count varied over ``--counts`` in turn until no change helps). Score of a pair: the sum of each
+job's samples/s over its accelerator limit.
+
+    python -m benchmarks.bench_autotune              # ~40 min
+    python -m benchmarks.bench_autotune --quick      # ~4 min: two profiles, short runs
+
+Prints the tables, writes ``bench_autotune.json`` and ``bench_autotune.png`` (fixed counts as
+bars, auto as a line, per profile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import machine, out_path, table
+from dloader.apps.experiment import run_jobs, score
+from dloader.apps.testbed import PROFILES
+
+ALL = ("io_heavy", "cpu_heavy", "gpu_bound", "image_jpeg", "text_pack", "remote_read")
+COUNTS = (1, 2, 3, 4, 6, 8, 11, 14, 18, 24)
+PAIRS = ("image_jpeg+text_pack", "io_heavy+cpu_heavy")
+
+
+def _rate(result: dict[str, Any], start: float, end: float) -> float:
+    rows = [x for x in result["timeline"] if start <= x[0] < end]
+    return sum(x[1] for x in rows) / (end - start)
+
+
+def settled_at(result: dict[str, Any]) -> float:
+    """Seconds into the run of the last change of the worker count."""
+    last, when = None, 0.0
+    for t, _, _, workers in result["timeline"]:
+        if workers != last:
+            last, when = workers, t
+    return when
+
+
+def run(
+    plan: Sequence[tuple[str, int | str]], seconds: float, folder: Path, extra: Sequence[str]
+) -> dict[str, Any]:
+    jobs = [(name, n, 0.0, None) for name, n in plan]
+    return run_jobs(jobs, folder, seconds=seconds, extra=extra)
+
+
+def alone(
+    name: str, args: argparse.Namespace, folder: Path, extra: Sequence[str]
+) -> dict[str, Any]:
+    """The fixed sweep and the auto run of one profile."""
+    fixed = {}
+    for n in args.counts:
+        print(f"  {name}: fixed {n} x {args.fixed_seconds:g} s", file=sys.stderr, flush=True)
+        r = run([(name, n)], args.fixed_seconds, folder, extra)[name]
+        fixed[n] = _rate(r, args.warmup, args.fixed_seconds)
+    print(f"  {name}: auto x {args.auto_seconds:g} s", file=sys.stderr, flush=True)
+    r = run([(name, "auto")], args.auto_seconds, folder, extra)[name]
+    best = max(fixed, key=lambda n: fixed[n])
+    auto = _rate(r, args.warmup, args.auto_seconds)
+    return {
+        "fixed": fixed,
+        "best_count": best,
+        "auto": auto,
+        "ratio": auto / fixed[best],
+        "settled_s": settled_at(r),
+        "auto_final_workers": r["timeline"][-1][3],
+        "tuner": r.get("tuner", ""),
+        "auto_timeline": [(t, w) for t, _, _, w in r["timeline"]],
+    }
+
+
+def pair(
+    names: tuple[str, str],
+    start: dict[str, int],
+    args: argparse.Namespace,
+    folder: Path,
+    extra: Sequence[str],
+) -> dict[str, Any]:
+    """Two jobs side by side: the best static split by coordinate search, then both auto."""
+    seen: dict[tuple[int, int], float] = {}
+
+    def total(split: tuple[int, int]) -> float:
+        if split not in seen:
+            print(f"  {'+'.join(names)}: fixed {split}", file=sys.stderr, flush=True)
+            r = run(list(zip(names, split, strict=True)), args.fixed_seconds, folder, extra)
+            seen[split] = score(r, args.warmup, args.fixed_seconds)[0]
+        return seen[split]
+
+    best = (start[names[0]], start[names[1]])
+    improved = True
+    while improved:
+        improved = False
+        for axis in (0, 1):
+            for n in args.counts:
+                split = (n, best[1]) if axis == 0 else (best[0], n)
+                if total(split) > total(best):
+                    best, improved = split, True
+    print(f"  {'+'.join(names)}: auto + auto", file=sys.stderr, flush=True)
+    r = run([(names[0], "auto"), (names[1], "auto")], args.auto_seconds, folder, extra)
+    auto, per = score(r, args.warmup, args.auto_seconds)
+    return {
+        "static_best": list(best),
+        "static_score": seen[best],
+        "splits_tried": len(seen),
+        "auto": auto,
+        "ratio": auto / seen[best],
+        "auto_final_workers": {n: r[n]["timeline"][-1][3] for n in names},
+        "auto_per_job": per,
+    }
+
+
+def plot(results: dict[str, Any], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        r = results[name]
+        counts = sorted(r["fixed"])
+        ax.bar([str(n) for n in counts], [r["fixed"][n] for n in counts], color="#9ab")
+        ax.axhline(r["auto"], color="#c33", label=f"auto ({r['ratio']:.2f}x best)")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("fixed num_workers")
+        ax.legend(fontsize=7, loc="lower right")
+    axes[0][0].set_ylabel("samples/s")
+    fig.suptitle(f"num_workers='auto' vs fixed counts\n{machine()}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(sorted({int(x) for x in text.split(",")}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected counts like 1,2,4,8") from None
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: counts must be >= 1")
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_autotune",
+        description="num_workers='auto' vs the best fixed worker count (swept in the same run), "
+        "per testbed profile alone and for pairs side by side.",
+    )
+    parser.add_argument(
+        "--profiles",
+        default=",".join(ALL),
+        help="profiles to run alone, comma-separated (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--pairs",
+        default=",".join(PAIRS),
+        help="pairs run side by side, a+b, comma-separated; '' for none (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--counts",
+        type=_counts,
+        default=COUNTS,
+        help="fixed counts swept (default: " + ",".join(map(str, COUNTS)) + ")",
+    )
+    parser.add_argument("--fixed-seconds", type=float, default=15.0, help="per fixed run")
+    parser.add_argument("--auto-seconds", type=float, default=90.0, help="per auto run")
+    parser.add_argument(
+        "--warmup", type=float, default=3.0, help="seconds left out at each run's start"
+    )
+    parser.add_argument("--jpegs", type=int, default=3000, help="JPEG files for image_jpeg")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="io_heavy and gpu_bound only, counts 1,2,8,14, runs of 8 s and 40 s, no pairs",
+    )
+    parser.add_argument("--out-dir", type=Path, help="where the JSON and PNG go")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.profiles, args.pairs, args.counts = "io_heavy,gpu_bound", "", (1, 2, 8, 14)
+        args.fixed_seconds, args.auto_seconds = 8.0, 40.0
+    profiles = [p for p in args.profiles.split(",") if p]
+    pairs = [tuple(p.split("+")) for p in args.pairs.split(",") if p]
+    for name in [*profiles, *(n for p in pairs for n in p)]:
+        if name not in PROFILES:
+            parser.error(f"profile {name!r}: expected one of {', '.join(sorted(PROFILES))}")
+    if any(len(p) != 2 for p in pairs):
+        parser.error(f"--pairs={args.pairs!r}: expected a+b pairs")
+    if not 0 <= args.warmup < min(args.fixed_seconds, args.auto_seconds):
+        parser.error("--warmup must be shorter than the runs")
+    outs = (lambda name: args.out_dir / name) if args.out_dir else out_path
+    if args.out_dir:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+    extra = ["--jpegs", str(args.jpegs)]
+    print(f"machine: {machine()}", flush=True)
+    results: dict[str, Any] = {}
+    pair_results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for name in profiles:
+            results[name] = alone(name, args, folder, extra)
+        for a, b in pairs:
+            start = {}
+            for n in (a, b):
+                if n not in results:
+                    results[n] = alone(n, args, folder, extra)
+                start[n] = results[n]["best_count"]
+            pair_results[f"{a}+{b}"] = pair((a, b), start, args, folder, extra)
+    counts = list(args.counts)
+    print(
+        table(
+            ["profile", *(f"fixed {n}" for n in counts), "best", "auto", "auto/best", "settled s"],
+            [
+                [
+                    name,
+                    *(r["fixed"][n] for n in counts),
+                    r["best_count"],
+                    r["auto"],
+                    r["ratio"],
+                    r["settled_s"],
+                ]
+                for name, r in results.items()
+            ],
+        )
+    )
+    print("samples/s; auto over its whole run after the warm-up (target: auto/best >= 0.95)")
+    if pair_results:
+        print(
+            table(
+                ["pair", "static best split", "splits tried", "static", "auto", "auto/static"],
+                [
+                    [
+                        k,
+                        "/".join(map(str, r["static_best"])),
+                        r["splits_tried"],
+                        r["static_score"],
+                        r["auto"],
+                        r["ratio"],
+                    ]
+                    for k, r in pair_results.items()
+                ],
+            )
+        )
+        print("score: sum of samples/s over accelerator limit (target: auto/static >= 0.95)")
+    stem = "bench_autotune"
+    outs(f"{stem}.json").write_text(
+        json.dumps(
+            {
+                "machine": machine(),
+                "args": {k: v for k, v in vars(args).items() if k != "out_dir"},
+                "alone": results,
+                "pairs": pair_results,
+            },
+            indent=1,
+        )
+    )
+    plot(results, outs(f"{stem}.png"))
+    print(f"wrote {outs(stem + '.json')} and {outs(stem + '.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""The decisions of ``num_workers="auto"``: which worker count to measure next, and when to hold.
+
+Pure logic (no clock, no I/O): :mod:`dloader._autotune` measures windows and feeds them here.
+
+The search is measured, not modelled: every candidate count runs for a window, and the count
+kept is the smallest one whose measured throughput is within :data:`TOLERANCE` of the best
+measured. A model only says where to look first:
+
+1. **Climb.** While the trainer waits for data (idle share at least :data:`IDLE_LOW`) and the
+   last step up paid off, jump to the count that would feed it if workers scaled linearly: a
+   worker's time per batch over the trainer's own time per step, plus 10% (at most 8x at once;
+   ``n / (1 - idle)`` when the workers' times are unknown).
+2. **Refine.** Around the best count, try ``best - step`` and ``best + step`` from a step of
+   15% of it, halving the step down to 1 (counts above the best only while the trainer still
+   waits there).
+3. **Hold**, and check: the first window at the count held must confirm its measurement (else
+   the measurements are averaged and the best chosen again). Then watch: when the trainer's
+   compute per step, the workers' fetch time per sample, or the idle share drift from what they
+   were when the search ended, two windows in a row, search again from the current count.
+
+Growth is bounded by what the process may use: never more workers than the memory room allows
+at the largest private memory a worker has been measured at, and a CPU-hungry worker is only
+added into CPU time that nobody used in the window (so two tuned loaders on one machine, each
+seeing the other's use, do not outbid each other). When the memory room goes below zero, the
+tuner sheds workers, whatever the phase.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["IDLE_LOW", "TOLERANCE", "Room", "Window", "WorkerTuner"]
+
+#: Candidates within this share of the best measured throughput count as equal (the fewest
+#: workers among them wins).
+TOLERANCE = 0.015
+#: A step up must gain this share to count as paying off: above the noise of a two-second
+#: window on a shared machine.
+GAIN = 0.03
+#: The count held is measured again; below this share of the best it is looked at once more.
+CONFIRM = 0.05
+#: Below this idle share the trainer is not waiting for data: more workers cannot help it.
+IDLE_LOW = 0.03
+#: A relative change of the trainer's step or the workers' cost that starts a new search.
+DRIFT = 0.25
+#: Idle share above the settled one that starts a new search.
+IDLE_DRIFT = 0.10
+#: A worker using less than this share of a CPU while fetching is not CPU-bound.
+CPU_LIGHT = 0.05
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one measurement window saw, at a fixed worker count."""
+
+    num_workers: int
+    seconds: float
+    samples: int
+    batches: int
+    wait_seconds: float
+    """Time the trainer spent waiting for data."""
+    fetch_seconds: float = 0.0
+    """Mean wall time a worker took per batch (0: unknown)."""
+    worker_cpu_seconds: float = 0.0
+    """Mean CPU time a worker used per batch."""
+
+    @property
+    def rate(self) -> float:
+        """Delivered samples per second."""
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def idle(self) -> float:
+        """Share of the window the trainer waited for data."""
+        return min(self.wait_seconds / self.seconds, 1.0) if self.seconds > 0 else 0.0
+
+    @property
+    def compute_seconds(self) -> float:
+        """The trainer's own time per step (the step minus its data wait)."""
+        return max(self.seconds - self.wait_seconds, 0.0) / self.batches if self.batches else 0.0
+
+    @property
+    def fetch_per_sample(self) -> float:
+        """A worker's wall time per sample (0: unknown)."""
+        if not self.batches or not self.samples:
+            return 0.0
+        return self.fetch_seconds * self.batches / self.samples
+
+    @property
+    def cpu_share(self) -> float:
+        """Share of a CPU a worker uses while it fetches (0: unknown)."""
+        return min(self.worker_cpu_seconds / self.fetch_seconds, 1.0) if self.fetch_seconds else 0.0
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the process may still use, measured over the same window."""
+
+    ceiling: int
+    """The most workers allowed at all (``max_workers``, open files)."""
+    idle_cpus: float | None = None
+    """CPUs' worth of time nobody used, on the CPUs (and within the quota) this process may use."""
+    memory: int | None = None
+    """Bytes that may still be taken, safety margin deducted (negative: over it already)."""
+    worker_memory: int | None = None
+    """The largest private memory measured of one worker, bytes."""
+
+
+@dataclass
+class WorkerTuner:
+    """Chooses a loader's worker count from measured windows (see the module's docstring)."""
+
+    start: int
+    minimum: int = 1
+    maximum: int = 64
+    num_workers: int = field(init=False)
+    phase: str = field(init=False, default="search")
+    """``search`` or ``hold``."""
+    reason: str = field(init=False, default="")
+    """Why the current count, in words (``loader.stats().tuner``, the INFO log)."""
+    measured: dict[int, float] = field(init=False, default_factory=dict)
+    """Throughput measured per worker count in the current search."""
+    history: list[tuple[int, float]] = field(init=False, default_factory=list)
+    """Every window, in order: (workers, samples/s)."""
+    searches: int = field(init=False, default=1)
+    _idle: dict[int, float] = field(init=False, default_factory=dict)
+    _climbing: bool = field(init=False, default=True)
+    _step: int = field(init=False, default=0)
+    _reference: Window | None = field(init=False, default=None)
+    _drifts: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.minimum <= self.maximum:
+            raise ValueError(f"need 0 <= minimum={self.minimum} <= maximum={self.maximum}")
+        self.num_workers = min(max(self.start, self.minimum), self.maximum)
+        self.reason = f"searching: measuring {self.num_workers} workers first"
+
+    # ------------------------------------------------------------------ helpers
+
+    def best(self) -> int:
+        """The fewest workers measured within :data:`TOLERANCE` of the best throughput."""
+        peak = max(self.measured.values())
+        return min(n for n, r in self.measured.items() if r >= peak * (1 - TOLERANCE))
+
+    def _cap(self, w: Window, room: Room) -> int:
+        """The most workers the room allows growing to from ``w.num_workers``."""
+        n = w.num_workers
+        cap = min(self.maximum, room.ceiling)
+        if room.memory is not None:
+            if room.worker_memory:
+                cap = min(cap, n + max(room.memory // room.worker_memory, 0))
+            elif n > 0:
+                cap = min(cap, n + 1)  # no worker measured yet: one at a time
+        share = w.cpu_share
+        if room.idle_cpus is not None and share >= CPU_LIGHT:
+            cap = min(cap, n + max(math.floor(room.idle_cpus / share + 0.5), 0))
+        return max(cap, n if n >= self.minimum else self.minimum)
+
+    def _move(self, n: int, reason: str) -> int | None:
+        self.reason = reason
+        if n == self.num_workers:
+            return None
+        self.num_workers = n
+        return n
+
+    # ------------------------------------------------------------------ the decision
+
+    def observe(self, w: Window, room: Room) -> int | None:
+        """Takes one window measured at ``w.num_workers``; returns the count to set next, or
+        ``None`` to keep the current one."""
+        if w.num_workers != self.num_workers or w.batches == 0:
+            return None  # measured before the last change applied, or nothing delivered
+        self.history.append((w.num_workers, w.rate))
+        if room.memory is not None and room.memory < 0 and w.num_workers > self.minimum:
+            per = room.worker_memory or 1
+            shed = max(1, math.ceil(-room.memory / per))
+            n = max(self.minimum, w.num_workers - shed)
+            self.phase, self.measured = "hold", {}
+            self._reference = None
+            return self._move(
+                n, f"limited by memory: {-room.memory / 2**20:.0f} MiB over the room, shed {shed}"
+            )
+        if self.phase == "hold":
+            if self._reference is None and self.measured and w.num_workers in self.measured:
+                return self._confirm(w)
+            if not self._drifted(w):
+                return None
+            self.phase, self.measured, self._idle = "search", {}, {}
+            self._climbing, self._reference, self.searches = True, None, self.searches + 1
+        return self._search(w, room)
+
+    def _confirm(self, w: Window) -> int | None:
+        n = w.num_workers
+        peak = max(self.measured.values())
+        self._reference = w
+        if w.rate >= peak * (1 - CONFIRM):
+            return None
+        self.measured[n] = (self.measured[n] + w.rate) / 2
+        best = self.best()
+        if best == n:
+            return None
+        self._reference = None
+        return self._move(
+            best,
+            f"holding {best} workers: {n} measured {w.rate:.0f} samples/s on a second look, "
+            f"below the best ({peak:.0f})",
+        )
+
+    def _drifted(self, w: Window) -> bool:
+        ref = self._reference
+        if ref is None:
+            self._reference = w
+            return False
+
+        def moved(a: float, b: float) -> bool:
+            return b > 0 and abs(a / b - 1) > DRIFT
+
+        drift = (
+            moved(w.compute_seconds, ref.compute_seconds)
+            or moved(w.fetch_per_sample, ref.fetch_per_sample)
+            or w.idle > max(ref.idle + IDLE_DRIFT, IDLE_LOW)
+        )
+        self._drifts = self._drifts + 1 if drift else 0
+        if self._drifts >= 2:
+            self._drifts = 0
+            return True
+        return False
+
+    def _search(self, w: Window, room: Room) -> int | None:
+        n = w.num_workers
+        before = max(self.measured.values()) if self.measured else 0.0
+        old = self.measured.get(n)
+        self.measured[n] = w.rate if old is None else (old + w.rate) / 2
+        self._idle[n] = w.idle
+        cap = self._cap(w, room)
+        if self._climbing:
+            improved = w.rate > before * (1 + GAIN)
+            if improved and w.idle >= IDLE_LOW and n < cap:
+                if w.fetch_seconds and w.compute_seconds:
+                    want = math.ceil(w.fetch_seconds / w.compute_seconds * 1.1)
+                else:
+                    want = math.ceil(max(n, 1) / max(1 - w.idle, 0.25) * 1.1)
+                target = min(max(want, n + 1), 8 * max(n, 1), cap)
+                return self._move(
+                    target,
+                    f"searching: {n} workers gave {w.rate:.0f} samples/s with the trainer "
+                    f"waiting {w.idle:.0%}; trying {target}",
+                )
+            self._climbing = False
+            self._step = max(1, round(self.best() * 0.15))
+        best = self.best()
+        while True:
+            for cand in (best - self._step, best + self._step):
+                if cand < self.minimum or cand > self.maximum or cand in self.measured:
+                    continue
+                if cand > best and (cand > cap or self._idle.get(best, 1.0) < IDLE_LOW):
+                    continue  # the trainer no longer waits at best, or no room to grow
+                return self._move(
+                    cand,
+                    f"searching: best so far {best} workers ({self.measured[best]:.0f} "
+                    f"samples/s); trying {cand}",
+                )
+            if self._step <= 1:
+                break
+            self._step = max(1, self._step // 2)
+        self.phase, self._reference, self._drifts = "hold", None, 0
+        tried = ", ".join(f"{k}: {v:.0f}" for k, v in sorted(self.measured.items()))
+        return self._move(
+            best,
+            f"holding {best} workers: the fewest within {TOLERANCE:.1%} of the best measured "
+            f"throughput (samples/s by workers: {tried})",
+        )

@@ -1,0 +1,150 @@
+"""The decisions of ``num_workers="auto"`` (dloader._tuner), on synthetic jobs whose throughput
+as a function of the worker count is known: where it settles, how many windows it takes, and
+that no move passes the CPU, memory or count bounds."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from dloader._tuner import TOLERANCE, Room, Window, WorkerTuner
+
+
+@dataclass
+class Job:
+    """A loader job: each worker fetches a batch of ``batch`` samples in ``fetch_s``; the trainer
+    spends ``compute_s`` per step. Delivered rate: min(workers' supply, trainer's demand)."""
+
+    fetch_s: float = 0.26
+    compute_s: float = 0.02
+    batch: int = 32
+    cpu_share: float = 0.04
+
+    def window(self, n: int, seconds: float = 2.0) -> Window:
+        in_process = self.batch / (self.fetch_s + self.compute_s)
+        supply = n * self.batch / self.fetch_s if n else in_process
+        demand = self.batch / self.compute_s
+        rate = min(supply, demand)
+        batches = max(int(rate * seconds / self.batch), 1)
+        samples = batches * self.batch
+        wait = max(seconds - batches * self.compute_s, 0.0)
+        return Window(
+            n, seconds, samples, batches, wait, self.fetch_s, self.fetch_s * self.cpu_share
+        )
+
+    def best(self) -> int:
+        return math.ceil(self.fetch_s / self.compute_s)
+
+
+def drive(
+    tuner: WorkerTuner, job: Job, room: Room | Callable[[int], Room], windows: int = 40
+) -> list[int]:
+    counts = []
+    for _ in range(windows):
+        n = tuner.num_workers
+        counts.append(n)
+        tuner.observe(job.window(n), room(n) if callable(room) else room)
+    return counts
+
+
+def test_an_io_bound_job_settles_at_the_knee_within_ten_windows() -> None:
+    job = Job()
+    tuner = WorkerTuner(start=2, maximum=64)
+    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=1.5))
+    assert tuner.phase == "hold"
+    settled = max(i for i, c in enumerate(counts) if c != counts[-1]) + 1
+    assert settled <= 10, counts
+    peak = job.window(64).rate
+    assert job.window(counts[-1]).rate >= peak * (1 - TOLERANCE)
+    assert counts[-1] <= job.best() + 1  # and not many more workers than needed
+    assert "holding" in tuner.reason
+
+
+def test_a_job_the_trainer_limits_keeps_few_workers() -> None:
+    job = Job(fetch_s=0.05, compute_s=0.2)  # a worker is 4x faster than the trainer
+    tuner = WorkerTuner(start=4)
+    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=1.0), windows=10)
+    assert counts[-1] == 1
+    assert max(counts) == 4  # never grew
+
+
+def test_a_cpu_bound_worker_is_only_added_into_idle_cpu() -> None:
+    job = Job(fetch_s=0.13, compute_s=0.027, cpu_share=1.0)
+    tuner = WorkerTuner(start=2)
+    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=0.1))
+    assert max(counts) == 2, counts
+    tuner = WorkerTuner(start=2)
+    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=3.0))
+    assert max(counts) <= 5, counts  # three more CPUs idle: at most three more workers
+
+
+def test_growth_stops_at_the_memory_room() -> None:
+    job = Job()
+
+    def room(n: int) -> Room:  # 5 GiB free before any worker; each worker takes 1 GiB
+        return Room(ceiling=64, idle_cpus=2.0, memory=(5 - n) * 2**30, worker_memory=2**30)
+
+    tuner = WorkerTuner(start=2)
+    counts = drive(tuner, job, room)
+    assert max(counts) == 5, counts
+    unknown = Room(ceiling=64, idle_cpus=2.0, memory=2**40, worker_memory=None)
+    tuner = WorkerTuner(start=2)
+    tuner.observe(job.window(2), unknown)
+    assert tuner.num_workers == 3  # no worker measured yet: one at a time
+
+
+def test_over_the_memory_room_it_sheds_workers_in_any_phase() -> None:
+    tuner = WorkerTuner(start=8)
+    room = Room(ceiling=64, memory=-int(2.5 * 2**30), worker_memory=2**30)
+    assert tuner.observe(Job().window(8), room) == 5
+    assert "limited by memory" in tuner.reason
+    assert tuner.observe(Job().window(5), Room(ceiling=64, memory=-1, worker_memory=2**30)) == 4
+    assert tuner.observe(Job().window(4), Room(ceiling=64, memory=-1, worker_memory=None)) == 3
+
+
+def test_bounds_are_kept() -> None:
+    job = Job()
+    tuner = WorkerTuner(start=2, minimum=2, maximum=6)
+    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=4.0))
+    assert min(counts) >= 2 and max(counts) == 6
+    tuner = WorkerTuner(start=2)
+    counts = drive(tuner, job, Room(ceiling=5, idle_cpus=4.0))
+    assert max(counts) == 5
+    with pytest.raises(ValueError, match="minimum=3 <= maximum=2"):
+        WorkerTuner(start=1, minimum=3, maximum=2)
+
+
+def test_a_stale_window_is_ignored() -> None:
+    tuner = WorkerTuner(start=2)
+    assert tuner.observe(Job().window(7), Room(ceiling=64)) is None
+    assert tuner.history == [] and tuner.num_workers == 2
+
+
+def test_a_change_of_the_per_sample_cost_starts_a_new_search() -> None:
+    job = Job()
+    tuner = WorkerTuner(start=2)
+    drive(tuner, job, Room(ceiling=64, idle_cpus=2.0))
+    held = tuner.num_workers
+    assert tuner.phase == "hold" and tuner.searches == 1
+    slower = Job(fetch_s=job.fetch_s * 2)  # the pipeline's cost doubles
+    tuner.observe(slower.window(held), Room(ceiling=64, idle_cpus=2.0))
+    assert tuner.phase == "hold"  # one window is not enough
+    counts = drive(tuner, slower, Room(ceiling=64, idle_cpus=2.0))
+    assert tuner.searches == 2 and tuner.phase == "hold"
+    assert counts[-1] >= 2 * held - 2
+    assert slower.window(counts[-1]).rate >= slower.window(64).rate * (1 - TOLERANCE)
+
+
+def test_the_held_count_is_confirmed_by_a_second_measurement() -> None:
+    tuner = WorkerTuner(start=4)
+    room = Room(ceiling=64, idle_cpus=2.0)
+    # A noisy first look made 4 workers seem as good as 6.
+    job = Job(fetch_s=0.12)
+    tuner.measured = {4: 1600.0, 5: 1590.0, 6: 1600.0}
+    tuner.phase = "hold"
+    tuner.num_workers = 4
+    assert tuner.observe(job.window(4), room) == 5  # 4 measures ~1067 now: next best
+    assert "second look" in tuner.reason
