@@ -12,7 +12,7 @@ found by a coordinate search over the two counts (from each job's best count alo
 count varied over ``--counts`` in turn until no change helps). Score of a pair: the sum of each
 job's samples/s over its accelerator limit.
 
-    python -m benchmarks.bench_autotune              # ~40 min
+    python -m benchmarks.bench_autotune              # ~70 min (two passes)
     python -m benchmarks.bench_autotune --quick      # ~4 min: two profiles, short runs
 
 Prints the tables, writes ``bench_autotune.json`` and ``bench_autotune.png`` (fixed counts as
@@ -62,25 +62,34 @@ def run(
 def alone(
     name: str, args: argparse.Namespace, folder: Path, extra: Sequence[str]
 ) -> dict[str, Any]:
-    """The fixed sweep and the auto run of one profile."""
-    fixed = {}
-    for n in args.counts:
-        print(f"  {name}: fixed {n} x {args.fixed_seconds:g} s", file=sys.stderr, flush=True)
-        r = run([(name, n)], args.fixed_seconds, folder, extra)[name]
-        fixed[n] = _rate(r, args.warmup, args.fixed_seconds)
-    print(f"  {name}: auto x {args.auto_seconds:g} s", file=sys.stderr, flush=True)
-    r = run([(name, "auto")], args.auto_seconds, folder, extra)[name]
-    best = max(fixed, key=lambda n: fixed[n])
-    auto = _rate(r, args.warmup, args.auto_seconds)
+    """The fixed sweep and the auto run of one profile, ``--repeats`` passes (each pass: the
+    sweep, then auto; the order of the sweep alternates), means per configuration."""
+    fixed: dict[int, list[float]] = {n: [] for n in args.counts}
+    autos, runs = [], []
+    for rep in range(args.repeats):
+        counts = list(args.counts) if rep % 2 == 0 else list(reversed(args.counts))
+        for n in counts:
+            print(f"  {name}: fixed {n} x {args.fixed_seconds:g} s", file=sys.stderr, flush=True)
+            r = run([(name, n)], args.fixed_seconds, folder, extra)[name]
+            fixed[n].append(_rate(r, args.warmup, args.fixed_seconds))
+        print(f"  {name}: auto x {args.auto_seconds:g} s", file=sys.stderr, flush=True)
+        r = run([(name, "auto")], args.auto_seconds, folder, extra)[name]
+        autos.append(_rate(r, args.warmup, args.auto_seconds))
+        runs.append(r)
+    mean = {n: sum(v) / len(v) for n, v in fixed.items()}
+    best = max(mean, key=lambda n: mean[n])
+    auto = sum(autos) / len(autos)
     return {
-        "fixed": fixed,
+        "fixed": mean,
+        "fixed_runs": fixed,
         "best_count": best,
         "auto": auto,
-        "ratio": auto / fixed[best],
-        "settled_s": settled_at(r),
-        "auto_final_workers": r["timeline"][-1][3],
-        "tuner": r.get("tuner", ""),
-        "auto_timeline": [(t, w) for t, _, _, w in r["timeline"]],
+        "auto_runs": autos,
+        "ratio": auto / mean[best],
+        "settled_s": max(settled_at(r) for r in runs),
+        "auto_final_workers": [r["timeline"][-1][3] for r in runs],
+        "tuner": runs[-1].get("tuner", ""),
+        "auto_timeline": [(t, w) for t, _, _, w in runs[-1]["timeline"]],
     }
 
 
@@ -185,15 +194,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--jpegs", type=int, default=3000, help="JPEG files for image_jpeg")
     parser.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="passes over each profile's sweep and auto run; means are compared (default: 2)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
-        help="io_heavy and gpu_bound only, counts 1,2,8,14, runs of 8 s and 40 s, no pairs",
+        help="io_heavy and gpu_bound only, counts 1,2,8,14, runs of 8 s and 40 s, one pass, "
+        "no pairs",
     )
     parser.add_argument("--out-dir", type=Path, help="where the JSON and PNG go")
     args = parser.parse_args(argv)
     if args.quick:
         args.profiles, args.pairs, args.counts = "io_heavy,gpu_bound", "", (1, 2, 8, 14)
-        args.fixed_seconds, args.auto_seconds = 8.0, 40.0
+        args.fixed_seconds, args.auto_seconds, args.repeats = 8.0, 40.0, 1
     profiles = [p for p in args.profiles.split(",") if p]
     pairs = [tuple(p.split("+")) for p in args.pairs.split(",") if p]
     for name in [*profiles, *(n for p in pairs for n in p)]:
@@ -203,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--pairs={args.pairs!r}: expected a+b pairs")
     if not 0 <= args.warmup < min(args.fixed_seconds, args.auto_seconds):
         parser.error("--warmup must be shorter than the runs")
+    if args.repeats < 1:
+        parser.error(f"--repeats={args.repeats} must be >= 1")
     outs = (lambda name: args.out_dir / name) if args.out_dir else out_path
     if args.out_dir:
         args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -238,7 +256,10 @@ def main(argv: list[str] | None = None) -> int:
             ],
         )
     )
-    print("samples/s; auto over its whole run after the warm-up (target: auto/best >= 0.95)")
+    print(
+        f"samples/s, mean of {args.repeats} pass(es); auto over its whole run after the warm-up "
+        "(target: auto/best >= 0.95); settled: the last change of the count, latest pass"
+    )
     if pair_results:
         print(
             table(

@@ -17,6 +17,8 @@ measured. A model only says where to look first:
    the measurements are averaged and the best chosen again). Then watch: when the trainer's
    compute per step, the workers' fetch time per sample, or the idle share drift from what they
    were when the search ended, two windows in a row, search again from the current count.
+   After :data:`PROBE_EVERY` windows in a row in which the trainer waited, if the room allows,
+   try one more worker for a window; if it pays off, search again from there.
 
 Growth is bounded by what the process may use: never more workers than the memory room allows
 at the largest private memory a worker has been measured at, and a CPU-hungry worker is only
@@ -39,7 +41,10 @@ TOLERANCE = 0.015
 #: window on a shared machine.
 GAIN = 0.03
 #: The count held is measured again; below this share of the best it is looked at once more.
-CONFIRM = 0.05
+CONFIRM = 0.03
+#: Held windows in a row in which the trainer waited before a probe of one more worker (when
+#: there is room): what changed around the job (a neighbour left, a quota grew) is found so.
+PROBE_EVERY = 6
 #: Below this idle share the trainer is not waiting for data: more workers cannot help it.
 IDLE_LOW = 0.03
 #: A relative change of the trainer's step or the workers' cost that starts a new search.
@@ -129,6 +134,8 @@ class WorkerTuner:
     _step: int = field(init=False, default=0)
     _reference: Window | None = field(init=False, default=None)
     _drifts: int = field(init=False, default=0)
+    _held: int = field(init=False, default=0)
+    _probe: tuple[int, float] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if not 0 <= self.minimum <= self.maximum:
@@ -182,13 +189,41 @@ class WorkerTuner:
                 n, f"limited by memory: {-room.memory / 2**20:.0f} MiB over the room, shed {shed}"
             )
         if self.phase == "hold":
+            if self._probe is not None:
+                return self._probed(w, room)
             if self._reference is None and self.measured and w.num_workers in self.measured:
                 return self._confirm(w)
             if not self._drifted(w):
-                return None
-            self.phase, self.measured, self._idle = "search", {}, {}
-            self._climbing, self._reference, self.searches = True, None, self.searches + 1
+                return self._maybe_probe(w, room)
+            self._restart()
         return self._search(w, room)
+
+    def _restart(self, measured: dict[int, float] | None = None) -> None:
+        self.phase, self.measured, self._idle = "search", dict(measured or {}), {}
+        self._climbing, self._reference, self.searches = True, None, self.searches + 1
+
+    def _maybe_probe(self, w: Window, room: Room) -> int | None:
+        n = w.num_workers
+        self._held = self._held + 1 if w.idle >= IDLE_LOW else 0
+        if self._held < PROBE_EVERY or self._cap(w, room) <= n:
+            return None
+        self._held = 0
+        self._probe = (n, w.rate)
+        return self._move(
+            n + 1, f"probing {n + 1} workers: at {n} the trainer still waits {w.idle:.0%}"
+        )
+
+    def _probed(self, w: Window, room: Room) -> int | None:
+        assert self._probe is not None
+        (n, rate), self._probe = self._probe, None
+        if w.rate > rate * (1 + GAIN):
+            self._restart({n: rate})
+            return self._search(w, room)
+        return self._move(
+            n,
+            f"holding {n} workers: the probe of {w.num_workers} measured {w.rate:.0f} "
+            f"samples/s, not {GAIN:.0%} above {rate:.0f}",
+        )
 
     def _confirm(self, w: Window) -> int | None:
         n = w.num_workers

@@ -7,7 +7,8 @@ Components, lowest first (README "Layout" draws the same picture):
   (``_node_messages``, ``_allocator_messages``) and what every client shares (``_env``,
   ``_client``);
 * ``pure``: decision code, plain values in and out: the predictor's models, the node policy,
-  the cluster optimizer and policies. No I/O, no clocks, no processes;
+  the cluster optimizer and policies, the loader's worker tuner. No I/O, no clocks, no
+  processes;
 * ``readers``: trace file readers (``dloader.predictor.pollux``);
 * ``library``: the in-process DataLoader and what it needs; imports no daemon;
 * ``daemon``: the daemons' shared foundation (``dloader._daemon``);
@@ -42,6 +43,8 @@ PURE = {
     "dloader.sidecar.policy",
     "dloader.allocator.optimizer",
     "dloader.allocator.policies",
+    "dloader.allocator.pollux_policy",
+    "dloader._tuner",
 }
 
 #: What every client shares, beside the generated ``dloader.v1``.
@@ -54,7 +57,7 @@ ALLOWED = {
     "api": {"errors"},
     "pure": {"errors"},
     "readers": {"errors", "pure"},
-    "library": {"errors", "api"},
+    "library": {"errors", "api", "pure"},
     "daemon": {"errors", "api"},
     "sidecar": {"errors", "api", "pure", "daemon"},
     "allocator": {"errors", "api", "pure", "readers", "daemon"},

@@ -8,6 +8,8 @@
 * ``goodput-dp``: ours: as ``elastic-dp``, but for goodput (throughput x statistical efficiency
   from the job's gradient-noise statistics), so it grows a batch only where that still helps; it
   maximises the sum of log speedups (proportional fairness) and may accumulate gradients.
+* ``pollux``: Pollux's own policy, from its paper, for comparison in the same simulator
+  (:mod:`dloader.allocator.pollux_policy`).
 
 The paper's two policies keep every local batch within GPU memory (no gradient accumulation), as
 in its model; so a fixed-batch job needs at least ``batch / largest local batch`` GPUs.
@@ -392,11 +394,15 @@ def _spread(placements: dict[str, tuple[int, ...]], cluster: Cluster) -> dict[st
 
 
 #: Policy names, as the CLI and the service accept them.
-POLICIES = ("static", "elastic-gpu", "elastic-dp", "goodput-dp")
+POLICIES = ("static", "elastic-gpu", "elastic-dp", "goodput-dp", "pollux")
 
 
-def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S) -> Policy:
-    """The policy called ``name`` (one of :data:`POLICIES`)."""
+def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 0) -> Policy:
+    """The policy called ``name`` (one of :data:`POLICIES`; ``seed``: the genetic search's)."""
+    if name == "pollux":
+        from dloader.allocator.pollux_policy import PolluxPolicy  # it builds on this module
+
+        return PolluxPolicy(horizon_s=horizon_s, seed=seed)
     if name == "static":
         return StaticPolicy()
     if name == "elastic-gpu":

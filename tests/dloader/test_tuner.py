@@ -148,3 +148,28 @@ def test_the_held_count_is_confirmed_by_a_second_measurement() -> None:
     tuner.num_workers = 4
     assert tuner.observe(job.window(4), room) == 5  # 4 measures ~1067 now: next best
     assert "second look" in tuner.reason
+
+
+def test_while_the_trainer_waits_it_probes_one_more_worker_and_follows_up() -> None:
+    job = Job(fetch_s=0.13, compute_s=0.027, cpu_share=1.0)  # CPU-bound, wants ~5 workers
+    tuner = WorkerTuner(start=2)
+    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=0.0), windows=10)
+    assert set(counts) <= {1, 2} and tuner.phase == "hold"  # no idle CPU: it cannot grow
+    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=4.0), windows=40)  # a neighbour left
+    assert counts[-1] >= 5 and tuner.searches >= 2, counts
+    assert job.window(counts[-1]).rate >= job.window(64).rate * (1 - TOLERANCE)
+
+
+def test_a_probe_that_does_not_pay_goes_back() -> None:
+    room = Room(ceiling=64, idle_cpus=2.0)
+    tuner = WorkerTuner(start=1)
+    counts = drive(tuner, Job(fetch_s=0.05, compute_s=0.2), room, windows=30)
+    assert set(counts) == {1}  # the trainer never waits: no probe at all
+    tuner.phase, tuner.num_workers, tuner._reference = "hold", 3, None
+    waiting = Window(3, 5.0, 500, 50, 1.0, 0.1, 0.01)  # the trainer waits 20%
+    for _ in range(5):
+        assert tuner.observe(waiting, room) is None
+    assert tuner.observe(waiting, room) == 4 and "probing 4" in tuner.reason
+    same = Window(4, 5.0, 505, 50, 1.0, 0.1, 0.01)  # +1%: not worth a worker
+    assert tuner.observe(same, room) == 3 and "not 3% above" in tuner.reason
+    assert tuner.phase == "hold"
