@@ -128,15 +128,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         sidecar: str | None = None,
         job_name: str | None = None,
     ) -> None:
-        auto = num_workers == "auto"
-        if isinstance(num_workers, str) and not auto:
-            raise ValueError(f"num_workers={num_workers!r} must be an int >= 0 or 'auto'")
-        if auto:
+        auto = isinstance(num_workers, str)
+        if isinstance(num_workers, str):
+            if num_workers != "auto":
+                raise ValueError(f"num_workers={num_workers!r} must be an int >= 0 or 'auto'")
             _check_int("min_workers", min_workers, 0)
             if max_workers is not None:
                 _check_int("max_workers", max_workers, 1)
             num_workers = start_count(max(min_workers, 1), max_workers or auto_ceiling())
-        assert isinstance(num_workers, int)
         # By keyword: Lightning re-instantiates loaders from the arguments their __init__ got
         # and needs each to reach torch's under its own name.
         with warnings.catch_warnings():
