@@ -29,14 +29,12 @@ from typing import Any
 import numpy as np
 
 from benchmarks._common import machine, out_path, table
+from benchmarks.bench_cluster_sim import DATA, POLLUX_H
 from dloader.allocator import Cluster
 from dloader.allocator.policies import make_policy
 from dloader.allocator.simulator import SimResult, Simulator
-from dloader.allocator.traces import PACKAGED_TRACES, load_apps, read_workload
+from dloader.allocator.traces import load_apps, read_workload
 
-DATA = PACKAGED_TRACES.parents[1]
-#: Pollux's own policy in Pollux's own simulator, OSDI 2021 (average JCT, hours).
-POLLUX_H = {1: 0.58, 2: 0.92, 3: 0.61, 4: 0.76}
 CLUSTER = Cluster.uniform(16, 4)
 
 

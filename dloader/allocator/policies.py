@@ -58,6 +58,7 @@ __all__ = [
     "StaticPolicy",
     "batch_grid",
     "make_policy",
+    "placed_throughput",
     "throughput_fn",
 ]
 
@@ -157,20 +158,35 @@ def throughput_fn(
     equal size, the step then costs ``(a - 1)`` extra computations (infeasible, NaN, unless
     ``accumulate``); a local batch below the smallest is infeasible.
     """
-    lo, hi = local_bsz_range
-    most = math.inf if accumulate else 1.0
 
     def f(gpus: np.ndarray, batch: np.ndarray) -> np.ndarray:
         k = np.asarray(gpus, dtype=float)
-        b = np.asarray(batch, dtype=float)
-        local = b / k
-        accum = np.maximum(np.ceil(local / hi - 1e-9), 1.0)
-        micro = local / accum
         nodes = np.ceil(k / gpus_per_node)
-        step = model.step_times(nodes, k, micro) + (accum - 1.0) * model.compute_times(micro)
-        return np.where((micro >= lo * (1 - 1e-9)) & (accum <= most), b / step, np.nan)
+        return placed_throughput(model, nodes, k, batch, local_bsz_range, accumulate=accumulate)
 
     return f
+
+
+def placed_throughput(
+    model: ScalingModel,
+    nodes: np.ndarray,
+    gpus: np.ndarray,
+    batch: np.ndarray,
+    local_bsz_range: tuple[int, int],
+    *,
+    accumulate: bool = True,
+) -> np.ndarray:
+    """Samples/s of ``gpus`` GPUs over ``nodes`` nodes at global batch ``batch``, broadcasting
+    (the accumulation rule of :func:`throughput_fn`; NaN where infeasible)."""
+    lo, hi = local_bsz_range
+    most = math.inf if accumulate else 1.0
+    k = np.asarray(gpus, dtype=float)
+    b = np.asarray(batch, dtype=float)
+    local = b / k
+    accum = np.maximum(np.ceil(local / hi - 1e-9), 1.0)
+    micro = local / accum
+    step = model.step_times(nodes, k, micro) + (accum - 1.0) * model.compute_times(micro)
+    return np.where((micro >= lo * (1 - 1e-9)) & (accum <= most), b / step, np.nan)
 
 
 def batch_grid(lo: int, hi: int, n: int = 12, extra: Sequence[int] = ()) -> tuple[int, ...]:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dloader.allocator.optimizer import DEFAULT_HORIZON_S, Cluster, OptimizerJob
-from dloader.allocator.policies import ClusterDecision, DpPolicy, JobState
+from dloader.allocator.policies import ClusterDecision, DpPolicy, JobState, placed_throughput
 from dloader.errors import AllocatorError
 
 __all__ = ["ZERO_SPEEDUP", "PolluxPolicy", "power_mean"]
@@ -291,18 +291,13 @@ def _goodput_grid(
     """Best goodput over the job's batch sizes, and the index of that batch, for every (nodes,
     GPUs) in ``[0, nmax] x [0, kmax]`` (0 where infeasible: more nodes than GPUs, a local batch
     below the smallest)."""
-    lo, hi = job.local_bsz_range
     k = np.arange(1, kmax + 1, dtype=float)
     n = np.arange(1, nmax + 1, dtype=float)
     b = np.asarray(spec.batch_sizes, dtype=float)
     kk, nn, bb = np.meshgrid(k, n, b, indexing="ij")
-    local = bb / kk
-    accum = np.maximum(np.ceil(local / hi - 1e-9), 1.0)
-    micro = local / accum
-    step = job.model.step_times(nn, kk, micro) + (accum - 1.0) * job.model.compute_times(micro)
+    x = placed_throughput(job.model, nn, kk, bb, job.local_bsz_range)
     eff = spec.efficiency(bb) if spec.efficiency is not None else 1.0
-    good = np.where((nn <= kk) & (micro >= lo * (1 - 1e-9)), bb / step * eff, 0.0)
-    good = np.nan_to_num(good, nan=0.0)
+    good = np.nan_to_num(np.where(nn <= kk, x * eff, 0.0), nan=0.0)
     best = np.zeros((nmax + 1, kmax + 1))
     index = np.zeros((nmax + 1, kmax + 1), dtype=np.int64)
     best[1:, 1:] = good.max(axis=2).T
