@@ -76,7 +76,6 @@ class AutoTuner:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dloader-autotune", daemon=True)
         self._clock = _host.CpuClock()
-        self._quota = _host.limits().cpu_quota
         self.stopped_because: str | None = None
 
     @property
@@ -120,14 +119,14 @@ class AutoTuner:
 
     def _room(self, a: _Mark, b: _Mark, s: LoaderStats, ceiling: int) -> Room:
         span = b.time - a.time
+        limits = _host.limits()
         idle = None
         if a.busy is not None and b.busy is not None and span > 0:
             idle = len(self._clock.cpus) - (b.busy - a.busy) / span
-            if self._quota:
+            if limits.cpu_quota:
                 own = sum(b.own[p] - a.own[p] for p in b.own if p in a.own) / span
-                idle = min(idle, self._quota - own)
+                idle = min(idle, limits.cpu_quota - own)
             idle = max(idle, 0.0)
-        limits = _host.limits()
         rooms = [r for r in (limits.memory_room, _host.memory_available()) if r is not None]
         memory = min(rooms) - MEMORY_MARGIN if rooms else None
         private = [_host.private_bytes(w.pid) for w in s.workers if w.pid]

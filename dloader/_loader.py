@@ -128,13 +128,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         sidecar: str | None = None,
         job_name: str | None = None,
     ) -> None:
+        _check_int("min_workers", min_workers, 0)
+        if max_workers is not None:
+            _check_int("max_workers", max_workers, 1)
+            if max_workers < min_workers:
+                raise ValueError(f"{max_workers=} must be >= {min_workers=}")
         auto = isinstance(num_workers, str)
         if isinstance(num_workers, str):
             if num_workers != "auto":
                 raise ValueError(f"num_workers={num_workers!r} must be an int >= 0 or 'auto'")
-            _check_int("min_workers", min_workers, 0)
-            if max_workers is not None:
-                _check_int("max_workers", max_workers, 1)
             num_workers = start_count(max(min_workers, 1), max_workers or auto_ceiling())
         # By keyword: Lightning re-instantiates loaders from the arguments their __init__ got
         # and needs each to reach torch's under its own name.
@@ -160,11 +162,6 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 pin_memory_device=pin_memory_device,
                 in_order=in_order,
             )
-        _check_int("min_workers", min_workers, 0)
-        if max_workers is not None:
-            _check_int("max_workers", max_workers, 1)
-            if max_workers < min_workers:
-                raise ValueError(f"{max_workers=} must be >= {min_workers=}")
         if (
             not min_workers
             <= num_workers

@@ -5,7 +5,7 @@ Components, lowest first (README "Layout" draws the same picture):
 * ``errors``: :mod:`dloader.errors`, the one exception hierarchy;
 * ``api``: the generated gRPC messages (``dloader.v1``), their typed forms
   (``_node_messages``, ``_allocator_messages``) and what every client shares (``_env``,
-  ``_client``);
+  ``_client``, ``_host``);
 * ``pure``: decision code, plain values in and out: the predictor's models, the node policy,
   the cluster optimizer and policies, the loader's worker tuner. No I/O, no clocks, no
   processes;
@@ -48,7 +48,13 @@ PURE = {
 }
 
 #: What every client shares, beside the generated ``dloader.v1``.
-API = {"dloader._env", "dloader._client", "dloader._node_messages", "dloader._allocator_messages"}
+API = {
+    "dloader._env",
+    "dloader._client",
+    "dloader._host",
+    "dloader._node_messages",
+    "dloader._allocator_messages",
+}
 #: The typed messages: each class is the Python form of the proto message of its name.
 MESSAGES = {"dloader._node_messages", "dloader._allocator_messages"}
 

@@ -6,7 +6,8 @@ found, and what to do about it. The checks:
 * **NVML**: the library and driver, the GPUs, per-process accounting (which processes use a
   GPU: how the sidecar tells GPU jobs apart);
 * **cgroup v2**: the ``cpu`` controller (``--cgroup-weights``), ``cpuset``, whether this user may
-  write CPU weights; the CPUs this process may use (affinity, ``cpu.max`` quota);
+  write CPU weights; the CPUs this process may use (affinity, the cgroup CPU quota as
+  ``num_workers="auto"`` reads it: :mod:`dloader._host`);
 * **the sidecar's socket**: it exists, its folder and mode let the jobs' users in, and the
   sidecar answers its health check;
 * **a real loader** (``python -m dloader.apps.probe`` in a subprocess: the sidecar's tools import
@@ -27,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dloader import _host
 from dloader._client import Endpoint
 from dloader.sidecar import cgroups
 
@@ -86,14 +88,6 @@ def nvml_checks() -> list[Check]:
     return out
 
 
-def _quota_cpus(mount: Path, group: str) -> float | None:
-    try:
-        quota, period = (mount / group.lstrip("/") / "cpu.max").read_text().split()
-    except (OSError, ValueError):
-        return None
-    return None if quota == "max" else int(quota) / int(period)
-
-
 def cgroup_checks(proc: Path = Path("/proc")) -> list[Check]:
     """cgroup v2 controllers and what this process may use and write."""
     out = []
@@ -101,8 +95,8 @@ def cgroup_checks(proc: Path = Path("/proc")) -> list[Check]:
     cpus = os.cpu_count() or affinity
     mount, why = cgroups.detect(proc)
     group = cgroups.cgroup_of("self", proc) or "/"
-    quota = _quota_cpus(mount, group) if mount else None
-    limit = f"; cpu.max allows {quota:.1f} CPUs" if quota else ""
+    quota = _host.limits("self", proc=proc).cpu_quota  # what num_workers="auto" obeys too
+    limit = f"; the cgroup CPU quota allows {quota:.1f} CPUs" if quota else ""
     out.append(
         Check(
             "CPUs for loader work",
