@@ -11,8 +11,11 @@ measured. A model only says where to look first:
    worker's time per batch over the trainer's own time per step, plus 10% (at most 8x at once;
    ``n / (1 - idle)`` when the workers' times are unknown).
 2. **Refine.** Around the best count, try ``best - step`` and ``best + step`` from a step of
-   15% of it, halving the step down to 1 (counts above the best only while the trainer still
-   waits there).
+   15% of it, halving the step down to 1. Counts above the best only while the trainer still
+   waits there; counts below it not when, at the best, the trainer waited while CPU time was
+   left idle (:data:`SPARE_CPU`): the workers then produced all the trainer got without
+   contending for CPU, so fewer of them would produce less, and measuring that costs a window
+   at a lower rate.
 3. **Hold**, and check: the first window at the count held must confirm its measurement (else
    the measurements are averaged and the best chosen again). Then watch: when the trainer's
    compute per step, the workers' fetch time per sample, or the idle share drift from what they
@@ -53,6 +56,8 @@ DRIFT = 0.25
 IDLE_DRIFT = 0.10
 #: A worker using less than this share of a CPU while fetching is not CPU-bound.
 CPU_LIGHT = 0.05
+#: CPUs' worth of time left idle in a window above which the workers were not short of CPU.
+SPARE_CPU = 0.25
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,7 @@ class WorkerTuner:
     """Every window, in order: (workers, samples/s)."""
     searches: int = field(init=False, default=1)
     _idle: dict[int, float] = field(init=False, default_factory=dict)
+    _spare: dict[int, float] = field(init=False, default_factory=dict)
     _climbing: bool = field(init=False, default=True)
     _step: int = field(init=False, default=0)
     _reference: Window | None = field(init=False, default=None)
@@ -163,6 +169,10 @@ class WorkerTuner:
         if room.idle_cpus is not None and share >= CPU_LIGHT:
             cap = min(cap, n + max(math.floor(room.idle_cpus / share + 0.5), 0))
         return max(cap, n if n >= self.minimum else self.minimum)
+
+    def _feeding(self, n: int) -> bool:
+        """Whether at ``n`` workers the trainer waited while CPU time was left idle."""
+        return self._idle.get(n, 0.0) >= IDLE_LOW and self._spare.get(n, 0.0) >= SPARE_CPU
 
     def _move(self, n: int, reason: str) -> int | None:
         self.reason = reason
@@ -199,7 +209,7 @@ class WorkerTuner:
         return self._search(w, room)
 
     def _restart(self, measured: dict[int, float] | None = None) -> None:
-        self.phase, self.measured, self._idle = "search", dict(measured or {}), {}
+        self.phase, self.measured, self._idle, self._spare = "search", dict(measured or {}), {}, {}
         self._climbing, self._reference, self.searches = True, None, self.searches + 1
 
     def _maybe_probe(self, w: Window, room: Room) -> int | None:
@@ -268,6 +278,8 @@ class WorkerTuner:
         old = self.measured.get(n)
         self.measured[n] = w.rate if old is None else (old + w.rate) / 2
         self._idle[n] = w.idle
+        if room.idle_cpus is not None:
+            self._spare[n] = room.idle_cpus
         cap = self._cap(w, room)
         if self._climbing:
             improved = w.rate > before * (1 + GAIN)
@@ -291,6 +303,8 @@ class WorkerTuner:
                     continue
                 if cand > best and (cand > cap or self._idle.get(best, 1.0) < IDLE_LOW):
                     continue  # the trainer no longer waits at best, or no room to grow
+                if cand < best and self._feeding(best):
+                    continue  # fewer workers would produce less
                 return self._move(
                     cand,
                     f"searching: best so far {best} workers ({self.measured[best]:.0f} "

@@ -102,6 +102,8 @@ class JobState:
     explored_gpus: int | None = None
     """The most GPUs its model has seen measurements for, when the model is learned online: it
     may then get at most twice that (None: the model is trusted everywhere)."""
+    attained_gpu_s: float = 0.0
+    """GPU-seconds it has held so far (``pollux`` serves the least-served first)."""
 
     def __post_init__(self) -> None:
         lo, hi = self.batch_range

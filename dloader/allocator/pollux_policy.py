@@ -8,21 +8,24 @@ Qiao et al., "Pollux: Co-adaptive Cluster Scheduling for Goodput-Optimized Deep 
   efficiency and exploration cap (twice the GPUs measured) that ``goodput-dp`` gets through
   :meth:`dloader.allocator.policies.DpPolicy.spec`, so the comparison is one of policies.
 * **Speedup over the fair share.** ``SPEEDUP_j(A_j) = GOODPUT_j(A_j) / GOODPUT_j(a_f)``, with
-  ``a_f`` an exclusive ``1/J`` share of the cluster (``C / J`` GPUs, packed; below one GPU, the
-  goodput of one GPU times the share).
-* **Fitness** is the power mean with ``p = -1`` of the jobs' speedups (weighted by priority): a
-  job without GPUs counts as a speedup of :data:`ZERO_SPEEDUP`, so that running more jobs comes
-  first and the mean decides among allocations that run as many (a plain power mean with
-  ``p < 0`` is 0 as soon as one job waits, which cannot rank anything on a busy cluster).
+  ``a_f`` the fair share packed on one node: ``ceil(C / J)`` GPUs (at least one).
+* **Fitness** is the power mean with ``p = -1`` (weighted by priority) of each job's speedup in
+  units of a node (the speedup times nodes over GPUs) plus :data:`ZERO_SPEEDUP`, so that a job
+  without GPUs counts as a small positive speedup: running more jobs comes first and the mean
+  decides among allocations that run as many (a plain power mean with ``p < 0`` is 0 as soon as
+  one job waits, which cannot rank anything on a busy cluster).
 * **Restarts.** A running job whose allocation changes keeps ``max(age - restarts * R, 0) /
   (age + R)`` of its speedup (the age-weighted penalty; ``R`` its restart time).
 * **Interference avoidance.** At most one distributed job (on more than one node) per node.
-* **Genetic search** over allocation matrices (jobs x nodes, GPUs per cell): a population seeded
-  with the current allocation and the previous decision's population; each generation, single-
-  point crossover over jobs, mutation (each cell with probability one over the number of cells
-  of its row like it, zero or not, to a random count the node allows), then repair (the job's
-  most GPUs, one distributed job per node, node capacity in arrival order, the job's fewest
-  GPUs); the best of parents and children survive.
+* **Genetic search** over allocation matrices (jobs x nodes, GPUs per cell), the jobs ordered
+  by the GPU-seconds they have had, least first (then by arrival): a population seeded with the
+  current allocation and the previous decision's population; each generation, single-point
+  crossover over jobs, mutation (a job's row back to its current allocation, some cells
+  emptied, growth into free GPUs; see :meth:`PolluxPolicy._mutate`), then repair (the job's most
+  GPUs, one distributed job per node, node capacity in the job order above, the job's fewest
+  GPUs); the best of parents and children survive. The job order and the mutation moves are
+  those of Pollux's published simulator (``petuum/adaptdl``, ``simulator/pollux.py``), which
+  the paper leaves out; the live allocator has no GPU-seconds per job and orders by arrival.
 
 Pure code: numpy's seeded generator only, so a decision is deterministic for a seed and the
 simulator runs exactly what the live allocator would.
@@ -44,6 +47,10 @@ __all__ = ["ZERO_SPEEDUP", "PolluxPolicy", "power_mean"]
 
 #: The speedup a job without GPUs counts as in the fitness (see the module docstring).
 ZERO_SPEEDUP = 1e-3
+#: Mutation: the chance a job's row goes back to its current allocation, and the chance a row
+#: has cells emptied (then each cell's).
+RESET_P = 0.1
+DROP_P = 0.1
 _PADDED_MAX = 20_000_000  # elements of the (jobs, nodes, GPUs) goodput lookup
 
 
@@ -114,13 +121,13 @@ class PolluxPolicy:
             batch.append(b)
             # the best goodput within the fair share, packed (the share may exceed what the
             # job is allowed to explore: the model's prediction there is still its yardstick)
-            fair = min(max(round(share), 1), c.capacity)
+            fair = min(max(math.ceil(share), 1), c.capacity)
             k = np.arange(1, fair + 1, dtype=float)
             bs = np.asarray(spec.batch_sizes, dtype=float)
             x = np.nan_to_num(spec.throughput(k[:, None], bs[None, :]), nan=0.0)
             e = spec.efficiency(bs) if spec.efficiency is not None else 1.0
             best = float((x * e).max())
-            base.append(best * min(share, 1.0) if best > 0 else 1.0)  # 1.0: it cannot run
+            base.append(best if best > 0 else 1.0)  # 1.0: it cannot run
         shape = (len(jobs), max(g.shape[0] for g in goodput), max(g.shape[1] for g in goodput))
         padded = None
         if math.prod(shape) <= _PADDED_MAX:
@@ -134,6 +141,8 @@ class PolluxPolicy:
     def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> ClusterDecision:
         if not jobs:
             return ClusterDecision({}, {}, {}, ())
+        # The least-served jobs first (then the oldest): repair gives them a node's GPUs first.
+        jobs = sorted(jobs, key=lambda j: (j.attained_gpu_s, j.arrival))
         specs = [self._view.spec(j, cluster) for j in jobs]
         tables = self._tables(jobs, specs, cluster)
         ids = [j.job_id for j in jobs]
@@ -152,8 +161,11 @@ class PolluxPolicy:
         )
         weights = np.array([j.priority for j in jobs], dtype=float)
 
+        unit = len(cap) / cluster.capacity  # a node's worth of GPUs at the fair rate is 1
+
         def fitness(states: np.ndarray) -> np.ndarray:
-            return power_mean(self._speedups(states, tables, current, keep), self.p, weights)
+            speedups = self._speedups(states, tables, current, keep)
+            return power_mean(speedups * unit + ZERO_SPEEDUP, self.p, weights)
 
         def repair(states: np.ndarray) -> np.ndarray:
             return self._repair(states, cap, lo, hi)
@@ -161,7 +173,7 @@ class PolluxPolicy:
         pop = repair(self._seed(ids, current, cap, hi))
         score = fitness(pop)
         for _ in range(self.generations):
-            children = repair(self._mutate(self._crossover(pop), cap, hi))
+            children = repair(self._mutate(self._crossover(pop), current, cap, hi))
             both = np.concatenate([pop, children])
             scores = np.concatenate([score, fitness(children)])
             order = np.argsort(-scores, kind="stable")[: self.population]
@@ -184,7 +196,7 @@ class PolluxPolicy:
                 out[:, j] = table[np.minimum(n[:, j], table.shape[0] - 1), kk] / t.base[j]
         moved = (states != current[None]).any(axis=2) & (current.sum(axis=1) > 0)[None]
         out = np.where(moved, out * keep[None], out)
-        return np.maximum(out, ZERO_SPEEDUP)
+        return out
 
     def _seed(
         self, ids: list[str], current: np.ndarray, cap: np.ndarray, hi: np.ndarray
@@ -205,7 +217,7 @@ class PolluxPolicy:
         missing = self.population - len(pop)
         if missing > 0:
             base = np.repeat(current[None], missing, axis=0)
-            pop = np.concatenate([pop, self._mutate(base, cap, hi)])
+            pop = np.concatenate([pop, self._mutate(base, current, cap, hi)])
         return pop
 
     def _crossover(self, pop: np.ndarray) -> np.ndarray:
@@ -217,18 +229,28 @@ class PolluxPolicy:
         first = np.arange(jobs)[None, :] < point[:, None]
         return np.where(first[:, :, None], pop[a], pop[b])
 
-    def _mutate(self, states: np.ndarray, cap: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """Each cell changes with probability one over the number of cells of its row that
-        are like it (zero or not), to a random count the node and the job allow."""
-        states = states.copy()
-        nonzero = (states > 0).sum(axis=2, keepdims=True)
-        zero = states.shape[2] - nonzero
-        prob = 1.0 / np.maximum(np.where(states > 0, nonzero, zero), 1)
-        hit = self._rng.random(states.shape) < prob
-        top = np.minimum(cap[None, None, :], hi[None, :, None])
-        values = np.floor(self._rng.random(states.shape) * (top + 1)).astype(np.int64)
-        states[hit] = values[hit]
-        return states
+    def _mutate(
+        self, states: np.ndarray, current: np.ndarray, cap: np.ndarray, hi: np.ndarray
+    ) -> np.ndarray:
+        """Three moves, each job's row on its own: back to its current allocation (probability
+        :data:`RESET_P`); some of its cells emptied (a row with probability :data:`DROP_P`,
+        then each cell with :data:`DROP_P`); and growth into nodes with free GPUs, a cell to a
+        random count between what it holds and what the node has (each free node is picked
+        for about one job, and for about one of the jobs already on it)."""
+        rng = self._rng
+        size, jobs, _ = states.shape
+        reset = rng.random((size, jobs)) < RESET_P
+        states = np.where(reset[:, :, None], current[None], states)
+        drop = (rng.random((size, jobs)) < DROP_P)[:, :, None] & (rng.random(states.shape) < DROP_P)
+        states = np.where(drop, 0, states)
+        room = (cap[None, :] - states.sum(axis=1)) > 0  # (population, nodes)
+        anyone = np.broadcast_to(room[:, None, :] / jobs, states.shape)
+        on = (states > 0) & room[:, None, :]
+        holders = on / np.maximum(on.sum(axis=1, keepdims=True), 1)
+        grow = rng.random(states.shape) < anyone + holders - anyone * holders
+        top = np.maximum(np.minimum(cap[None, None, :], hi[None, :, None]), states)
+        values = states + np.floor(rng.random(states.shape) * (top - states + 1)).astype(np.int64)
+        return np.where(grow, values, states)
 
     def _repair(
         self, states: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray

@@ -230,6 +230,7 @@ class Simulator:
             age_s=t - job.spec.time,
             restarts=job.restarts,
             explored_gpus=explored,
+            attained_gpu_s=job.gpu_seconds,
         )
 
     def _observe(self, job: _SimJob) -> None:

@@ -173,3 +173,24 @@ def test_a_probe_that_does_not_pay_goes_back() -> None:
     same = Window(4, 5.0, 505, 50, 1.0, 0.1, 0.01)  # +1%: not worth a worker
     assert tuner.observe(same, room) == 3 and "not 3% above" in tuner.reason
     assert tuner.phase == "hold"
+
+
+def test_fewer_workers_are_not_tried_while_the_trainer_waits_and_cpu_is_left_idle() -> None:
+    """A CPU-bound pipeline on two CPUs: 2 workers are best, a third contends. At 2 the trainer
+    still waits and CPU time is left idle, so 1 worker cannot do better: measuring it would
+    cost a window at half the rate. With the CPUs saturated, fewer workers might do as well,
+    and the search tries them."""
+    rates = {1: 800.0, 2: 1500.0, 3: 1470.0, 4: 1440.0}
+
+    def window(n: int) -> Window:
+        batches = int(rates[n] * 2 / 32)
+        return Window(n, 2.0, batches * 32, batches, 0.3, 0.04, 0.03)
+
+    for idle_cpus, tries_one in ((0.4, False), (0.0, True)):
+        tuner = WorkerTuner(start=2, maximum=8)
+        counts = []
+        for _ in range(12):
+            counts.append(tuner.num_workers)
+            tuner.observe(window(tuner.num_workers), Room(ceiling=8, idle_cpus=idle_cpus))
+        assert tuner.phase == "hold" and tuner.num_workers == 2, counts
+        assert (1 in counts) is tries_one, counts
