@@ -114,3 +114,20 @@ def test_it_runs_in_the_simulator_and_by_name(apps) -> None:
     assert np.array(list(r.gpus.values())).sum(axis=0).max() <= cluster.capacity
     with pytest.raises(AllocatorError, match="population=1"):
         PolluxPolicy(population=1)
+
+
+def test_when_gpus_are_short_the_least_served_jobs_get_them(apps) -> None:
+    """As in Pollux's simulator: jobs are ordered by the GPU-seconds they have had, and repair
+    hands out a node's GPUs in that order; the arrival order does not decide."""
+    cluster = Cluster.uniform(1, 2)
+    served = {"j0": 5000.0, "j1": 0.0, "j2": 800.0, "j3": 20.0}
+    jobs = [
+        JobState(
+            k, float(i), apps["cifar10"].model, 1, 128, (128, 128), (8, 512),
+            max_gpus=1, age_s=3600.0, attained_gpu_s=v,
+        )
+        for i, (k, v) in enumerate(served.items())
+    ]  # fmt: skip
+    d = PolluxPolicy(population=30, generations=30, seed=0).decide(jobs, cluster)
+    assert set(d.placements) == {"j1", "j3"}
+    assert set(d.waiting) == {"j0", "j2"}

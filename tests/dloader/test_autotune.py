@@ -110,6 +110,25 @@ def test_a_users_resize_stops_the_tuner() -> None:
     assert loader.stats().tuner == "auto: stopped (resize(3) called)"
 
 
+@pytest.mark.integration
+def test_lightning_re_instantiation_keeps_auto_and_its_bounds() -> None:
+    """Lightning rebuilds a train loader with its DistributedSampler from the arguments it
+    captured: the rebuilt loader tunes itself again, within the same ``max_workers``."""
+    pytest.importorskip("lightning")
+    from lightning.fabric.utilities.data import _replace_dunder_methods, _update_dataloader
+    from torch.utils.data import DataLoader as TorchLoader
+    from torch.utils.data import DistributedSampler
+
+    with _replace_dunder_methods(TorchLoader, "dataset"):
+        loader = dloader.DataLoader(D.Range(40), batch_size=4, num_workers="auto", max_workers=3)
+    sampler = DistributedSampler(D.Range(40), num_replicas=2, rank=1, shuffle=False)
+    rebuilt = _update_dataloader(loader, sampler)
+    assert isinstance(rebuilt, dloader.DataLoader) and rebuilt.sampler is sampler
+    assert rebuilt.autotuner is not None and rebuilt.worker_bound() == 3
+    assert [int(x) for b in rebuilt for x in b] == list(range(1, 40, 2))
+    assert rebuilt.stats().tuner.startswith("auto: ")
+
+
 def test_bounds_and_bad_values() -> None:
     loader = dloader.DataLoader(D.Range(10), batch_size=2, num_workers="auto", max_workers=1)
     assert loader.num_workers == 1 and loader.worker_bound() == 1
