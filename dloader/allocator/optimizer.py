@@ -326,19 +326,33 @@ def optimize(
         raise AllocatorError(f"duplicate job ids in {ids}")
     capacity = cluster.capacity
     admitted, waiting = admit(jobs, capacity)
+    # every admitted job gets at least its fewest GPUs: none can get more than its fewest plus
+    # the GPUs the others' fewest leave (on a full cluster, exactly its fewest)
+    slack = capacity - sum(j.min_gpus for j in admitted)
     tables = [
-        _table(j, capacity, cluster.gpus_per_node, objective, horizon_s, fairness) for j in admitted
+        _table(j, j.min_gpus + slack, cluster.gpus_per_node, objective, horizon_s, fairness)
+        for j in admitted
     ]
 
-    cs = np.arange(capacity + 1)
+    # best[c]: the best value of the jobs so far on at most c GPUs. Every admitted job gets at
+    # least its fewest GPUs, so after job i only c in [its and the earlier jobs' fewest,
+    # capacity - the later jobs' fewest] can lie on an optimal path: the DP fills that window.
+    fewest = [int(t.counts[0]) for t in tables]  # counts are sorted
+    lo, hi = 0, capacity - sum(fewest)
     best = np.zeros(capacity + 1)
-    choices = np.empty((len(tables), capacity + 1), dtype=np.int32)
+    choices = np.zeros((len(tables), capacity + 1), dtype=np.int32)
     for i, t in enumerate(tables):
-        rest = cs[:, None] - t.counts[None, :]
-        cand = np.where(rest >= 0, best[np.maximum(rest, 0)] + t.values[None, :], -np.inf)
+        prev_lo = lo
+        lo, hi = lo + fewest[i], hi + fewest[i]
+        cs = np.arange(lo, hi + 1)
+        rest = cs[:, None] - t.counts[None, :]  # <= the previous window's top, as counts >= fewest
+        cand = np.where(
+            rest >= prev_lo, best[np.maximum(rest, prev_lo)] + t.values[None, :], -np.inf
+        )
         choice = cand.argmax(axis=1)
-        best = cand[cs, choice]
-        choices[i] = choice
+        best = np.full(capacity + 1, -np.inf)
+        best[lo : hi + 1] = cand[np.arange(len(cs)), choice]
+        choices[i, lo : hi + 1] = choice
     if admitted and not np.isfinite(best[capacity]):
         raise AllocatorError(
             f"no feasible allocation for {len(admitted)} admitted jobs on {capacity} GPUs "
