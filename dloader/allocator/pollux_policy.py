@@ -25,7 +25,8 @@ Qiao et al., "Pollux: Co-adaptive Cluster Scheduling for Goodput-Optimized Deep 
   GPUs, one distributed job per node, node capacity in the job order above, the job's fewest
   GPUs); the best of parents and children survive. The job order and the mutation moves are
   those of Pollux's published simulator (``petuum/adaptdl``, ``simulator/pollux.py``), which
-  the paper leaves out; the live allocator has no GPU-seconds per job and orders by arrival.
+  the paper does not spell out; the live allocator has no GPU-seconds per job and orders by
+  arrival.
 
 Pure code: numpy's seeded generator only, so a decision is deterministic for a seed and the
 simulator runs exactly what the live allocator would.
