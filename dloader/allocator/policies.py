@@ -114,6 +114,10 @@ class JobState:
             raise AllocatorError(
                 f"job {self.job_id!r}: local_bsz_range={self.local_bsz_range} invalid"
             )
+        if not self.attained_gpu_s >= 0:
+            raise AllocatorError(
+                f"job {self.job_id!r}: attained_gpu_s={self.attained_gpu_s} must be >= 0"
+            )
         if self.requested_gpus < 1 or self.requested_batch < 1:
             raise AllocatorError(
                 f"job {self.job_id!r}: requested_gpus={self.requested_gpus} and "

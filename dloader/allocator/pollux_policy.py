@@ -46,7 +46,8 @@ from dloader.errors import AllocatorError
 
 __all__ = ["ZERO_SPEEDUP", "PolluxPolicy", "power_mean"]
 
-#: The speedup a job without GPUs counts as in the fitness (see the module docstring).
+#: Added to every job's speedup (in node units) in the fitness: what a job without GPUs counts
+#: as (see the module docstring).
 ZERO_SPEEDUP = 1e-3
 #: Mutation: the chance a job's row goes back to its current allocation, and the chance a row
 #: has cells emptied (then each cell's).
