@@ -328,7 +328,8 @@ def optimize(
     admitted, waiting = admit(jobs, capacity)
     # every admitted job gets at least its fewest GPUs: none can get more than its fewest plus
     # the GPUs the others' fewest leave (on a full cluster, exactly its fewest)
-    slack = capacity - sum(j.min_gpus for j in admitted)
+    fewest = [j.min_gpus for j in admitted]  # each table's smallest candidate count
+    slack = capacity - sum(fewest)
     tables = [
         _table(j, j.min_gpus + slack, cluster.gpus_per_node, objective, horizon_s, fairness)
         for j in admitted
@@ -337,8 +338,7 @@ def optimize(
     # best[c]: the best value of the jobs so far on at most c GPUs. Every admitted job gets at
     # least its fewest GPUs, so after job i only c in [its and the earlier jobs' fewest,
     # capacity - the later jobs' fewest] can lie on an optimal path: the DP fills that window.
-    fewest = [int(t.counts[0]) for t in tables]  # counts are sorted
-    lo, hi = 0, capacity - sum(fewest)
+    lo, hi = 0, slack
     best = np.zeros(capacity + 1)
     choices = np.zeros((len(tables), capacity + 1), dtype=np.int32)
     for i, t in enumerate(tables):
