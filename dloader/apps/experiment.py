@@ -42,8 +42,10 @@ def sidecar_process(
     worker_budget: int,
     period_s: float = 2.0,
     log_level: str = "INFO",
+    memory_budget: str | None = None,
 ) -> Iterator[Sidecar]:
-    """A running ``dloader-sidecar`` (its log in ``folder/sidecar.log``); stopped with SIGTERM."""
+    """A running ``dloader-sidecar`` (its log in ``folder/sidecar.log``); stopped with SIGTERM.
+    ``memory_budget``: its ``--memory-budget`` (default: the sidecar's)."""
     folder.mkdir(parents=True, exist_ok=True)
     sock = folder / "sidecar.sock"
     cmd = [
@@ -63,6 +65,8 @@ def sidecar_process(
         "--log-level",
         log_level,
     ]
+    if memory_budget is not None:
+        cmd += ["--memory-budget", memory_budget]
     with open(folder / "sidecar.log", "w") as log:
         daemon = subprocess.Popen(cmd, stderr=log)
         try:

@@ -61,6 +61,8 @@ MAX_PIDS = 64  # training processes one job may name
 MAX_GPUS = 64  # GPUs one job may name
 _MAIN_CPU_CHANGE = 0.1  # relative change of a job's main-process CPU that calls for a decision
 _MEMORY_CHANGE = 0.1  # a worker's peak memory grown by this much: re-decide
+_MEMORY_GROWTH = 0.02, 2**20  # (share, bytes) a peak must pass the last mark by to be growth
+_MEMORY_FLAT_S = 20.0  # a job's workers' memory has settled after this long without growth
 _EWMA = 0.3  # weight of a new measurement of a job's main-process CPU per sample
 
 
@@ -90,6 +92,9 @@ class Job:
     main_cpu_per_sample: float = 0.0  # CPU seconds the training process spends per sample
     run_length: int = 0  # windows observed in a row at the current worker count
     worker_memory_bytes: float = 0.0  # the most private memory (USS) one of its workers held
+    worker_memory_bound: float = 0.0  # while that grows: the most one may hold (0: settled)
+    memory_mark: float = 0.0  # the workers' peak USS when it last grew
+    memory_grew_at: float = -math.inf  # when that was (clock of the core); -inf: never measured
     watchers: set[asyncio.Queue[Directive | None]] = field(default_factory=set)
 
     @property
@@ -410,19 +415,39 @@ class NodeCore:
         """One more worker of ``job`` costs what its largest worker holds privately (its USS
         grows over an epoch as the worker copies the dataset pages Python touches: the peak
         is kept). Before any worker was measured, the training process's own USS: what a
-        worker that touched all of it would copy."""
+        worker that touched all of it would copy.
+
+        While that peak still grows (it passed its last mark by ``_MEMORY_GROWTH`` within
+        ``_MEMORY_FLAT_S``; a job's first measurement counts as growth), the job's workers may
+        come to hold up to the anonymous memory they map (private, or shared with the trainer
+        and not yet copied): the policy counts new workers at that bound, so no job grows on
+        memory its workers have not shown they stay within."""
         tree = job.tree
         if tree is None:
             return
+        now = self._clock()
         workers = [tree.uss_bytes[p] for p in tree.worker_pids if p in tree.uss_bytes]
         if workers:
-            peak = max(workers)
-            if peak > job.worker_memory_bytes * (1 + _MEMORY_CHANGE):
+            peak = float(max(workers))
+            first = job.memory_mark == 0
+            if first or peak > job.worker_memory_bytes * (1 + _MEMORY_CHANGE):
                 self._dirty = True
-            job.worker_memory_bytes = max(job.worker_memory_bytes, peak)
-        elif job.worker_memory_bytes == 0:
+            # the first measured worker replaces the guess made from the trainer
+            job.worker_memory_bytes = peak if first else max(job.worker_memory_bytes, peak)
+            share, floor = _MEMORY_GROWTH
+            if first or peak > job.memory_mark * (1 + share) + floor:
+                job.memory_mark, job.memory_grew_at = peak, now
+            anon = [tree.anon_bytes[p] for p in tree.worker_pids if p in tree.anon_bytes]
+            bound = max(anon, default=0.0) if now - job.memory_grew_at < _MEMORY_FLAT_S else 0.0
+        elif job.memory_mark == 0:  # no worker measured yet: a guess from the trainer
             main = [tree.uss_bytes[p] for p in tree.pids if p in tree.uss_bytes]
             job.worker_memory_bytes = float(sum(main))
+            bound = float(sum(tree.anon_bytes.get(p, 0) for p in tree.pids))
+        else:  # none now (e.g. resized to 0): what its workers showed stands
+            return
+        if (bound == 0) != (job.worker_memory_bound == 0):  # settled, or growing again
+            self._dirty = True
+        job.worker_memory_bound = max(bound, job.worker_memory_bytes) if bound else 0.0
 
     def memory_budget(self) -> tuple[float, float]:
         """``(budget, used)``: bytes the loader workers of all jobs may hold, and hold now.
@@ -455,6 +480,7 @@ class NodeCore:
                 j.initial_workers,
                 j.main_cpu_per_sample,
                 j.worker_memory_bytes,
+                j.worker_memory_bound,
             )
             for j in jobs
         ]

@@ -15,6 +15,7 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import psutil
@@ -147,6 +148,10 @@ class ProcessTreeStats:
     copied from its parent; empty where the kernel does not say)."""
     pss_bytes: int = 0
     """The tree's proportional set size (shared pages counted once overall)."""
+    anon_bytes: dict[int, int] = field(default_factory=dict)
+    """Per process: its anonymous resident memory, private or shared. What a forked worker
+    shares of it with its parent it may yet copy (writing to a page, or reading a Python object:
+    its reference count is written), so it bounds what the worker can come to hold."""
 
 
 _procs: dict[int, psutil.Process] = {}  # cache so that cpu_percent() measures between calls
@@ -161,18 +166,40 @@ def _proc(pid: int) -> psutil.Process:
 
 
 _MEMORY_TTL_S = 10.0
-_memory: dict[int, tuple[float, int, int]] = {}  # pid -> (when, USS, PSS)
+_memory: dict[int, tuple[float, int, int, int]] = {}  # pid -> (when, USS, PSS, anonymous)
 
 
-def _uss_pss(p: psutil.Process) -> tuple[int, int]:
-    """A process's USS and PSS, read at most every ``_MEMORY_TTL_S`` (smaps_rollup walks the
-    page tables: the dearest thing the monitor reads; memory moves slowly)."""
+def _smaps(p: psutil.Process) -> tuple[int, int, int]:
+    """A process's USS, PSS and anonymous resident memory (``/proc/PID/smaps_rollup``; where
+    the kernel has none, psutil's USS and PSS and the RSS as the anonymous part)."""
+    try:
+        text = Path(f"/proc/{p.pid}/smaps_rollup").read_text()
+    except FileNotFoundError:
+        if p.is_running():  # a kernel without smaps_rollup
+            full = p.memory_full_info()
+            return full.uss, getattr(full, "pss", full.uss), full.rss
+        raise psutil.NoSuchProcess(p.pid) from None
+    except PermissionError:
+        raise psutil.AccessDenied(p.pid) from None
+    kb: dict[str, int] = {}
+    for line in text.splitlines()[1:]:
+        name, _, rest = line.partition(":")
+        value = rest.split()
+        if value and value[0].isdigit():
+            kb[name] = int(value[0])
+    uss = kb.get("Private_Clean", 0) + kb.get("Private_Dirty", 0) + kb.get("Private_Hugetlb", 0)
+    return uss * 1024, kb.get("Pss", 0) * 1024, kb.get("Anonymous", 0) * 1024
+
+
+def _uss_pss_anon(p: psutil.Process) -> tuple[int, int, int]:
+    """A process's USS, PSS and anonymous memory, read at most every ``_MEMORY_TTL_S``
+    (smaps_rollup walks the page tables: the dearest thing the monitor reads; memory moves
+    slowly)."""
     now = time.monotonic()
     seen = _memory.get(p.pid)
     if seen is None or now - seen[0] > _MEMORY_TTL_S:
-        full = p.memory_full_info()
-        seen = _memory[p.pid] = (now, full.uss, getattr(full, "pss", full.uss))
-    return seen[1], seen[2]
+        seen = _memory[p.pid] = (now, *_smaps(p))
+    return seen[1], seen[2], seen[3]
 
 
 _CHILDREN_TTL_S = 0.5
@@ -261,6 +288,7 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
     cpu = main = 0.0
     rss = rd = wr = pss = 0
     uss: dict[int, int] = {}
+    anon: dict[int, int] = {}
     for pid in tree:
         try:
             p = _proc(pid)
@@ -269,8 +297,8 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
             main += used if pid in pids else 0.0
             rss += p.memory_info().rss
             with contextlib.suppress(psutil.AccessDenied):
-                u, q = _uss_pss(p)  # USS and PSS, not only RSS
-                uss[pid], pss = u, pss + q
+                u, q, a = _uss_pss_anon(p)  # USS and PSS, not only RSS
+                uss[pid], anon[pid], pss = u, a, pss + q
             try:
                 io = p.io_counters()
                 rd += io.read_bytes
@@ -281,7 +309,9 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
             continue
     workers = tuple(sorted(p for p in tree if p not in pids))
     delays = {pid: d for pid in tree if (d := run_delay_s(pid)) is not None}
-    return ProcessTreeStats(tuple(pids), alive, cpu, rss, rd, wr, workers, main, delays, uss, pss)
+    return ProcessTreeStats(
+        tuple(pids), alive, cpu, rss, rd, wr, workers, main, delays, uss, pss, anon
+    )
 
 
 def available_memory_bytes() -> int:

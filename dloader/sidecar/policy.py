@@ -20,7 +20,10 @@ by the job's accelerator limit (equivalently: minimise accelerator idle), subjec
   costs (the private memory, USS, its workers reach: forked workers copy the dataset pages
   Python touches). No decision takes the node past ``M``: where even one worker per job would,
   the floors drop to the jobs' ``min_workers`` (0: loading in the training process), and a
-  job whose next worker would gain but does not fit is reported as limited by memory.
+  job whose next worker would gain but does not fit is reported as limited by memory. While a
+  job's workers' memory still grows, it grows only to counts at which all its workers fit at
+  the most one may come to hold (``worker_memory_bound``: the memory it shares with its
+  trainer and may yet copy); the workers it has are counted at what they hold.
 
 It allocates greedily: every job starts at its floor and the next worker goes to the job whose
 extra worker raises the node's objective (under that CPU sharing) the most, until none adds
@@ -94,6 +97,10 @@ class JobView:
     it competes for the same cores as the loader workers (0: unknown)."""
     worker_memory_bytes: float = 0.0
     """What one more of its workers costs in memory (0: nothing known: not limited)."""
+    worker_memory_bound: float = 0.0
+    """While its workers' memory still grows (they copy the trainer's pages as they read them):
+    the most one worker may come to hold. Workers beyond its current count are counted at
+    this (0: its workers' memory has settled; ``worker_memory_bytes`` applies to all)."""
 
 
 @dataclass(frozen=True)
@@ -141,41 +148,73 @@ def _bounds(job: JobView, budget: Budget) -> tuple[int, int]:
     return low, max(high, low)
 
 
-def _memory(alloc: dict[str, int], per_worker: dict[str, float]) -> float:
-    return sum(k * per_worker[j] for j, k in alloc.items())
+@dataclass(frozen=True)
+class _Memory:
+    """What loader workers cost in memory. ``k`` workers of job ``j`` cost ``k`` times its
+    measured cost while ``k`` is at most the count it runs now; beyond it, while its workers'
+    memory still grows, ``k`` times the bound (the new workers and the old may all grow to it):
+    no job grows on memory its workers have not shown they stay within."""
+
+    measured: dict[str, float]
+    bound: dict[str, float]
+    current: dict[str, int]
+
+    @classmethod
+    def of(cls, jobs: Sequence[JobView]) -> _Memory:
+        return cls(
+            {j.job_id: j.worker_memory_bytes for j in jobs},
+            {j.job_id: j.worker_memory_bound for j in jobs},
+            {j.job_id: j.current_workers for j in jobs},
+        )
+
+    def per_worker(self, job_id: str, k: int) -> float:
+        """What each of ``k`` workers of the job is counted at."""
+        m = self.measured[job_id]
+        return max(m, self.bound[job_id]) if k > self.current[job_id] else m
+
+    def total(self, alloc: dict[str, int]) -> float:
+        return sum(k * self.per_worker(j, k) for j, k in alloc.items())
+
+    def most(self, job_id: str, room: float, high: int) -> int:
+        """The largest count up to ``high`` whose workers fit in ``room`` (0 if none does)."""
+        k = high
+        while k > 0 and k * self.per_worker(job_id, k) > room:
+            k -= 1
+        return k
+
+    def fit(self, alloc: dict[str, int], floors: dict[str, int], limit: float) -> dict[str, int]:
+        """``alloc`` with workers taken, most memory freed first, down to ``floors``, until it
+        fits in ``limit``."""
+        out = dict(alloc)
+
+        def freed(j: str) -> float:
+            k = out[j]
+            return k * self.per_worker(j, k) - (k - 1) * self.per_worker(j, k - 1)
+
+        while self.total(out) > limit:
+            over = [j for j in out if out[j] > floors[j] and freed(j) > 0]
+            if not over:
+                break
+            big = max(over, key=lambda j: (freed(j), out[j]))
+            out[big] -= 1
+        return out
 
 
-def _fit_memory(
-    alloc: dict[str, int], per_worker: dict[str, float], floors: dict[str, int], limit: float
-) -> dict[str, int]:
-    """``alloc`` with workers taken, largest memory first, down to ``floors``, until it fits."""
-    out = dict(alloc)
-    while _memory(out, per_worker) > limit:
-        over = [j for j in out if out[j] > floors[j] and per_worker[j] > 0]
-        if not over:
-            break
-        big = max(over, key=lambda j: (per_worker[j], out[j]))
-        out[big] -= 1
-    return out
-
-
-def _floors(
-    jobs: Sequence[JobView], budget: Budget, per_worker: dict[str, float]
-) -> dict[str, int]:
+def _floors(jobs: Sequence[JobView], budget: Budget, memory: _Memory) -> dict[str, int]:
     """Each job's lowest count: one worker, or its ``min_workers`` where memory is short."""
     floors = {j.job_id: _bounds(j, budget)[0] for j in jobs}
     hard = {j.job_id: min(j.min_workers, floors[j.job_id]) for j in jobs}
-    return _fit_memory(floors, per_worker, hard, budget.memory_bytes)
+    return memory.fit(floors, hard, budget.memory_bytes)
 
 
 def _even(jobs: Sequence[JobView], budget: Budget) -> dict[str, WorkerDecision]:
     share = max(budget.workers // max(len(jobs), 1), 1)
-    per_worker = {j.job_id: j.worker_memory_bytes for j in jobs}
+    memory = _Memory.of(jobs)
     wanted = {}
     for job in jobs:
         low, high = _bounds(job, budget)
         wanted[job.job_id] = min(max(share, low), high)
-    alloc = _fit_memory(wanted, per_worker, _floors(jobs, budget, per_worker), budget.memory_bytes)
+    alloc = memory.fit(wanted, _floors(jobs, budget, memory), budget.memory_bytes)
     out = {}
     for job in jobs:
         low, high = _bounds(job, budget)
@@ -326,16 +365,15 @@ def decide(
 
     out: dict[str, WorkerDecision] = {}
     planned: list[JobView] = []
-    per_worker = {j.job_id: j.worker_memory_bytes for j in jobs}
-    floors = _floors(jobs, budget, per_worker)
+    memory = _Memory.of(jobs)
+    floors = _floors(jobs, budget, memory)
     held = {j.job_id: j.current_workers for j in jobs}
     for job in jobs:
         low, high = _bounds(job, budget)
         low = floors[job.job_id]
-        m = per_worker[job.job_id]
-        if m > 0 and math.isfinite(budget.memory_bytes):  # others keep what they hold
-            others = _memory({**held, job.job_id: 0}, per_worker)
-            high = max(min(high, int((budget.memory_bytes - others) // m)), low)
+        if math.isfinite(budget.memory_bytes):  # others keep what they hold
+            others = memory.total({**held, job.job_id: 0})
+            high = max(memory.most(job.job_id, budget.memory_bytes - others, high), low)
         model = job.model
         seen = model.observations if model is not None else ()
         # One window with its workers' timings gives each worker's I/O and CPU per sample:
@@ -369,13 +407,13 @@ def decide(
     used_workers = sum(d.num_workers for d in out.values())
     slots = max(budget.workers - used_workers, 0)
     # the memory the planned jobs may share: what the decided (exploring) jobs do not take
-    room = budget.memory_bytes - _memory({j: d.num_workers for j, d in out.items()}, per_worker)
+    room = budget.memory_bytes - memory.total({j: d.num_workers for j, d in out.items()})
     curves = {j.job_id: _curve(j, budget, _bounds(j, budget)[1]) for j in planned}
     alloc = {j.job_id: floors[j.job_id] for j in planned}
     main_cpu = {j.job_id: j.main_cpu_per_sample for j in planned}
 
     def fits(trial: dict[str, int]) -> bool:
-        return _memory(trial, per_worker) <= room
+        return memory.total(trial) <= room
 
     objective_new = _objective(alloc, curves, main_cpu, budget.cores)
     while sum(alloc.values()) < slots:
@@ -454,9 +492,12 @@ def decide(
             > _objective(final, curves, main_cpu, budget.cores) + min_gain
         )
         if limited:
+            grows = memory.per_worker(jid, k + 1) > memory.measured[jid]
             why += (
-                f"; limited by memory: one more worker ({_mb(per_worker[jid])}) would pass "
-                f"the budget ({_mb(_memory(final, per_worker))} of {_mb(room)} used)"
+                f"; limited by memory: one more worker "
+                f"({_mb(memory.per_worker(jid, k + 1))} each"
+                + (", what its growing workers may copy" if grows else "")
+                + f") would pass the budget ({_mb(memory.total(final))} of {_mb(room)} used)"
             )
         out[jid] = WorkerDecision(
             jid,

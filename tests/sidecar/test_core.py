@@ -312,3 +312,57 @@ def test_one_user_cannot_fill_the_node_for_the_others(tmp_path: Path) -> None:
         register_as(1006, 6000)
     core.register(Registration("operator's", pids=(1000,), num_workers=0, batch_size=8))
     assert len(core.jobs) == core_mod.MAX_JOBS - core_mod.OPERATOR_RESERVE + 1
+
+
+def test_growing_workers_are_bounded_until_their_memory_settles(tmp_path: Path) -> None:
+    """While the workers' peak USS grows, the job carries a bound (the most anonymous memory a
+    worker maps: what it may yet copy from the trainer); once the peak has not grown for
+    ``_MEMORY_FLAT_S``, the bound goes and the measured peak alone counts."""
+    node = FakeNode(0.0)
+    held = {"uss": 20 * MiB}
+
+    def growing(pids: list[int]) -> ProcessTreeStats:
+        return ProcessTreeStats(
+            tuple(pids),
+            True,
+            1.0,
+            1,
+            0,
+            0,
+            (201, 202),
+            1.0,
+            {},
+            {100: 300 * MiB, 201: held["uss"], 202: held["uss"] // 2},
+            0,
+            {100: 400 * MiB, 201: 260 * MiB, 202: 250 * MiB},
+        )
+
+    core = fake_core(
+        SidecarStore(tmp_path / "s.db"),
+        PolicySettings("even", 16, 2, 1.0, 1 << 30),
+        tree_stats=growing,
+        clock=node.clock,
+        job_timeout_s=0,
+    )
+    job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    core.reap()  # the first measurement: growth until shown otherwise
+    assert job.worker_memory_bytes == 20 * MiB  # the worker measured, not the trainer's guess
+    assert job.worker_memory_bound == 260 * MiB
+    for _ in range(3):  # still copying: 20 -> 80 MiB
+        node.now += 10.0
+        held["uss"] += 20 * MiB
+        core.reap()
+        assert job.worker_memory_bound == 260 * MiB
+    node.now += core_mod._MEMORY_FLAT_S - 1
+    held["uss"] += MiB // 2  # below the growth threshold
+    core.reap()
+    assert job.worker_memory_bound == 260 * MiB
+    node.now += 2.0
+    core._dirty = False
+    core.reap()
+    assert job.worker_memory_bound == 0.0 and core._dirty  # settled: re-decide
+    assert job.worker_memory_bytes == pytest.approx(80.5 * MiB)
+    node.now += 10.0
+    held["uss"] += 30 * MiB  # growing again
+    core.reap()
+    assert job.worker_memory_bound == 260 * MiB
