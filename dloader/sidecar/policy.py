@@ -542,7 +542,10 @@ def learning_gate(
     lie after the last change plus ``SETTLE_S``, of this job's worker count and of any other
     job's on the node (``since_node_change_s``: a neighbour's change shifts the CPU contention,
     which would be credited to this job's own count), and (with workers) some worker must have
-    delivered a batch. One observation per window, not one per report. An allocation the model
+    delivered a batch. A job the model has not seen yet is the exception to the neighbours'
+    rule: its first window places it (a job arriving on a busy node, whose neighbours move
+    as it arrives, would otherwise wait at its own count for a quiet moment), and later windows
+    correct it. One observation per window, not one per report. An allocation the model
     knows and predicts well (within ``SURPRISE``) is sampled one window in ``STEADY_EVERY``
     after ``STEADY_AFTER``.
     """
@@ -553,7 +556,8 @@ def learning_gate(
         and window_s >= 1.0
         and k == directed_workers
         and (k == 0 or busy_workers > 0)
-        and min(since_directive_s, since_node_change_s) >= window_s + SETTLE_S
+        and since_directive_s >= window_s + SETTLE_S
+        and (not model.observations or since_node_change_s >= window_s + SETTLE_S)
     )
     if not usable:
         return Learning(False, run_length, False)

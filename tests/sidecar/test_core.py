@@ -10,7 +10,7 @@ import pytest
 
 import dloader.sidecar.core as core_mod
 from dloader._daemon.peer import CALLER, Caller, Role
-from dloader._node_messages import JobReport, Registration, WorkerReport
+from dloader._node_messages import JobLimits, JobReport, Registration, WorkerReport
 from dloader.errors import InvalidArgument, ResourceExhausted
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import NodeCore
@@ -216,16 +216,40 @@ def test_a_neighbours_change_is_not_credited_to_a_job(tmp_path: Path) -> None:
         tree_stats=node.tree,
         clock=node.clock,
     )
-    a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
-    node.now += 10.0
-    b = core.register(Registration("b", pids=(100,), num_workers=4, batch_size=32))
-    assert b.directive.num_workers == 2  # even split: b changed, a did not
+    two = JobLimits(max_workers=2)
+    a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32, limits=two))
     node.now += 2.0
     core.report(a, report(2, 300.0))
-    assert not a.model.observations  # b's change lies within a's window
-    node.now += 4.0
+    assert len(a.model.observations) == 1  # its first window
+    node.now += 10.0
+    b = core.register(Registration("b", pids=(100,), num_workers=4, batch_size=32))
+    assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)  # b changed, a did not
+    node.now += 2.0
     core.report(a, report(2, 300.0))
-    assert len(a.model.observations) == 1
+    assert len(a.model.observations) == 1  # b's change lies within a's window
+    for _ in range(2):  # one observation per window: every other 1 s report
+        node.now += 4.0
+        core.report(a, report(2, 300.0))
+    assert len(a.model.observations) == 2
+
+
+def test_a_job_new_to_a_busy_node_is_learned_from_its_first_window(tmp_path: Path) -> None:
+    """A job the model has not seen yet learns from its first window even while its neighbours
+    move (they re-divide the node as it arrives): else it would wait at its own count."""
+    node = FakeNode(0.0)
+    core = fake_core(
+        SidecarStore(tmp_path / "s.db"),
+        PolicySettings("even", 4, 2, 1.0),
+        tree_stats=node.tree,
+        clock=node.clock,
+    )
+    a = core.register(Registration("a", pids=(100,), num_workers=4, batch_size=32))
+    node.now += 10.0
+    b = core.register(Registration("b", pids=(100,), num_workers=2, batch_size=32))
+    assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)  # a moved, b did not
+    node.now += 2.0
+    core.report(b, report(2, 300.0))
+    assert len(b.model.observations) == 1
 
 
 def _free_pids(count: int) -> list[int]:
