@@ -6,8 +6,10 @@ separate processes, each starting with the same worker count (4), under
 (a) ``even``: a sidecar with the even policy (the node's workers split equally);
 (b) ``adaptive``: a sidecar with the adaptive policy (it explores, models, re-divides);
 each at the same node worker budget: 12 (even: 4 each, the architecture doc's baseline) and 24;
-(c) ``static best``: no sidecar, the best fixed split within the same budget found by a small
-grid search (jobs that know their best worker count in advance, which nobody does).
+(c) ``static best``: no sidecar, the best fixed split within the same budget, found in the same
+run by a coordinate search (:func:`coordinate_search`: from the even split, each job in turn
+tries every count of a ladder with the others held, the best kept, until a round changes
+nothing): jobs that know their best worker count in advance, which nobody does.
 
 Score: the sum over jobs of samples/s divided by the job's accelerator limit, over the last
 ``--window`` seconds of each run (the adaptive sidecar needs the first part to explore).
@@ -20,42 +22,93 @@ score. A PNG shows per-job throughput and worker counts over time.
                                                     # (dloader.apps.pipelines): JPEG decode +
                                                     # crop/flip/normalise, text tokenise + pack,
                                                     # remote reads with a tail
+    python -m benchmarks.bench_sidecar --mix dynamic   # jobs come and go (~40 min)
 
 Also (d) ``no sidecar``: every job keeps its 4 workers.
+
+``--mix dynamic``: no single split fits every phase. Three phases of ``--phase`` seconds at a
+budget of 12: io_heavy (``io_a``), cpu_heavy and gpu_bound start; cpu_heavy leaves after one
+phase as a second io_heavy job (``io_b``) arrives; at the third phase ``io_a``'s per-sample
+cost doubles. Score: the sum over jobs of samples / accelerator limit over the whole scenario,
+divided by its length. The static split holds one count per job for its life (within the
+budget in every phase), found by the same coordinate search over whole scenario runs. Also:
+how long the arriving job waited for its first decision (target: within 5 s).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import re
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import machine, out_path, table
-from dloader.apps.experiment import JobPlan, run_jobs, score, sidecar_process
+from dloader.apps.experiment import Arrival, JobPlan, run_jobs, score, sidecar_process
 from dloader.apps.testbed import PROFILES, REAL_MIX, make_dataset
 
 JOBS: tuple[str, ...] = ("io_heavy", "cpu_heavy", "gpu_bound")
 START_WORKERS = 4
-#: per mix: the static splits searched for each node budget (only those within it compete)
-GRIDS = {
-    "emulated": {
-        12: {"io_heavy": (8, 9, 10), "cpu_heavy": (1, 2, 3), "gpu_bound": (1,)},
-        24: {"io_heavy": (12, 16, 20), "cpu_heavy": (1, 2, 3), "gpu_bound": (1,)},
-    },
-    "real": {
-        12: {"image_jpeg": (1, 2, 3), "text_pack": (1, 2), "remote_read": (7, 8, 9)},
-        24: {"image_jpeg": (1, 2, 3), "text_pack": (1, 2), "remote_read": (14, 18, 21)},
-    },
-}
-QUICK_GRIDS = {
-    "emulated": {12: {"io_heavy": (9,), "cpu_heavy": (1, 2), "gpu_bound": (1,)}},
-    "real": {12: {"image_jpeg": (1, 2), "text_pack": (1,), "remote_read": (9,)}},
-}
+BUDGETS = (12, 24)
+#: the worker counts the coordinate search tries for a job (those within the budget)
+LADDER = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20)
+QUICK_LADDER = (1, 2, 4, 8)
+DYNAMIC_JOBS = ("io_a", "cpu_heavy", "gpu_bound", "io_b")
+DYNAMIC_BUDGET = 12
+
+Split = dict[str, int]
+
+
+def coordinate_search(
+    evaluate: Callable[[Split], float],
+    start: Split,
+    allowed: Callable[[Split], bool],
+    ladder: Sequence[int] = LADDER,
+    rounds: int = 3,
+) -> tuple[float, Split]:
+    """The best split found by local search, and its score. Each round: each job in turn tries
+    every count of ``ladder`` that keeps the split ``allowed``, the others held, and the best
+    is kept; then every pair of jobs tries a transfer (one job one step down the ladder, the
+    workers it frees to the other: the moves a tight budget needs, where no job can grow alone).
+    Rounds until one changes nothing (at most ``rounds``). Each split is evaluated once."""
+    seen: dict[tuple[tuple[str, int], ...], float] = {}
+
+    def value(split: Split) -> float:
+        key = tuple(sorted(split.items()))
+        if key not in seen:
+            seen[key] = evaluate(split)
+        return seen[key]
+
+    best, best_value = dict(start), value(start)
+    for _ in range(rounds):
+        changed = False
+        for job in list(best):
+            for k in ladder:
+                trial = {**best, job: k}
+                if k == best[job] or not allowed(trial):
+                    continue
+                v = value(trial)
+                if v > best_value:
+                    best, best_value, changed = trial, v, True
+        base = dict(best)
+        for src in base:
+            below = [x for x in ladder if x < base[src]]
+            for dst in base:
+                if src == dst or not below:
+                    continue
+                trial = {**base, src: below[-1], dst: base[dst] + base[src] - below[-1]}
+                if not allowed(trial):
+                    continue
+                v = value(trial)
+                if v > best_value:
+                    best, best_value, changed = trial, v, True
+        if not changed:
+            break
+    return best_value, best
 
 
 def with_sidecar(
@@ -106,7 +159,171 @@ def converged_at(results: dict[str, Any], final: float, seconds: float) -> float
     return None
 
 
-def plot(runs: dict[str, dict[str, Any]], seconds: float, png: Path) -> None:
+def static_best(
+    budget: int,
+    tmp: Path,
+    seconds: float,
+    window: float,
+    extra: list[str],
+    ladder: Sequence[int],
+    rounds: int,
+) -> tuple[str, float, dict[str, Any], dict[str, Any]]:
+    """The best static split within ``budget`` by coordinate search from the even split, each
+    split run for ``seconds`` and scored over its last ``window``: (label, score, per job,
+    results)."""
+    tried: dict[tuple[int, ...], tuple[float, dict[str, Any], dict[str, Any]]] = {}
+
+    def evaluate(split: Split) -> float:
+        print(
+            f"  budget {budget} static search, run {len(tried) + 1}: {split} ...",
+            file=sys.stderr,
+            flush=True,
+        )
+        folder = tmp / f"static-{budget}-{len(tried)}"
+        res = run_jobs(specs(split), folder, seconds=seconds, extra=extra)
+        total, per = score(res, seconds - window, seconds)
+        tried[tuple(split[j] for j in JOBS)] = (total, per, res)
+        return total
+
+    _, split = coordinate_search(
+        evaluate,
+        dict.fromkeys(JOBS, budget // len(JOBS)),
+        lambda s: sum(s.values()) <= budget,
+        ladder,
+        rounds,
+    )
+    label = f"static best of {len(tried)}, budget {budget}: " + "/".join(
+        str(split[j]) for j in JOBS
+    )
+    return (label, *tried[tuple(split[j] for j in JOBS)])
+
+
+def dynamic_plans(phase: float, split: Split | None = None) -> list[Arrival]:
+    """The dynamic scenario's jobs, each starting at ``START_WORKERS`` or at its ``split``."""
+    k = split or dict.fromkeys(DYNAMIC_JOBS, START_WORKERS)
+    slow = ("--slowdown-at", str(2 * phase))
+    return [
+        Arrival("io_heavy", k["io_a"], 0.0, seconds=3 * phase, label="io_a", extra=slow),
+        Arrival("cpu_heavy", k["cpu_heavy"], 0.0, seconds=phase),
+        Arrival("gpu_bound", k["gpu_bound"], 0.0, seconds=3 * phase),
+        Arrival("io_heavy", k["io_b"], phase, seconds=2 * phase, label="io_b"),
+    ]
+
+
+def scenario_score(results: dict[str, Any], length: float) -> tuple[float, dict[str, float]]:
+    """The sum over jobs of samples / accelerator limit over the scenario, per second of it;
+    and per job, its part."""
+    per = {
+        name: sum(x[1] for x in r["timeline"]) / r["limit"] / length for name, r in results.items()
+    }
+    return sum(per.values()), per
+
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)")
+
+
+def first_decision_s(log: Path, name: str, nth: int) -> float | None:
+    """Seconds from the ``nth`` (0-based) registration of a job named ``name`` to its first
+    worker-count directive (None: none logged)."""
+    registered_at, job, seen = None, None, 0
+    for line in log.read_text().splitlines():
+        stamp = _STAMP.match(line)
+        if stamp is None:
+            continue
+        at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f")
+        m = _REGISTERED.search(line)
+        if m and m.group(2) == name and job is None:
+            if seen == nth:
+                registered_at, job = at, m.group(1)
+            seen += 1
+        elif job is not None and re.search(rf"job {job}: \d+ workers \(", line):
+            assert registered_at is not None
+            return (at - registered_at).total_seconds()
+    return None
+
+
+def dynamic(phase: float, ladder: Sequence[int], rounds: int, out_dir: Path | None) -> int:
+    """``--mix dynamic``: no sidecar, even, adaptive and the searched static split."""
+    outs = (lambda name: out_dir / name) if out_dir else out_path
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    length = 3 * phase
+    print(f"machine: {machine()}", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-dynamic-"))
+    runs: dict[str, dict[str, Any]] = {}
+    print(f"  no sidecar: the scenario, {length:g} s ...", file=sys.stderr, flush=True)
+    runs[f"no sidecar ({START_WORKERS} each)"] = run_jobs(dynamic_plans(phase), tmp / "none")
+    decided: dict[str, float | None] = {}
+    for policy in ("even", "adaptive"):
+        print(f"  {policy}: the scenario, {length:g} s ...", file=sys.stderr, flush=True)
+        folder = tmp / policy
+        with sidecar_process(folder, policy=policy, worker_budget=DYNAMIC_BUDGET) as sc:
+            runs[policy] = run_jobs(dynamic_plans(phase), folder, sidecar=sc.target)
+        decided[policy] = first_decision_s(folder / "sidecar.log", "io_heavy", 1)
+    tried: dict[tuple[int, ...], dict[str, Any]] = {}
+
+    def evaluate(split: Split) -> float:
+        print(f"  static search, run {len(tried) + 1}: {split} ...", file=sys.stderr, flush=True)
+        res = run_jobs(dynamic_plans(phase, split), tmp / f"static-{len(tried)}")
+        tried[tuple(split[j] for j in DYNAMIC_JOBS)] = res
+        return scenario_score(res, length)[0]
+
+    def allowed(k: Split) -> bool:  # within the budget in every phase
+        first = k["io_a"] + k["cpu_heavy"] + k["gpu_bound"]
+        return max(first, k["io_a"] + k["gpu_bound"] + k["io_b"]) <= DYNAMIC_BUDGET
+
+    start = {"io_a": 4, "cpu_heavy": 4, "gpu_bound": 4, "io_b": 4}
+    _, split = coordinate_search(evaluate, start, allowed, ladder, rounds)
+    label = f"static best of {len(tried)}: " + "/".join(str(split[j]) for j in DYNAMIC_JOBS)
+    runs[label] = tried[tuple(split[j] for j in DYNAMIC_JOBS)]
+    scores = {name: scenario_score(res, length) for name, res in runs.items()}
+    best = scores[label][0]
+    print(
+        table(
+            ["run", "sum samples/limit per s", "vs static best", *DYNAMIC_JOBS],
+            [
+                [name, total, total / best, *(f"{per.get(j, 0.0):.3f}" for j in DYNAMIC_JOBS)]
+                for name, (total, per) in scores.items()
+            ],
+        )
+    )
+    adaptive = scores["adaptive"][0]
+    better = max(scores["even"][0], scores[f"no sidecar ({START_WORKERS} each)"][0])
+    print(
+        f"dynamic, budget {DYNAMIC_BUDGET}: adaptive / the best static split = "
+        f"{adaptive / best:.2f} (target >= 1.10); adaptive / the better of (no sidecar, even) = "
+        f"{adaptive / better:.2f}; the arriving job's first decision after "
+        + ", ".join(f"{p} {s:.1f} s" if s is not None else f"{p} n/a" for p, s in decided.items())
+        + " (target: within 5 s)"
+    )
+    outs("bench_sidecar_dynamic.json").write_text(
+        json.dumps(
+            {
+                "machine": machine(),
+                "phase_s": phase,
+                "scores": {n: {"total": t, "per": per} for n, (t, per) in scores.items()},
+                "summary": {
+                    "adaptive_vs_static_best": adaptive / best,
+                    "adaptive_vs_better_baseline": adaptive / better,
+                    "static_best": split,
+                    "static_runs": len(tried),
+                    "first_decision_s": decided,
+                },
+            },
+            indent=1,
+        )
+    )
+    plot(runs, length, outs("bench_sidecar_dynamic.png"), "Jobs come and go on one node")
+    print(f"wrote {outs('bench_sidecar_dynamic.json')} and {outs('bench_sidecar_dynamic.png')}")
+    return 0
+
+
+def plot(
+    runs: dict[str, dict[str, Any]],
+    seconds: float,
+    png: Path,
+    title: str = "Three jobs on one node",
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,12 +332,16 @@ def plot(runs: dict[str, dict[str, Any]], seconds: float, png: Path) -> None:
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.8 * len(runs)), sharex=True)
     for ax, (label, results) in zip(axes, runs.items(), strict=True):
         ax2 = ax.twinx()
+        first = min(r.get("started", 0.0) for r in results.values())
         for name, r in results.items():
+            off = r.get("started", 0.0) - first  # when the job arrived
             ts = [i * 1.0 for i in range(int(seconds))]
-            norm = [sum(x[1] for x in r["timeline"] if t <= x[0] < t + 1) / r["limit"] for t in ts]
+            norm = [
+                sum(x[1] for x in r["timeline"] if t <= x[0] + off < t + 1) / r["limit"] for t in ts
+            ]
             line = ax.plot(ts, norm, label=f"{name} throughput/limit")[0]
             ax2.step(
-                [x[0] for x in r["timeline"]],
+                [x[0] + off for x in r["timeline"]],
                 [x[3] for x in r["timeline"]],
                 where="post",
                 color=line.get_color(),
@@ -133,7 +354,7 @@ def plot(runs: dict[str, dict[str, Any]], seconds: float, png: Path) -> None:
         ax.set_title(label, fontsize=9)
         ax.legend(fontsize=7, loc="lower right")
     axes[-1].set_xlabel("seconds")
-    fig.suptitle(f"Three jobs on one node\n{machine()}", fontsize=8)
+    fig.suptitle(f"{title}\n{machine()}", fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
@@ -150,9 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         "--window", type=float, help="scored final window, seconds (default: 30, --quick: 12)"
     )
     p.add_argument(
-        "--grid-seconds", type=float, help="length of a grid run (default: 25, --quick: 15)"
+        "--static-seconds",
+        type=float,
+        help="length of a static-split run (default: 25, --quick: 15)",
     )
-    p.add_argument("--quick", action="store_true", help="shorter runs, smaller grid")
+    p.add_argument("--quick", action="store_true", help="shorter runs, a smaller search")
     p.add_argument(
         "--jpegs",
         type=int,
@@ -164,19 +387,38 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--mix",
-        choices=sorted(GRIDS),
+        choices=("dynamic", "emulated", "real"),
         default="emulated",
         help="emulated: the testbed's three profiles (docs/architecture.md); real: the "
-        "real-pipeline mix",
+        "real-pipeline mix; dynamic: jobs come and go, a pipeline's cost doubles",
+    )
+    p.add_argument(
+        "--phase",
+        type=float,
+        help="--mix dynamic: length of each of its three phases, s (default: 20, --quick: 8)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        help="rounds of the static split's coordinate search at most (default: 3, --quick: 1)",
     )
     args = p.parse_args(argv)
     global JOBS
     JOBS = REAL_MIX if args.mix == "real" else JOBS
-    grids = (QUICK_GRIDS if args.quick else GRIDS)[args.mix]
+    ladder = QUICK_LADDER if args.quick else LADDER
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    if rounds < 1:
+        p.error(f"--rounds {rounds}: expected at least 1")
+    if args.mix == "dynamic":
+        phase = args.phase if args.phase is not None else (8.0 if args.quick else 20.0)
+        if not phase >= 2:
+            p.error(f"--phase {phase:g}: expected at least 2 seconds")
+        return dynamic(phase, ladder, rounds, args.out_dir)
+    budgets = BUDGETS[:1] if args.quick else BUDGETS
     for name, full, quick in (
         ("seconds", 90.0, 40.0),
         ("window", 30.0, 12.0),
-        ("grid_seconds", 25.0, 15.0),
+        ("static_seconds", 25.0, 15.0),
     ):
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
@@ -198,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     res = run_jobs(specs(START_WORKERS), tmp / "none", seconds=args.seconds, extra=extra)
     runs["no sidecar (4 each)"] = res
     rows.append(("no sidecar (4 each)", *score(res, args.seconds - args.window, args.seconds)))
-    for budget, grid in grids.items():
+    for budget in budgets:
         for policy in ("even", "adaptive"):
             label = f"{policy}, budget {budget}"
             print(f"  {label}: 3 jobs x {args.seconds:g} s ...", file=sys.stderr, flush=True)
@@ -206,30 +448,18 @@ def main(argv: list[str] | None = None) -> int:
             runs[label] = res
             total, per = score(res, args.seconds - args.window, args.seconds)
             rows.append((label, total, per))
-        combos = [c for c in itertools.product(*grid.values()) if sum(c) <= budget]
-        found: tuple[float, dict[str, Any], dict[str, int], dict[str, Any]] | None = None
-        for i, combo in enumerate(combos):
-            workers = dict(zip(grid, combo, strict=True))
-            print(
-                f"  budget {budget} grid [{i + 1}/{len(combos)}] {workers} ...",
-                file=sys.stderr,
-                flush=True,
-            )
-            res = run_jobs(
-                specs(workers), tmp / f"grid-{budget}-{i}", seconds=args.grid_seconds, extra=extra
-            )
-            total, per = score(
-                res,
-                args.grid_seconds - args.window * args.grid_seconds / args.seconds,
-                args.grid_seconds,
-            )
-            if found is None or total > found[0]:
-                found = (total, per, workers, res)
-        assert found is not None
-        label = f"static best, budget {budget}: " + "/".join(str(found[2][j]) for j in JOBS)
-        runs[label] = found[3]
-        rows.append((label, found[0], found[1]))
-        best[budget] = (found[0], label)
+        label, total, per, res = static_best(
+            budget,
+            tmp,
+            args.static_seconds,
+            args.window * args.static_seconds / args.seconds,
+            extra,
+            ladder,
+            rounds,
+        )
+        runs[label] = res
+        rows.append((label, total, per))
+        best[budget] = (total, label)
     base = next(t for n, t, _ in rows if n == f"even, budget {START_WORKERS * len(JOBS)}")
     headers = [
         "run",
@@ -253,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {}
     none = rows[0][1]
     targets = {"emulated": (1.27, 1.00), "real": (1.15, 0.97)}[args.mix]
-    for budget in grids:
+    for budget in budgets:
         even = next(t for n, t, _ in rows if n == f"even, budget {budget}")
         label = f"adaptive, budget {budget}"
         adaptive, per = next((t, q) for n, t, q in rows if n == label)

@@ -19,10 +19,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JobPlan", "Sidecar", "run_jobs", "score", "sidecar_process"]
+__all__ = ["Arrival", "JobPlan", "Sidecar", "run_jobs", "score", "sidecar_process"]
 
 JobPlan = tuple[str, int | str, float, int | None]
 """(profile, start workers or "auto", arrival second, samples or None for a fixed time)."""
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A job of :func:`run_jobs`, with more said than a :data:`JobPlan`."""
+
+    profile: str
+    workers: int | str
+    at: float = 0.0
+    """Its arrival, seconds after the first."""
+    samples: int | None = None
+    seconds: float | None = None
+    """How long it trains (default: ``run_jobs``'s ``seconds``); ignored with ``samples``."""
+    label: str | None = None
+    """Its key in the results (default: the profile; two jobs of one profile need labels)."""
+    extra: tuple[str, ...] = ()
+    """More ``dloader.apps.testbed`` arguments for this job (e.g. ``--slowdown-at 30``)."""
 
 
 @dataclass(frozen=True)
@@ -85,22 +102,27 @@ def sidecar_process(
 
 
 def run_jobs(
-    jobs: Sequence[JobPlan],
+    jobs: Sequence[JobPlan | Arrival],
     folder: Path,
     *,
     seconds: float | None = None,
     sidecar: str | None = None,
     extra: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Runs the jobs (each arriving at its second) to completion; returns their timelines.
-    ``extra``: more ``dloader.apps.testbed`` arguments for every job (e.g. ``--jpegs 200``)."""
+    """Runs the jobs (each arriving at its second) to completion; returns their timelines, by
+    label. ``extra``: more ``dloader.apps.testbed`` arguments for every job (``--jpegs 200``)."""
+    plans = [j if isinstance(j, Arrival) else Arrival(*j) for j in jobs]
+    labels = [j.label or j.profile for j in plans]
+    if len(set(labels)) < len(labels):
+        raise ValueError(f"jobs {labels}: two jobs of one profile need labels of their own")
     folder.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     procs, outs = [], {}
     t0 = time.monotonic()
-    for name, workers, at, samples in jobs:
-        time.sleep(max(at - (time.monotonic() - t0), 0.0))
-        out = folder / f"{name}-{time.monotonic_ns()}.json"
+    for plan, label in sorted(zip(plans, labels, strict=True), key=lambda x: x[0].at):
+        name, samples = plan.profile, plan.samples
+        time.sleep(max(plan.at - (time.monotonic() - t0), 0.0))
+        out = folder / f"{label}-{time.monotonic_ns()}.json"
         cmd = [
             sys.executable,
             "-m",
@@ -108,18 +130,22 @@ def run_jobs(
             "--profile",
             name,
             "--workers",
-            str(workers),
+            str(plan.workers),
             "--out",
             str(out),
         ]
-        cmd += ["--samples", str(samples)] if samples else ["--seconds", str(seconds)]
+        cmd += (
+            ["--samples", str(samples)]
+            if samples
+            else ["--seconds", str(plan.seconds if plan.seconds is not None else seconds)]
+        )
         if sidecar:
             cmd += ["--sidecar", sidecar]
-        cmd += extra
+        cmd += [*extra, *plan.extra]
         procs.append(
             subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         )
-        outs[name] = out
+        outs[label] = out
     for p in procs:
         if p.wait(timeout=3600) != 0:
             raise RuntimeError(f"job {p.args!r} failed with exit code {p.returncode}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -88,11 +89,16 @@ PROFILES: dict[str, Profile] = {
 REAL_MIX = ("image_jpeg", "text_pack", "remote_read")
 
 
-def make_dataset(profile: Profile, length: int, jpegs: int = 3000) -> Dataset[Any]:
+def make_dataset(
+    profile: Profile, length: int, jpegs: int = 3000, slow_from: float = math.inf
+) -> Dataset[Any]:
     """The dataset of ``profile`` with ``length`` samples (``jpegs``: files generated once into
-    :func:`dloader.apps.pipelines.default_cache` for the image pipeline)."""
+    :func:`dloader.apps.pipelines.default_cache` for the image pipeline; ``slow_from``: an
+    emulated profile's samples cost twice as much from this ``time.time()`` on)."""
     if profile.pipeline == "emulated":
-        return EmulatedDataset.from_profile(profile, length)
+        return EmulatedDataset(length, profile.io_ms, profile.cpu_ms, slow_from=slow_from)
+    if slow_from != math.inf:
+        raise ValueError(f"profile {profile.name}: only emulated profiles can slow down")
     from dloader.apps import pipelines
 
     if profile.pipeline == "jpeg":
@@ -123,11 +129,17 @@ class EmulatedDataset(Dataset[Any]):
     """A map-style dataset whose samples cost ``io_ms`` of waiting and ``cpu_ms`` of CPU.
 
     Each sample is ``torch.tensor(index)``, plus a ``payload_bytes`` uint8 tensor when asked for
-    (to include inter-process transfer costs).
+    (to include inter-process transfer costs). From ``slow_from`` (a ``time.time()``) on, each
+    sample costs twice as much (a pipeline whose cost changes mid-run).
     """
 
     def __init__(
-        self, length: int, io_ms: float = 0.0, cpu_ms: float = 0.0, payload_bytes: int = 0
+        self,
+        length: int,
+        io_ms: float = 0.0,
+        cpu_ms: float = 0.0,
+        payload_bytes: int = 0,
+        slow_from: float = math.inf,
     ) -> None:
         if length < 0:
             raise ValueError(f"length={length} must be >= 0")
@@ -137,6 +149,7 @@ class EmulatedDataset(Dataset[Any]):
         self.io_ms = io_ms
         self.cpu_ms = cpu_ms
         self.payload_bytes = payload_bytes
+        self.slow_from = slow_from
 
     @classmethod
     def from_profile(cls, profile: Profile, length: int, payload_bytes: int = 0) -> EmulatedDataset:
@@ -149,9 +162,10 @@ class EmulatedDataset(Dataset[Any]):
     def __getitem__(self, index: int) -> Any:
         if not 0 <= index < self.length:
             raise IndexError(f"index {index} out of range for EmulatedDataset of {self.length}")
+        scale = 2.0 if time.time() >= self.slow_from else 1.0
         if self.io_ms:
-            time.sleep(self.io_ms / 1000.0)
-        burn_cpu(self.cpu_ms / 1000.0)
+            time.sleep(scale * self.io_ms / 1000.0)
+        burn_cpu(scale * self.cpu_ms / 1000.0)
         if self.payload_bytes:
             return torch.tensor(index), torch.zeros(self.payload_bytes, dtype=torch.uint8)
         return torch.tensor(index)
@@ -317,7 +331,21 @@ def main(argv: list[str] | None = None) -> int:
         default=3000,
         help="image_jpeg: JPEG files to generate once into the cache and read (default: 3000)",
     )
+    parser.add_argument(
+        "--slowdown-at",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="emulated profiles: each sample costs twice as much from this second of the run on",
+    )
     args = parser.parse_args(argv)
+    if args.slowdown_at is not None and not (
+        args.slowdown_at >= 0 and PROFILES[args.profile].pipeline == "emulated"
+    ):
+        parser.error(
+            f"--slowdown-at={args.slowdown_at}: expected seconds >= 0, for an emulated profile "
+            f"(io_heavy, cpu_heavy, gpu_bound), not {args.profile}"
+        )
     if args.seconds is not None and args.samples is not None:
         parser.error("give --seconds or --samples, not both")
     if args.seconds is None and args.samples is None:
@@ -335,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     if bs < 1:
         parser.error(f"--batch-size={bs} must be >= 1")
     started = time.time()
-    dataset = make_dataset(profile, 1_000_000, args.jpegs)
+    slow_from = math.inf if args.slowdown_at is None else started + args.slowdown_at
+    dataset = make_dataset(profile, 1_000_000, args.jpegs, slow_from)
     if args.loader == "torch":
         loader: Any = torch.utils.data.DataLoader(
             dataset, batch_size=bs, shuffle=True, num_workers=args.workers

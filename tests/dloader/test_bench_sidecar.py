@@ -16,7 +16,7 @@ from benchmarks import bench_sidecar
 @pytest.mark.integration
 def test_bench_sidecar_real_mix_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--mix", "real", "--quick", "--jpegs", "200", "--out-dir", str(tmp_path)]
-    argv += ["--seconds", "14", "--window", "6", "--grid-seconds", "6"]
+    argv += ["--seconds", "14", "--window", "6", "--static-seconds", "6"]
     assert bench_sidecar.main(argv) == 0
     data = json.loads((tmp_path / "bench_sidecar_real.json").read_text())
     names = [row[0] for row in data["rows"]]
@@ -32,3 +32,44 @@ def test_bench_sidecar_real_mix_small(tmp_path: Path, capsys: pytest.CaptureFixt
     assert (tmp_path / "bench_sidecar_real.png").stat().st_size > 0
     out = capsys.readouterr().out
     assert "adaptive / the better of" in out and "machine:" in out
+
+
+@pytest.mark.parametrize(("budget", "io"), [(11, 8), (10, 7)])
+def test_coordinate_search_finds_the_best_allowed_split(budget: int, io: int) -> None:
+    """On a separable score peaking at io=8, cpu=2, gpu=1, the search from the even split finds
+    the best split within the budget (10 workers: io 7, off the ladder, which only a transfer
+    of workers from another job reaches), evaluating each split once."""
+    peak = {"io": 8, "cpu": 2, "gpu": 1}
+    calls: list[tuple[tuple[str, int], ...]] = []
+
+    def evaluate(split: dict[str, int]) -> float:
+        calls.append(tuple(sorted(split.items())))
+        return -float(sum((split[j] - peak[j]) ** 2 for j in peak))
+
+    best, split = bench_sidecar.coordinate_search(
+        evaluate, {"io": 3, "cpu": 3, "gpu": 3}, lambda s: sum(s.values()) <= budget
+    )
+    assert split == {"io": io, "cpu": 2, "gpu": 1}
+    assert best == -float((io - 8) ** 2)
+    assert len(calls) == len(set(calls))  # each split once
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_bench_sidecar_dynamic_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--mix", "dynamic", "--quick", "--phase", "3", "--out-dir", str(tmp_path)]
+    assert bench_sidecar.main(argv) == 0
+    data = json.loads((tmp_path / "bench_sidecar_dynamic.json").read_text())
+    assert {"no sidecar (4 each)", "even", "adaptive"} <= set(data["scores"])
+    static = [n for n in data["scores"] if n.startswith("static best of ")]
+    assert len(static) == 1
+    for name, s in data["scores"].items():
+        assert set(s["per"]) == {"io_a", "cpu_heavy", "gpu_bound", "io_b"}, name
+        assert all(v > 0 for v in s["per"].values()), (name, s)
+    k = data["summary"]["static_best"]
+    assert (
+        max(k["io_a"] + k["cpu_heavy"] + k["gpu_bound"], k["io_a"] + k["gpu_bound"] + k["io_b"])
+        <= 12
+    )
+    assert (tmp_path / "bench_sidecar_dynamic.png").stat().st_size > 0
+    assert "adaptive / the best static split" in capsys.readouterr().out
