@@ -154,6 +154,9 @@ class NodeCore:
         self.jobs: dict[str, Job] = {}
         self._revision = 0
         self._changed_at = -math.inf  # when any job's worker count last changed
+        self._measured = pol.Measurements()  # what each split of the node measured
+        self._previous: pol.Split | None = None  # the split left for the current one
+        self._decided_at = -math.inf  # when the policy last ran
         self._wake = asyncio.Event()
         self._dirty = True  # something the decision depends on changed since the last one
         for rec in store.active_jobs():  # a restart keeps the jobs and what was learned
@@ -388,6 +391,7 @@ class NodeCore:
                 else None
             ),
         )
+        self._measure(job, r, window, busy=bool(busy))
         gate = pol.learning_gate(
             job.model,
             obs,
@@ -410,6 +414,71 @@ class NodeCore:
             self._wake.set()
 
     # ------------------------------------------------------------------ decisions
+
+    def _split(self) -> pol.Split:
+        return pol.split_of({j.job_id: j.directive.num_workers for j in self.jobs.values()})
+
+    def _limits(self) -> dict[str, float]:
+        return {
+            j.job_id: j.model.accelerator_limit(j.directive.batch_size or j.record.batch_size)
+            for j in self.jobs.values()
+            if j.model.observations
+        }
+
+    def _measure(self, job: Job, r: JobReport, window: float, *, busy: bool) -> None:
+        """Records a steady window of ``job`` at the node's current split: at its directed
+        count, the whole window after the last change of any job plus ``SETTLE_S``, one per
+        window. A split measured in full for the first time calls for a decision."""
+        now = self._clock()
+        steady = (
+            r.num_workers == job.directive.num_workers
+            and (busy or r.num_workers == 0)
+            and window >= 1.0
+            and min(now - job.directive_at, now - self._changed_at) >= window + pol.SETTLE_S
+            and job.reports % max(int(window), 1) == 0
+        )
+        if not steady or self.settings.name != "adaptive":
+            return
+        split, limits = self._split(), self._limits()
+        known = self._measured.score(split, limits, now) is not None
+        self._measured.add(split, job.job_id, r.samples_per_second, now)
+        if not known and self._measured.score(split, limits, now) is not None:
+            self._dirty = True
+
+    def _measured_truth(
+        self,
+        jobs: list[Job],
+        views: list[pol.JobView],
+        budget: pol.Budget,
+        decisions: dict[str, pol.WorkerDecision],
+    ) -> dict[str, pol.WorkerDecision]:
+        """The model proposes, measurements decide (:func:`~.policy.measured_guard`); steady
+        for ``PROBE_AFTER_S`` at a measured split, a near-tie neighbour is tried
+        (:func:`~.policy.probe`). Only once every job is placed by its model."""
+        cold = ("exploring", "no model")
+        if any(not j.model.observations for j in jobs) or any(
+            d.reason.startswith(cold) for d in decisions.values()
+        ):
+            self._previous = None
+            return decisions
+        now, limits = self._clock(), self._limits()
+        current = self._split()
+        proposed = pol.split_of({j: d.num_workers for j, d in decisions.items()})
+        chosen, why = pol.measured_guard(
+            current, proposed, self._previous, self._measured, limits, now
+        )
+        steady = now - self._changed_at >= pol.PROBE_AFTER_S
+        known = self._measured.score(current, limits, now) is not None
+        if chosen == current == proposed and steady and known:
+            tried = pol.probe(views, budget, self._measured, limits, now)
+            if tried is not None:
+                chosen, why = tried
+        if chosen != current:
+            self._previous = current
+        if chosen == proposed:
+            return decisions
+        counts = dict(chosen)
+        return {j: replace(d, num_workers=counts[j], reason=why) for j, d in decisions.items()}
 
     def _note_memory(self, job: Job) -> None:
         """One more worker of ``job`` costs what its largest worker holds privately (its USS
@@ -466,6 +535,7 @@ class NodeCore:
     def decide(self) -> None:
         """Runs the policy and sends every changed directive."""
         self._dirty = False
+        self._decided_at = self._clock()
         jobs = list(self.jobs.values())
         if not jobs:
             return
@@ -487,6 +557,8 @@ class NodeCore:
         memory, _ = self.memory_budget()
         budget = pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget), memory)
         decisions = pol.decide(self.settings.name, views, budget)
+        if self.settings.name == "adaptive":
+            decisions = self._measured_truth(jobs, views, budget, decisions)
         self._enforce_cpu(jobs, decisions)
         for job in jobs:
             d = decisions[job.job_id]
@@ -623,7 +695,14 @@ class NodeCore:
                 if self._clock() - last_reap >= self.settings.period_s:
                     last_reap = self._clock()
                     self.reap()
-                if self._dirty:  # the decision is a function of the jobs, models and settings
+                # the decision is a function of the jobs, models and settings; steady, it is
+                # also time to probe a neighbouring split now and then
+                now = self._clock()
+                probe_due = (
+                    self.settings.name == "adaptive"
+                    and min(now - self._changed_at, now - self._decided_at) >= pol.PROBE_AFTER_S
+                )
+                if self._dirty or probe_due:
                     self.decide()
             except Exception:  # the daemon must outlive a bad decision
                 log.exception("node policy loop failed; keeping the last allocation")

@@ -35,6 +35,15 @@ instead (:func:`~dloader.predictor.exploration_plan`): one window with its worke
 each worker's I/O and CPU time per sample, from which the model places the job at once. A new
 allocation replaces the previous one only if its predicted objective is higher by
 ``hysteresis`` (no thrashing), or if it only releases workers at no predicted loss.
+
+Measured truth over the model (:func:`measured_guard`, :func:`probe`; the core keeps the
+:class:`Measurements`): the model proposes, windows measured under the same neighbours decide.
+Each split of the node (every job's worker count) is scored by what its jobs measured there,
+steady, normalised by their accelerator limits. A proposal measured worse than the current
+split is not taken; a split measured worse than the one left for it goes back to that one.
+Steady at a measured split, the node tries the neighbour (one worker added, removed or moved)
+the model ranks best among the near-ties it has not measured lately: where the model cannot
+tell, measuring can. Measurements are forgotten after ``MEASURE_STALE_S`` (costs change).
 """
 
 from __future__ import annotations
@@ -52,12 +61,17 @@ __all__ = [
     "Candidate",
     "JobView",
     "Learning",
+    "Measurements",
+    "Split",
     "WorkerDecision",
     "check_policy",
     "cpu_sets",
     "cpu_shares",
     "decide",
     "learning_gate",
+    "measured_guard",
+    "probe",
+    "split_of",
 ]
 
 #: The node policies.
@@ -570,3 +584,149 @@ def learning_gate(
     if same and not surprise and run > STEADY_AFTER and run % STEADY_EVERY:
         return Learning(False, run, False)
     return Learning(True, run, not same or surprise)
+
+
+# ---------------------------------------------------------------- measured truth over the model
+
+MEASURE_MARGIN = 0.03
+"""A split measured worse than another by more than this share of its score is left, or not
+taken (the node's throughput measured over a few windows varies by about this much)."""
+MEASURE_WINDOWS = 2
+"""Steady report windows each job needs at a split before the split's measured score counts."""
+MEASURE_STALE_S = 90.0
+"""A split's measurements older than this are forgotten: the jobs' costs may have changed."""
+PROBE_AFTER_S = 20.0
+"""Steady this long at a measured split: try the untried neighbour the model ranks best."""
+PROBE_LOSS = 0.02
+"""Neighbours the model predicts worse than the current split by more than this are not tried
+(the model is the prior: only near-ties are worth measuring)."""
+MAX_SPLITS = 256
+"""Splits whose measurements are kept at most (the oldest go first)."""
+_KEEP_SAMPLES = 8
+
+Split = tuple[tuple[str, int], ...]
+"""A node's allocation: (job id, worker count) for every job, sorted by job id."""
+
+
+def split_of(counts: dict[str, int]) -> Split:
+    """The :data:`Split` of job id -> worker count."""
+    return tuple(sorted(counts.items()))
+
+
+@dataclass
+class Measurements:
+    """What each split measured: per job, its samples/s over steady windows at that split
+    (after the last change of any job plus ``SETTLE_S``: the same neighbours throughout)."""
+
+    samples: dict[Split, dict[str, list[float]]] = field(default_factory=dict)
+    last: dict[Split, float] = field(default_factory=dict)
+
+    def add(self, split: Split, job_id: str, samples_per_s: float, now: float) -> None:
+        """One steady window of ``job_id`` at ``split``."""
+        per = self.samples.setdefault(split, {})
+        values = per.setdefault(job_id, [])
+        values.append(samples_per_s)
+        del values[:-_KEEP_SAMPLES]
+        self.last[split] = now
+        for old in [s for s, t in self.last.items() if now - t > MEASURE_STALE_S]:
+            self.forget(old)
+        while len(self.last) > MAX_SPLITS:
+            self.forget(min(self.last, key=self.last.__getitem__))
+
+    def forget(self, split: Split) -> None:
+        self.samples.pop(split, None)
+        self.last.pop(split, None)
+
+    def score(self, split: Split, limits: dict[str, float], now: float) -> float | None:
+        """The sum over jobs of measured samples/s / accelerator limit at ``split``; None
+        unless every job has ``MEASURE_WINDOWS`` windows there within ``MEASURE_STALE_S``."""
+        per = self.samples.get(split)
+        if per is None or now - self.last[split] > MEASURE_STALE_S:
+            return None
+        total = 0.0
+        for job_id, _ in split:
+            values = per.get(job_id, [])
+            limit = limits.get(job_id, 0.0)
+            if len(values) < MEASURE_WINDOWS or not limit > 0:
+                return None
+            total += sum(values) / len(values) / limit
+        return total
+
+
+def measured_guard(
+    current: Split,
+    proposed: Split,
+    previous: Split | None,
+    measured: Measurements,
+    limits: dict[str, float],
+    now: float,
+) -> tuple[Split, str]:
+    """The split to run, and why when it is not the model's ``proposed``: the model proposes,
+    measurements decide. A proposal measured worse than the current split (by
+    ``MEASURE_MARGIN``) is not taken; a current split measured worse than the ``previous`` one
+    (the split left for it) goes back to that."""
+    here = measured.score(current, limits, now)
+    if proposed != current:
+        there = measured.score(proposed, limits, now)
+        if here is not None and there is not None and there < here * (1 - MEASURE_MARGIN):
+            return current, (
+                f"kept: measured {here:.3f} (sum of throughput / limit) at this split, "
+                f"{there:.3f} at the model's choice {_show(proposed)}"
+            )
+        return proposed, ""
+    same_jobs = previous is not None and [j for j, _ in previous] == [j for j, _ in current]
+    if previous is not None and previous != current and same_jobs:
+        before = measured.score(previous, limits, now)
+        if here is not None and before is not None and before > here * (1 + MEASURE_MARGIN):
+            return previous, (
+                f"back to {_show(previous)}: measured {before:.3f} there, {here:.3f} at "
+                f"{_show(current)}"
+            )
+    return current, ""
+
+
+def _show(split: Split) -> str:
+    return "/".join(str(k) for _, k in split)
+
+
+def probe(
+    jobs: Sequence[JobView],
+    budget: Budget,
+    measured: Measurements,
+    limits: dict[str, float],
+    now: float,
+) -> tuple[Split, str] | None:
+    """A neighbour of the current split worth measuring: one worker added to, removed from or
+    moved between jobs, within the budgets, not measured lately, predicted by the model within
+    ``PROBE_LOSS`` of the current split; the best predicted first. None: none is."""
+    if any(j.model is None or not j.model.observations for j in jobs):
+        return None
+    memory = _Memory.of(jobs)
+    curves = {j.job_id: _curve(j, budget, _bounds(j, budget)[1]) for j in jobs}
+    main_cpu = {j.job_id: j.main_cpu_per_sample for j in jobs}
+    current = {j.job_id: j.current_workers for j in jobs}
+    if any(k >= len(curves[j]) for j, k in current.items()):
+        return None
+    base = _objective(current, curves, main_cpu, budget.cores)
+    ids = list(current)
+    moves = [{i: +1} for i in ids] + [{i: -1} for i in ids]
+    moves += [{a: -1, b: +1} for a in ids for b in ids if a != b]
+    best: tuple[float, dict[str, int]] | None = None
+    for move in moves:
+        trial = {j: k + move.get(j, 0) for j, k in current.items()}
+        ok = all(_bounds(j, budget)[0] <= trial[j.job_id] < len(curves[j.job_id]) for j in jobs)
+        if not ok or sum(trial.values()) > budget.workers:
+            continue
+        if memory.total(trial) > budget.memory_bytes:
+            continue
+        if measured.score(split_of(trial), limits, now) is not None:
+            continue
+        value = _objective(trial, curves, main_cpu, budget.cores)
+        if value >= base * (1 - PROBE_LOSS) and (best is None or value > best[0]):
+            best = (value, trial)
+    if best is None:
+        return None
+    return split_of(best[1]), (
+        f"probing {_show(split_of(best[1]))}: the model predicts {best[0]:.3f} there vs "
+        f"{base:.3f} here, too close to call without measuring"
+    )

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import dloader.sidecar.core as core_mod
+import dloader.sidecar.policy as pol
 from dloader._daemon.peer import CALLER, Caller, Role
 from dloader._node_messages import JobLimits, JobReport, Registration, WorkerReport
 from dloader.errors import InvalidArgument, ResourceExhausted
@@ -390,3 +391,47 @@ def test_growing_workers_are_bounded_until_their_memory_settles(tmp_path: Path) 
     held["uss"] += 30 * MiB  # growing again
     core.reap()
     assert job.worker_memory_bound == 260 * MiB
+
+
+def test_measurements_overrule_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model (scripted here) keeps 2/2, then insists on 3/1. 3/1 is tried, measures
+    worse than 2/2 did under the same neighbours, and the node goes back; the model's next
+    proposal of 3/1 is not taken."""
+    node = FakeNode(0.0)
+    core = fake_core(
+        SidecarStore(tmp_path / "s.db"),
+        PolicySettings("adaptive", 8, 2, 1.0),
+        tree_stats=node.tree,
+        clock=node.clock,
+        job_timeout_s=0,
+    )
+    proposal: dict[str, int] = {}
+
+    def scripted(policy: str, views: list[pol.JobView], budget: pol.Budget, **kw: Any) -> Any:
+        return {
+            v.job_id: pol.WorkerDecision(v.job_id, proposal.get(v.job_id, v.current_workers), "m")
+            for v in views
+        }
+
+    monkeypatch.setattr(core_mod.pol, "decide", scripted)
+    a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    b = core.register(Registration("b", pids=(100,), num_workers=2, batch_size=32))
+
+    def run(seconds: int, tput: dict[str, float]) -> None:
+        for _ in range(seconds):
+            node.now += 1.0
+            for job in (a, b):
+                core.report(job, report(job.directive.num_workers, tput[job.record.name]))
+
+    run(6, {"a": 300.0, "b": 300.0})  # 2/2 measured
+    proposal.update({a.job_id: 3, b.job_id: 1})
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)  # untried: taken
+    run(6, {"a": 320.0, "b": 150.0})  # 3/1 measures worse
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
+    assert a.directive.reason.startswith("back to 2/2")
+    run(6, {"a": 300.0, "b": 300.0})
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
+    assert a.decision is not None and a.decision.reason.startswith("kept: measured")

@@ -8,7 +8,19 @@ from dataclasses import replace
 import pytest
 
 from dloader.predictor import LoaderModel, LoaderObservation
-from dloader.sidecar.policy import Budget, JobView, cpu_shares, decide
+from dloader.sidecar.policy import (
+    MEASURE_STALE_S,
+    MEASURE_WINDOWS,
+    Budget,
+    JobView,
+    Measurements,
+    Split,
+    cpu_shares,
+    decide,
+    measured_guard,
+    probe,
+    split_of,
+)
 from tests.predictor.test_loader_model import CPU_HEAVY, IO_HEAVY, truth
 
 GPU_BOUND = dict(t_io=0.001, t_cpu=0.0005, a0=0.04, a1=0.005)
@@ -260,3 +272,71 @@ def test_a_growing_job_keeps_the_workers_it_has() -> None:
     )
     d = decide("adaptive", [job], Budget(workers=16, cores=2, memory_bytes=600 * MiB))
     assert d["io"].num_workers == 8
+
+
+def test_a_split_is_measured_once_every_job_has_its_windows() -> None:
+    m = Measurements()
+    split = split_of({"a": 2, "b": 3})
+    limits = {"a": 100.0, "b": 200.0}
+    m.add(split, "a", 50.0, now=0.0)
+    m.add(split, "a", 70.0, now=1.0)
+    m.add(split, "b", 100.0, now=2.0)
+    assert m.score(split, limits, now=2.0) is None  # b has one window of MEASURE_WINDOWS
+    m.add(split, "b", 100.0, now=3.0)
+    assert m.score(split, limits, now=3.0) == pytest.approx(0.6 + 0.5)
+    assert m.score(split, limits, now=3.0 + MEASURE_STALE_S + 1) is None  # stale
+    assert m.score(split, {"a": 100.0}, now=3.0) is None  # b's limit unknown
+
+
+def measured(scores: dict[Split, float], now: float = 0.0) -> Measurements:
+    """Each split measured at ``scores`` (every job at limit 1: its share of the score)."""
+    m = Measurements()
+    for split, score in scores.items():
+        for job, _ in split:
+            for _ in range(MEASURE_WINDOWS):
+                m.add(split, job, score / len(split), now)
+    return m
+
+
+def test_the_model_proposes_measurements_decide() -> None:
+    here, there, other = (split_of({"a": 2, "b": k}) for k in (2, 3, 1))
+    limits = {"a": 1.0, "b": 1.0}
+    # a proposal measured worse is not taken; one measured within the margin, or not measured, is
+    m = measured({here: 1.0, there: 0.9})
+    chosen, why = measured_guard(here, there, None, m, limits, 0.0)
+    assert chosen == here and "measured 1.000" in why and "0.900" in why
+    assert (
+        measured_guard(here, there, None, measured({here: 1.0, there: 0.99}), limits, 0)[0] == there
+    )
+    assert measured_guard(here, other, None, m, limits, 0.0) == (other, "")
+    # the split left for this one measured better: back to it
+    chosen, why = measured_guard(there, there, here, m, limits, 0.0)
+    assert chosen == here and why.startswith("back to 2/2")
+    assert measured_guard(here, here, there, m, limits, 0.0) == (here, "")
+    # another job set (one left): no going back to a split of other jobs
+    alone = split_of({"a": 2})
+    assert measured_guard(alone, alone, here, m, {"a": 1.0}, 0.0) == (alone, "")
+
+
+def test_probing_tries_the_best_untried_near_tie() -> None:
+    """Steady at a split: the neighbour the model ranks best among those not measured lately
+    and predicted within PROBE_LOSS; none when every such neighbour was measured."""
+    jobs = [
+        JobView("io", 32, 16, model=fitted(IO_HEAVY)),  # near its curve's flat part
+        JobView("cpu", 32, 2, model=fitted(CPU_HEAVY)),
+    ]
+    budget = Budget(workers=18, cores=2)
+    limits = {"io": 1.0, "cpu": 1.0}
+    m = Measurements()
+    tried = []
+    while (p := probe(jobs, budget, m, limits, 0.0)) is not None:
+        split, why = p
+        assert split not in tried and "probing" in why
+        counts = dict(split)
+        assert sum(counts.values()) <= 18 and min(counts.values()) >= 1
+        assert sum(abs(counts[j.job_id] - j.current_workers) for j in jobs) <= 2
+        tried.append(split)
+        m = measured({s: 1.0 for s in tried})
+    # one io worker fewer, kept or moved to cpu: < 1% predicted loss; not 17 (over the budget)
+    # nor cpu 1 (14% predicted loss)
+    assert set(tried) == {split_of({"io": 15, "cpu": 2}), split_of({"io": 15, "cpu": 3})}
