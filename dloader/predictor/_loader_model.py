@@ -154,6 +154,19 @@ class LoaderModel:
         self._shape_at = 0  # ... when the shape was last fitted
         self._curves: dict[tuple[float, int], list[LoaderPrediction]] = {}  # until the next fit
 
+    def keep_recent(self, n: int) -> None:
+        """Forgets all but the ``n`` most recent observations and refits from them alone: the
+        job's costs changed (its pipeline, its data), and older windows describe another job."""
+        if n < 1:
+            raise PredictorError(f"keep_recent({n}): expected at least 1 observation")
+        recent = list(self._obs)[-n:]
+        self._obs.clear()
+        self._obs.extend(recent)
+        self._phys, self._ridge = _Physics(), None
+        self._shape_seen, self._shape_at, self._added = set(), 0, len(recent)
+        self._curves.clear()
+        self._fit()
+
     # ------------------------------------------------------------------ fitting
 
     @property

@@ -91,6 +91,7 @@ class Job:
     initial_workers: int = 0  # the count the job registered with (exploration starts there)
     main_cpu_per_sample: float = 0.0  # CPU seconds the training process spends per sample
     run_length: int = 0  # windows observed in a row at the current worker count
+    drift: int = 0  # surprising windows in a row: > 0 faster than predicted, < 0 slower
     worker_memory_bytes: float = 0.0  # the most private memory (USS) one of its workers held
     worker_memory_bound: float = 0.0  # while that grows: the most one may hold (0: settled)
     memory_mark: float = 0.0  # the workers' peak USS when it last grew
@@ -407,11 +408,32 @@ class NodeCore:
         if not gate.observe:
             return
         job.model.update(obs)
+        self._note_drift(job, gate.surprise)
         if len(job.model.observations) % _SAVE_MODEL_EVERY == 0:
             self.store.save_model(job.job_id, job.model.to_dict())
         self._dirty = True
         if gate.redecide_now:
             self._wake.set()
+
+    def _note_drift(self, job: Job, surprise: float) -> None:
+        """``DRIFT_WINDOWS`` surprising windows in a row, all one way: the job's costs changed.
+        Its model restarts from those windows, and what every split measured is forgotten (it
+        was measured under the old costs)."""
+        way = (surprise > 0) - (surprise < 0)  # +1 faster, -1 slower, 0 as predicted
+        job.drift = job.drift + way if way * job.drift > 0 else way
+        if abs(job.drift) < pol.DRIFT_WINDOWS:
+            return
+        log.info(
+            "job %s: %d windows in a row %s than its model predicted (last: %.0f%%): its costs "
+            "changed; the model restarts from them",
+            job.job_id,
+            abs(job.drift),
+            "faster" if surprise > 0 else "slower",
+            100 * math.expm1(surprise),
+        )
+        job.model.keep_recent(pol.DRIFT_WINDOWS)
+        job.drift = 0
+        self._measured = pol.Measurements()
 
     # ------------------------------------------------------------------ decisions
 

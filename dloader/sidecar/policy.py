@@ -81,6 +81,9 @@ SETTLE_S = 1.5
 """After a worker-count change: time to apply it and start the workers before a window counts."""
 SURPRISE = 0.1
 """``|log(measured / predicted)|`` of a window that makes the policy re-decide at once."""
+DRIFT_WINDOWS = 3
+"""Surprising windows in a row, all one way, after which a job's model forgets the older ones:
+its costs changed (a pipeline slower or faster than all it did before)."""
 STEADY_AFTER = 10
 """Windows at one allocation after which the model takes only one in ``STEADY_EVERY``."""
 STEADY_EVERY = 5
@@ -536,6 +539,9 @@ class Learning:
     redecide_now: bool
     """News (the first window at a new allocation, or a throughput the model did not expect):
     decide at once rather than at the next period."""
+    surprise: float = 0.0
+    """``log(measured / predicted)`` of a window at a known allocation beyond ``SURPRISE``
+    (0: none). Several in a row, one way, say the job's costs changed (``DRIFT_WINDOWS``)."""
 
 
 def learning_gate(
@@ -579,11 +585,12 @@ def learning_gate(
     if same and reports % max(int(window_s), 1):
         return Learning(False, run_length, False)
     predicted = model.predict(k, obs.cores, obs.batch_size).samples_per_s if same else 0.0
-    surprise = same and (predicted <= 0 or abs(math.log(obs.samples_per_s / predicted)) > SURPRISE)
+    off = math.log(obs.samples_per_s / predicted) if predicted > 0 else math.inf
+    surprise = same and abs(off) > SURPRISE
     run = run_length + 1 if same else 0
     if same and not surprise and run > STEADY_AFTER and run % STEADY_EVERY:
         return Learning(False, run, False)
-    return Learning(True, run, not same or surprise)
+    return Learning(True, run, not same or surprise, off if surprise else 0.0)
 
 
 # ---------------------------------------------------------------- measured truth over the model

@@ -195,3 +195,22 @@ def test_exploration_plan_from_a_starting_count_goes_up_then_looks_at_the_knee()
     assert exploration_plan(cpu, cores=2, max_workers=16, start=4) == 2
     cpu.append(truth(2, 2, 32, **CPU_HEAVY))
     assert exploration_plan(cpu, cores=2, max_workers=16, start=4) is None
+
+
+def test_keep_recent_forgets_a_pipeline_that_changed() -> None:
+    """Fitted on an I/O-bound job, then its I/O doubles: the old windows hold the prediction
+    near the old throughput (the least contended window sets t_io) until the model keeps only
+    the recent ones."""
+    model = LoaderModel()
+    model.update(*(truth(k, 2, 32, **IO_HEAVY) for k in (1, 2, 4, 8, 4, 4)))
+    slow = {**IO_HEAVY, "t_io": 2 * IO_HEAVY["t_io"]}
+    now = [truth(4, 2, 32, **slow) for _ in range(3)]
+    model.update(*now)
+    before = model.predict(4, 2, 32).samples_per_s
+    assert before > 1.5 * now[0].samples_per_s  # stale: still the old pipeline
+    model.keep_recent(3)
+    assert len(model.observations) == 3
+    assert model.predict(4, 2, 32).samples_per_s == pytest.approx(now[0].samples_per_s, rel=0.1)
+    assert model.predict(8, 2, 32).samples_per_s > model.predict(4, 2, 32).samples_per_s
+    with pytest.raises(PredictorError, match="keep_recent"):
+        model.keep_recent(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -435,3 +436,35 @@ def test_measurements_overrule_the_model(tmp_path: Path, monkeypatch: pytest.Mon
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
     assert a.decision is not None and a.decision.reason.startswith("kept: measured")
+
+
+def test_a_job_whose_costs_change_is_relearned(tmp_path: Path) -> None:
+    """A job learned at 300 samples/s (its workers take 0.2 s a batch) slows to half (0.4 s a
+    batch): after DRIFT_WINDOWS surprising windows in a row its model keeps only those, and
+    predicts the new throughput; the splits measured under the old costs are forgotten."""
+    node = FakeNode(0.0)
+    core = fake_core(
+        SidecarStore(tmp_path / "s.db"),
+        PolicySettings("even", 2, 2, 1.0),
+        tree_stats=node.tree,
+        clock=node.clock,
+        job_timeout_s=0,
+    )
+    job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+
+    def run(seconds: int, tput: float, fetch: float) -> None:
+        for _ in range(seconds):
+            node.now += 1.0
+            r = report(2, tput)
+            workers = tuple(WorkerReport(201 + i, fetch, 0.01, 10) for i in range(2))
+            core.report(job, replace(r, idle_share=0.0, workers=workers))
+
+    run(30, 300.0, 0.2)
+    learned = len(job.model.observations)
+    assert learned >= 5
+    assert job.model.predict(2, 2.0, 32).samples_per_s == pytest.approx(300, rel=0.15)
+    core._measured.add(pol.split_of({job.job_id: 2}), job.job_id, 300.0, node.now)
+    run(2 * pol.DRIFT_WINDOWS, 150.0, 0.4)
+    assert len(job.model.observations) <= 2 * pol.DRIFT_WINDOWS < learned
+    assert job.model.predict(2, 2.0, 32).samples_per_s == pytest.approx(150, rel=0.15)
+    assert not core._measured.samples
