@@ -224,7 +224,7 @@ _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)")
 
 def first_decision_s(log: Path, name: str, nth: int) -> float | None:
     """Seconds from the ``nth`` (0-based) registration of a job named ``name`` to its first
-    worker-count directive (None: none logged)."""
+    worker-count change (None: none logged: it kept the count it came with)."""
     registered_at, job, seen = None, None, 0
     for line in log.read_text().splitlines():
         stamp = _STAMP.match(line)
@@ -292,9 +292,9 @@ def dynamic(phase: float, ladder: Sequence[int], rounds: int, out_dir: Path | No
     print(
         f"dynamic, budget {DYNAMIC_BUDGET}: adaptive / the best static split = "
         f"{adaptive / best:.2f} (target >= 1.10); adaptive / the better of (no sidecar, even) = "
-        f"{adaptive / better:.2f}; the arriving job's first decision after "
+        f"{adaptive / better:.2f}; the arriving job's first worker-count change after "
         + ", ".join(f"{p} {s:.1f} s" if s is not None else f"{p} n/a" for p, s in decided.items())
-        + " (target: within 5 s)"
+        + " (adaptive's target: within 5 s; even changes it only when the even share moves)"
     )
     outs("bench_sidecar_dynamic.json").write_text(
         json.dumps(
