@@ -181,6 +181,8 @@ def _smaps(p: psutil.Process) -> tuple[int, int, int]:
         raise psutil.NoSuchProcess(p.pid) from None
     except PermissionError:
         raise psutil.AccessDenied(p.pid) from None
+    except OSError:  # ESRCH: it is exiting
+        raise psutil.NoSuchProcess(p.pid) from None
     kb: dict[str, int] = {}
     for line in text.splitlines()[1:]:
         name, _, rest = line.partition(":")

@@ -109,3 +109,33 @@ def test_tree_stats_give_each_process_its_private_memory() -> None:
     finally:
         done.set()
         p.join(10)
+
+
+@pytest.mark.integration
+def test_a_process_exiting_while_its_memory_is_read_is_skipped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading an exiting process's smaps_rollup fails with ESRCH (not ENOENT): the process is
+    left out of the tree's memory, and the walk goes on (it once failed the policy loop)."""
+    from pathlib import Path
+
+    from dloader.sidecar import monitors
+
+    child = subprocess.Popen(["sleep", "30"])
+    real = Path.read_text
+
+    def exiting(self: Path, *a: object, **k: object) -> str:
+        if self.name == "smaps_rollup" and f"/{child.pid}/" in str(self):
+            raise ProcessLookupError(3, "No such process")
+        return real(self, *a, **k)  # type: ignore[arg-type]
+
+    try:
+        monkeypatch.setattr(Path, "read_text", exiting)
+        monitors._memory.clear()
+        monitors._children = (-1.0, {})
+        stats = process_tree_stats([os.getpid()])
+        assert child.pid not in stats.uss_bytes
+        assert stats.uss_bytes[os.getpid()] > 0
+    finally:
+        child.kill()
+        child.wait()
