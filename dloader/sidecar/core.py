@@ -92,6 +92,8 @@ class Job:
     main_cpu_per_sample: float = 0.0  # CPU seconds the training process spends per sample
     run_length: int = 0  # windows observed in a row at the current worker count
     drift: int = 0  # surprising windows in a row: > 0 faster than predicted, < 0 slower
+    registered_at: float = 0.0  # clock of the core
+    placed: bool = False  # its model has decided its worker count at least once
     worker_memory_bytes: float = 0.0  # the most private memory (USS) one of its workers held
     worker_memory_bound: float = 0.0  # while that grows: the most one may hold (0: settled)
     memory_mark: float = 0.0  # the workers' peak USS when it last grew
@@ -238,6 +240,7 @@ class NodeCore:
             # (from its first batch, after registration) teaches the model at once.
             directive_at=self._clock() - pol.SETTLE_S,
             initial_workers=reg.num_workers,
+            registered_at=self._clock(),
         )
         self.jobs[rec.job_id] = job
         log.info(
@@ -585,6 +588,16 @@ class NodeCore:
         for job in jobs:
             d = decisions[job.job_id]
             job.decision = d
+            if not job.placed and self.settings.name == "adaptive" and job.model.observations:
+                job.placed = not d.reason.startswith(("exploring", "no model"))
+                if job.placed:
+                    log.info(
+                        "job %s: placed by its model %.1f s after registering: %d workers (%s)",
+                        job.job_id,
+                        self._clock() - job.registered_at,
+                        d.num_workers,
+                        d.reason,
+                    )
             if d.num_workers != job.directive.num_workers:
                 self._revision += 1
                 job.directive = replace(

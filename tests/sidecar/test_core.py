@@ -468,3 +468,26 @@ def test_a_job_whose_costs_change_is_relearned(tmp_path: Path) -> None:
     assert len(job.model.observations) <= 2 * pol.DRIFT_WINDOWS < learned
     assert job.model.predict(2, 2.0, 32).samples_per_s == pytest.approx(150, rel=0.15)
     assert not core._measured.samples
+
+
+def test_the_log_says_when_a_job_is_placed_by_its_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One timed window places a new job (the adaptive policy's model decides its count); the
+    log says when, counted from its registration."""
+    node = FakeNode(0.0)
+    core = fake_core(
+        SidecarStore(tmp_path / "s.db"),
+        PolicySettings("adaptive", 8, 2, 1.0),
+        tree_stats=node.tree,
+        clock=node.clock,
+    )
+    job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    core.decide()
+    assert not job.placed  # exploring: no observation yet
+    node.now += 2.0
+    with caplog.at_level("INFO", logger="dloader.sidecar.core"):
+        core.report(job, report(2, 300.0))
+        core.decide()
+    assert job.placed
+    assert f"job {job.job_id}: placed by its model 2.0 s after registering" in caplog.text
