@@ -480,9 +480,8 @@ class NodeCore:
         """The model proposes, measurements decide (:func:`~.policy.measured_guard`); steady
         for ``PROBE_AFTER_S`` at a measured split, a near-tie neighbour is tried
         (:func:`~.policy.probe`). Only once every job is placed by its model."""
-        cold = ("exploring", "no model")
-        if any(not j.model.observations for j in jobs) or any(
-            d.reason.startswith(cold) for d in decisions.values()
+        if any(not j.model.observations for j in jobs) or not all(
+            d.placed for d in decisions.values()
         ):
             self._previous = None
             return decisions
@@ -498,10 +497,14 @@ class NodeCore:
             tried = pol.probe(views, budget, self._measured, limits, now)
             if tried is not None:
                 chosen, why = tried
+        if chosen == proposed:
+            if chosen != current:
+                self._previous = current
+            return decisions
+        if not pol.fits(views, budget, dict(chosen)):  # e.g. memory grew since it was run
+            return decisions
         if chosen != current:
             self._previous = current
-        if chosen == proposed:
-            return decisions
         counts = dict(chosen)
         return {j: replace(d, num_workers=counts[j], reason=why) for j, d in decisions.items()}
 
@@ -589,7 +592,7 @@ class NodeCore:
             d = decisions[job.job_id]
             job.decision = d
             if not job.placed and self.settings.name == "adaptive" and job.model.observations:
-                job.placed = not d.reason.startswith(("exploring", "no model"))
+                job.placed = d.placed
                 if job.placed:
                     log.info(
                         "job %s: placed by its model %.1f s after registering: %d workers (%s)",

@@ -68,6 +68,7 @@ __all__ = [
     "cpu_sets",
     "cpu_shares",
     "decide",
+    "fits",
     "learning_gate",
     "measured_guard",
     "probe",
@@ -157,6 +158,8 @@ class WorkerDecision:
     unknown, e.g. while exploring)."""
     memory_limited: bool = False
     """Memory, not CPU, stops it from getting a worker the model says would help."""
+    placed: bool = True
+    """The job's model placed it (False: it is explored, or has no model yet)."""
 
 
 def _bounds(job: JobView, budget: Budget) -> tuple[int, int]:
@@ -409,6 +412,7 @@ def decide(
                     job.job_id,
                     k,
                     f"exploring (cold start, {len(seen)} observations): trying {k} workers",
+                    placed=False,
                 )
                 held[job.job_id] = k  # the next job's memory cap counts these
                 continue
@@ -417,6 +421,7 @@ def decide(
                 job.job_id,
                 min(max(job.current_workers, low), high),
                 "no model yet: keeping the current worker count",
+                placed=False,
             )
             continue
         planned.append(job)
@@ -696,6 +701,17 @@ def _show(split: Split) -> str:
     return "/".join(str(k) for _, k in split)
 
 
+def fits(jobs: Sequence[JobView], budget: Budget, counts: dict[str, int]) -> bool:
+    """Whether ``counts`` keep every job within its limits and the node within its worker and
+    memory budgets (a growing job's new workers counted at its bound)."""
+    within = all(_bounds(j, budget)[0] <= counts[j.job_id] <= _bounds(j, budget)[1] for j in jobs)
+    return (
+        within
+        and sum(counts.values()) <= budget.workers
+        and _Memory.of(jobs).total(counts) <= budget.memory_bytes
+    )
+
+
 def probe(
     jobs: Sequence[JobView],
     budget: Budget,
@@ -708,7 +724,6 @@ def probe(
     ``PROBE_LOSS`` of the current split; the best predicted first. None: none is."""
     if any(j.model is None or not j.model.observations for j in jobs):
         return None
-    memory = _Memory.of(jobs)
     curves = {j.job_id: _curve(j, budget, _bounds(j, budget)[1]) for j in jobs}
     main_cpu = {j.job_id: j.main_cpu_per_sample for j in jobs}
     current = {j.job_id: j.current_workers for j in jobs}
@@ -721,10 +736,7 @@ def probe(
     best: tuple[float, dict[str, int]] | None = None
     for move in moves:
         trial = {j: k + move.get(j, 0) for j, k in current.items()}
-        ok = all(_bounds(j, budget)[0] <= trial[j.job_id] < len(curves[j.job_id]) for j in jobs)
-        if not ok or sum(trial.values()) > budget.workers:
-            continue
-        if memory.total(trial) > budget.memory_bytes:
+        if not fits(jobs, budget, trial):
             continue
         if measured.score(split_of(trial), limits, now) is not None:
             continue
