@@ -698,7 +698,8 @@ def measured_guard(
 
 
 def _show(split: Split) -> str:
-    return "/".join(str(k) for _, k in split)
+    """``job=k`` for each job (the job ids' first 6 characters: enough to tell them apart)."""
+    return "(" + ", ".join(f"{j[:6]}={k}" for j, k in split) + ")"
 
 
 def fits(jobs: Sequence[JobView], budget: Budget, counts: dict[str, int]) -> bool:

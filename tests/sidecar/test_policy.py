@@ -311,7 +311,7 @@ def test_the_model_proposes_measurements_decide() -> None:
     assert measured_guard(here, other, None, m, limits, 0.0) == (other, "")
     # the split left for this one measured better: back to it
     chosen, why = measured_guard(there, there, here, m, limits, 0.0)
-    assert chosen == here and why.startswith("back to 2/2")
+    assert chosen == here and why.startswith("back to (a=2, b=2)")
     assert measured_guard(here, here, there, m, limits, 0.0) == (here, "")
     # another job set (one left): no going back to a split of other jobs
     alone = split_of({"a": 2})
