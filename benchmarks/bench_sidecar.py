@@ -7,9 +7,10 @@ separate processes, each starting with the same worker count (4), under
 (b) ``adaptive``: a sidecar with the adaptive policy (it explores, models, re-divides);
 each at the same node worker budget: 12 (even: 4 each, the architecture doc's baseline) and 24;
 (c) ``static best``: no sidecar, the best fixed split within the same budget, found in the same
-run by a coordinate search (:func:`coordinate_search`: from the even split, each job in turn
-tries every count of a ladder with the others held, the best kept, until a round changes
-nothing): jobs that know their best worker count in advance, which nobody does.
+run by a local search (:func:`coordinate_search`: from one worker each, each job in turn tries
+every count of a ladder with the others held, then budget-neutral transfers between jobs, the
+best kept, until a round changes nothing): jobs that know their best worker count in advance,
+which nobody does.
 
 Score: the sum over jobs of samples/s divided by the job's accelerator limit, over the last
 ``--window`` seconds of each run (the adaptive sidecar needs the first part to explore).
@@ -168,9 +169,9 @@ def static_best(
     ladder: Sequence[int],
     rounds: int,
 ) -> tuple[str, float, dict[str, Any], dict[str, Any]]:
-    """The best static split within ``budget`` by coordinate search from the even split, each
-    split run for ``seconds`` and scored over its last ``window``: (label, score, per job,
-    results)."""
+    """The best static split within ``budget`` by coordinate search from one worker each (from
+    the even split, a full budget leaves no single job room to grow), each split run for
+    ``seconds`` and scored over its last ``window``: (label, score, per job, results)."""
     tried: dict[tuple[int, ...], tuple[float, dict[str, Any], dict[str, Any]]] = {}
 
     def evaluate(split: Split) -> float:
@@ -187,7 +188,7 @@ def static_best(
 
     _, split = coordinate_search(
         evaluate,
-        dict.fromkeys(JOBS, budget // len(JOBS)),
+        dict.fromkeys(JOBS, 1),
         lambda s: sum(s.values()) <= budget,
         ladder,
         rounds,
@@ -288,8 +289,7 @@ def dynamic(phase: float, ladder: Sequence[int], rounds: int, out_dir: Path | No
         first = k["io_a"] + k["cpu_heavy"] + k["gpu_bound"]
         return max(first, k["io_a"] + k["gpu_bound"] + k["io_b"]) <= DYNAMIC_BUDGET
 
-    start = {"io_a": 4, "cpu_heavy": 4, "gpu_bound": 4, "io_b": 4}
-    _, split = coordinate_search(evaluate, start, allowed, ladder, rounds)
+    _, split = coordinate_search(evaluate, dict.fromkeys(DYNAMIC_JOBS, 1), allowed, ladder, rounds)
     label = f"static best of {len(tried)}: " + "/".join(str(split[j]) for j in DYNAMIC_JOBS)
     runs[label] = tried[tuple(split[j] for j in DYNAMIC_JOBS)]
     scores = {name: scenario_score(res, length) for name, res in runs.items()}
