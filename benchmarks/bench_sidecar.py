@@ -73,8 +73,9 @@ def coordinate_search(
 ) -> tuple[float, Split]:
     """The best split found by local search, and its score. Each round: each job in turn tries
     every count of ``ladder`` that keeps the split ``allowed``, the others held, and the best
-    is kept; then every pair of jobs tries a transfer (one job one step down the ladder, the
-    workers it frees to the other: the moves a tight budget needs, where no job can grow alone).
+    is kept; then every pair of jobs tries transfers (one job one worker down, or one step
+    down the ladder, the workers it frees to the other: the moves a tight budget needs, where
+    no job can grow alone).
     Rounds until one changes nothing (at most ``rounds``). Each split is evaluated once."""
     seen: dict[tuple[tuple[str, int], ...], float] = {}
 
@@ -98,15 +99,15 @@ def coordinate_search(
         base = dict(best)
         for src in base:
             below = [x for x in ladder if x < base[src]]
+            downs = sorted({below[-1], base[src] - 1} if below else set(), reverse=True)
             for dst in base:
-                if src == dst or not below:
-                    continue
-                trial = {**base, src: below[-1], dst: base[dst] + base[src] - below[-1]}
-                if not allowed(trial):
-                    continue
-                v = value(trial)
-                if v > best_value:
-                    best, best_value, changed = trial, v, True
+                for down in downs if src != dst else ():
+                    trial = {**base, src: down, dst: base[dst] + base[src] - down}
+                    if not allowed(trial):
+                        continue
+                    v = value(trial)
+                    if v > best_value:
+                        best, best_value, changed = trial, v, True
         if not changed:
             break
     return best_value, best

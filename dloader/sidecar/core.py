@@ -159,6 +159,7 @@ class NodeCore:
         self._changed_at = -math.inf  # when any job's worker count last changed
         self._measured = pol.Measurements()  # what each split of the node measured
         self._previous: pol.Split | None = None  # the split left for the current one
+        self._probed: pol.Split | None = None  # the split the last probe moved to
         self._decided_at = -math.inf  # when the policy last ran
         self._wake = asyncio.Event()
         self._dirty = True  # something the decision depends on changed since the last one
@@ -489,7 +490,13 @@ class NodeCore:
         current = self._split()
         proposed = pol.split_of({j: d.num_workers for j, d in decisions.items()})
         chosen, why = pol.measured_guard(
-            current, proposed, self._previous, self._measured, limits, now
+            current,
+            proposed,
+            self._previous,
+            self._measured,
+            limits,
+            now,
+            trial=current == self._probed,
         )
         steady = now - self._changed_at >= pol.PROBE_AFTER_S
         known = self._measured.score(current, limits, now) is not None
@@ -497,6 +504,7 @@ class NodeCore:
             tried = pol.probe(views, budget, self._measured, limits, now)
             if tried is not None:
                 chosen, why = tried
+                self._probed = chosen
         if chosen == proposed:
             if chosen != current:
                 self._previous = current

@@ -291,13 +291,13 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
     rss = rd = wr = pss = 0
     uss: dict[int, int] = {}
     anon: dict[int, int] = {}
-    for pid in tree:
+    for pid, p in tree.items():
         try:
-            p = _proc(pid)
-            used = p.cpu_percent(None)
+            with p.oneshot():  # /proc/PID/stat read once for CPU and memory
+                used = p.cpu_percent(None)
+                rss += p.memory_info().rss
             cpu += used
             main += used if pid in pids else 0.0
-            rss += p.memory_info().rss
             with contextlib.suppress(psutil.AccessDenied):
                 u, q, a = _uss_pss_anon(p)  # USS and PSS, not only RSS
                 uss[pid], anon[pid], pss = u, a, pss + q

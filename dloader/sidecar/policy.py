@@ -612,6 +612,8 @@ PROBE_AFTER_S = 20.0
 PROBE_LOSS = 0.02
 """Neighbours the model predicts worse than the current split by more than this are not tried
 (the model is the prior: only near-ties are worth measuring)."""
+PROBE_GAIN = 0.01
+"""A probed split is kept only if it measures better than the split it left by this share."""
 MAX_SPLITS = 256
 """Splits whose measurements are kept at most (the oldest go first)."""
 _KEEP_SAMPLES = 8
@@ -672,11 +674,14 @@ def measured_guard(
     measured: Measurements,
     limits: dict[str, float],
     now: float,
+    *,
+    trial: bool = False,
 ) -> tuple[Split, str]:
     """The split to run, and why when it is not the model's ``proposed``: the model proposes,
     measurements decide. A proposal measured worse than the current split (by
     ``MEASURE_MARGIN``) is not taken; a current split measured worse than the ``previous`` one
-    (the split left for it) goes back to that."""
+    (the split left for it) goes back to that. A ``trial`` split (a probe's) must earn its
+    place: it is kept only if measured better than the previous one by ``PROBE_GAIN``."""
     here = measured.score(current, limits, now)
     if proposed != current:
         there = measured.score(proposed, limits, now)
@@ -689,11 +694,14 @@ def measured_guard(
     same_jobs = previous is not None and [j for j, _ in previous] == [j for j, _ in current]
     if previous is not None and previous != current and same_jobs:
         before = measured.score(previous, limits, now)
-        if here is not None and before is not None and before > here * (1 + MEASURE_MARGIN):
-            return previous, (
-                f"back to {_show(previous)}: measured {before:.3f} there, {here:.3f} at "
-                f"{_show(current)}"
-            )
+        if here is not None and before is not None:
+            # a probe must measure better; a model's move, not measurably worse
+            need = before * (1 + PROBE_GAIN) if trial else before / (1 + MEASURE_MARGIN)
+            if here < need:
+                return previous, (
+                    f"back to {_show(previous)}: measured {before:.3f} there, {here:.3f} at "
+                    f"{_show(current)}" + (" (a probe that did not pay)" if trial else "")
+                )
     return current, ""
 
 

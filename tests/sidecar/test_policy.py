@@ -340,3 +340,16 @@ def test_probing_tries_the_best_untried_near_tie() -> None:
     # one io worker fewer, kept or moved to cpu: < 1% predicted loss; not 17 (over the budget)
     # nor cpu 1 (14% predicted loss)
     assert set(tried) == {split_of({"io": 15, "cpu": 2}), split_of({"io": 15, "cpu": 3})}
+
+
+def test_a_probe_must_measure_better_to_stay() -> None:
+    """A model's move stays unless measured worse by the margin; a probe goes back unless it
+    measured better than the split it left by PROBE_GAIN."""
+    before, probed = split_of({"a": 2, "b": 2}), split_of({"a": 3, "b": 1})
+    limits = {"a": 1.0, "b": 1.0}
+    level = measured({before: 1.0, probed: 1.0})
+    assert measured_guard(probed, probed, before, level, limits, 0.0) == (probed, "")
+    chosen, why = measured_guard(probed, probed, before, level, limits, 0.0, trial=True)
+    assert chosen == before and why.endswith("(a probe that did not pay)")
+    better = measured({before: 1.0, probed: 1.02})
+    assert measured_guard(probed, probed, before, better, limits, 0.0, trial=True)[0] == probed
