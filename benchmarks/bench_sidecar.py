@@ -422,6 +422,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="rounds of the static split's coordinate search at most (default: 3, --quick: 1)",
     )
+    p.add_argument(
+        "--budgets",
+        type=int,
+        nargs="+",
+        help=f"node worker budgets to run (default: {' '.join(map(str, BUDGETS))}; --quick: "
+        f"{BUDGETS[0]})",
+    )
     args = p.parse_args(argv)
     global JOBS
     JOBS = REAL_MIX if args.mix == "real" else JOBS
@@ -434,7 +441,9 @@ def main(argv: list[str] | None = None) -> int:
         if not phase >= 2:
             p.error(f"--phase {phase:g}: expected at least 2 seconds")
         return dynamic(phase, ladder, rounds, args.out_dir)
-    budgets = BUDGETS[:1] if args.quick else BUDGETS
+    budgets = args.budgets or (BUDGETS[:1] if args.quick else BUDGETS)
+    if any(b < len(JOBS) for b in budgets):
+        p.error(f"--budgets {budgets}: each must give every job a worker (>= {len(JOBS)})")
     for name, full, quick in (
         ("seconds", 90.0, 40.0),
         ("window", 30.0, 12.0),
@@ -480,11 +489,12 @@ def main(argv: list[str] | None = None) -> int:
         runs[label] = res
         rows.append((label, total, per))
         best[budget] = (total, label)
-    base = next(t for n, t, _ in rows if n == f"even, budget {START_WORKERS * len(JOBS)}")
+    first = budgets[0]
+    base = next(t for n, t, _ in rows if n == f"even, budget {first}")
     headers = [
         "run",
         "sum throughput/limit",
-        "vs even (4 each)",
+        f"vs even, budget {first}",
         *(f"{j} (workers, idle)" for j in JOBS),
     ]
     print(
