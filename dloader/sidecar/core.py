@@ -160,6 +160,7 @@ class NodeCore:
         self._measured = pol.Measurements()  # what each split of the node measured
         self._previous: pol.Split | None = None  # the split left for the current one
         self._probed: pol.Split | None = None  # the split the last probe moved to
+        self._probe_wait = pol.PROBE_AFTER_S  # steady seconds before the next probe
         self._decided_at = -math.inf  # when the policy last ran
         self._wake = asyncio.Event()
         self._dirty = True  # something the decision depends on changed since the last one
@@ -480,14 +481,20 @@ class NodeCore:
     ) -> dict[str, pol.WorkerDecision]:
         """The model proposes, measurements decide (:func:`~.policy.measured_guard`); steady
         for ``PROBE_AFTER_S`` at a measured split, a near-tie neighbour is tried
-        (:func:`~.policy.probe`). Only once every job is placed by its model."""
+        (:func:`~.policy.probe`). A probe that does not pay doubles the wait before the next
+        (up to ``PROBE_MAX_WAIT_S``); one that pays, or a job arriving or leaving, resets it.
+        Only once every job is placed by its model."""
         if any(not j.model.observations for j in jobs) or not all(
             d.placed for d in decisions.values()
         ):
-            self._previous = None
+            self._previous, self._probe_wait = None, pol.PROBE_AFTER_S
             return decisions
         now, limits = self._clock(), self._limits()
         current = self._split()
+        if self._previous is not None and [j for j, _ in self._previous] != [
+            j for j, _ in current
+        ]:  # a job came or went: a new node
+            self._previous, self._probed, self._probe_wait = None, None, pol.PROBE_AFTER_S
         proposed = pol.split_of({j: d.num_workers for j, d in decisions.items()})
         chosen, why = pol.measured_guard(
             current,
@@ -498,8 +505,14 @@ class NodeCore:
             now,
             trial=current == self._probed,
         )
-        steady = now - self._changed_at >= pol.PROBE_AFTER_S
         known = self._measured.score(current, limits, now) is not None
+        if current == self._probed and known:  # the probe is judged
+            paid = chosen == current
+            self._probed = None
+            self._probe_wait = (
+                pol.PROBE_AFTER_S if paid else min(2 * self._probe_wait, pol.PROBE_MAX_WAIT_S)
+            )
+        steady = now - self._changed_at >= self._probe_wait
         if chosen == current == proposed and steady and known:
             tried = pol.probe(views, budget, self._measured, limits, now)
             if tried is not None:
@@ -746,7 +759,7 @@ class NodeCore:
                 now = self._clock()
                 probe_due = (
                     self.settings.name == "adaptive"
-                    and min(now - self._changed_at, now - self._decided_at) >= pol.PROBE_AFTER_S
+                    and min(now - self._changed_at, now - self._decided_at) >= self._probe_wait
                 )
                 if self._dirty or probe_due:
                     self.decide()

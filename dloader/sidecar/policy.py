@@ -43,7 +43,8 @@ steady, normalised by their accelerator limits. A proposal measured worse than t
 split is not taken; a split measured worse than the one left for it goes back to that one.
 Steady at a measured split, the node tries the neighbour (one worker added, removed or moved)
 the model ranks best among the near-ties it has not measured lately: where the model cannot
-tell, measuring can. Measurements are forgotten after ``MEASURE_STALE_S`` (costs change).
+tell, measuring can. A probe stays only if it measures better; each that does not doubles the
+wait before the next. Measurements are forgotten after ``MEASURE_STALE_S`` (costs change).
 """
 
 from __future__ import annotations
@@ -609,9 +610,12 @@ MEASURE_STALE_S = 90.0
 """A split's measurements older than this are forgotten: the jobs' costs may have changed."""
 PROBE_AFTER_S = 20.0
 """Steady this long at a measured split: try the untried neighbour the model ranks best."""
-PROBE_LOSS = 0.02
+PROBE_MAX_WAIT_S = 160.0
+"""Probes that do not pay double the wait before the next, up to this."""
+PROBE_LOSS = 0.05
 """Neighbours the model predicts worse than the current split by more than this are not tried
-(the model is the prior: only near-ties are worth measuring)."""
+(the model is the prior: only near-ties are worth measuring; its errors on this node are a few
+per cent, so a near-tie is within 5%)."""
 PROBE_GAIN = 0.01
 """A probed split is kept only if it measures better than the split it left by this share."""
 MAX_SPLITS = 256

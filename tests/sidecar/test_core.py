@@ -491,3 +491,43 @@ def test_the_log_says_when_a_job_is_placed_by_its_model(
         core.decide()
     assert job.placed
     assert f"job {job.job_id}: placed by its model 2.0 s after registering" in caplog.text
+
+
+def test_a_probe_that_does_not_pay_is_undone_and_the_next_waits_longer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = FakeNode(0.0)
+    core = fake_core(
+        SidecarStore(tmp_path / "s.db"),
+        PolicySettings("adaptive", 8, 2, 1.0),
+        tree_stats=node.tree,
+        clock=node.clock,
+        job_timeout_s=0,
+    )
+
+    def keep(policy: str, views: list[pol.JobView], budget: pol.Budget, **kw: Any) -> Any:
+        return {v.job_id: pol.WorkerDecision(v.job_id, v.current_workers, "m") for v in views}
+
+    monkeypatch.setattr(core_mod.pol, "decide", keep)
+    a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    b = core.register(Registration("b", pids=(100,), num_workers=2, batch_size=32))
+    monkeypatch.setattr(
+        core_mod.pol,
+        "probe",
+        lambda *args: (pol.split_of({a.job_id: 3, b.job_id: 1}), "probing"),
+    )
+
+    def run(seconds: int) -> None:
+        for _ in range(seconds):
+            node.now += 1.0
+            for job in (a, b):
+                core.report(job, report(job.directive.num_workers, 300.0))
+
+    run(int(pol.PROBE_AFTER_S) + 2)  # 2/2 measured and steady
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
+    run(6)  # the probe measures the same: it did not pay
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
+    assert a.directive.reason.endswith("(a probe that did not pay)")
+    assert core._probe_wait == 2 * pol.PROBE_AFTER_S
