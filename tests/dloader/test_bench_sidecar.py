@@ -14,6 +14,7 @@ from benchmarks import bench_sidecar
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(900)  # a static search of ~15 runs
 def test_bench_sidecar_real_mix_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--mix", "real", "--quick", "--jpegs", "200", "--out-dir", str(tmp_path)]
     argv += ["--seconds", "14", "--window", "6", "--static-seconds", "6"]
@@ -56,6 +57,7 @@ def test_coordinate_search_finds_the_best_allowed_split(budget: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(900)  # a static search of ~15 whole-scenario runs
 def test_bench_sidecar_dynamic_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--mix", "dynamic", "--quick", "--phase", "3", "--out-dir", str(tmp_path)]
     assert bench_sidecar.main(argv) == 0
