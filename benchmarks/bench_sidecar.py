@@ -124,7 +124,7 @@ def with_sidecar(
 
 
 _REGISTERED = re.compile(r"job (\S+) \((\S+)\) registered")
-_PREDICTED = re.compile(r"job (\S+): (\d+) workers \((\d+) workers: predicted ([\d,]+) samples/s")
+_PREDICTED = re.compile(r"job (\S+): (\d+) workers \(.*\) \[model: ([\d,]+) samples/s\]$")
 
 
 def prediction_errors(log: Path, per: dict[str, Any]) -> dict[str, float | None]:
@@ -139,7 +139,7 @@ def prediction_errors(log: Path, per: dict[str, Any]) -> dict[str, float | None]
         elif m := _PREDICTED.search(line):
             last[names.get(m.group(1), m.group(1))] = (
                 int(m.group(2)),
-                float(m.group(4).replace(",", "")),
+                float(m.group(3).replace(",", "")),
             )
     out: dict[str, float | None] = {}
     for job, p in per.items():

@@ -638,7 +638,16 @@ class NodeCore:
                     list(job.directive.cpus),
                     d.reason,
                 )
-                log.info("job %s: %d workers (%s)", job.job_id, d.num_workers, d.reason)
+                known = d.num_workers < len(d.candidates)  # what the model says of the count
+                log.info(
+                    "job %s: %d workers (%s)%s",
+                    job.job_id,
+                    d.num_workers,
+                    d.reason,
+                    f" [model: {d.candidates[d.num_workers].predicted:,.0f} samples/s]"
+                    if known
+                    else "",
+                )
                 for q in job.watchers:
                     q.put_nowait(job.directive)
 

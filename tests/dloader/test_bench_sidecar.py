@@ -22,7 +22,7 @@ def test_bench_sidecar_real_mix_small(tmp_path: Path, capsys: pytest.CaptureFixt
     data = json.loads((tmp_path / "bench_sidecar_real.json").read_text())
     names = [row[0] for row in data["rows"]]
     assert names[:3] == ["no sidecar (4 each)", "even, budget 12", "adaptive, budget 12"]
-    assert names[3].startswith("static best, budget 12: ")
+    assert names[3].startswith("static best of ") and ", budget 12: " in names[3]
     for name, total, per in data["rows"]:
         assert set(per) == {"image_jpeg", "text_pack", "remote_read"}, name
         assert all(p["samples_per_s"] > 0 for p in per.values()), (name, per)
