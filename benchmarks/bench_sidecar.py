@@ -230,10 +230,11 @@ _PLACED = re.compile(r"job (\S+): placed by its model ([\d.]+) s after registeri
 def placed_after_s(log: Path, name: str, nth: int) -> float | None:
     """Seconds from the ``nth`` (0-based) registration of a job named ``name`` until the
     adaptive policy's model placed it (None: never, or another policy)."""
-    jobs = [m.group(1) for m in _REGISTERED.finditer(log.read_text()) if m.group(2) == name]
+    text = log.read_text()
+    jobs = [m.group(1) for m in _REGISTERED.finditer(text) if m.group(2) == name]
     if len(jobs) <= nth:
         return None
-    for m in _PLACED.finditer(log.read_text()):
+    for m in _PLACED.finditer(text):
         if m.group(1) == jobs[nth]:
             return float(m.group(2))
     return None

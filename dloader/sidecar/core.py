@@ -397,7 +397,7 @@ class NodeCore:
                 else None
             ),
         )
-        self._measure(job, r, window, busy=bool(busy))
+        self._measure(job, r, window, busy=len(busy))
         gate = pol.learning_gate(
             job.model,
             obs,
@@ -452,16 +452,20 @@ class NodeCore:
             if j.model.observations
         }
 
-    def _measure(self, job: Job, r: JobReport, window: float, *, busy: bool) -> None:
+    def _measure(self, job: Job, r: JobReport, window: float, *, busy: int) -> None:
         """Records a steady window of ``job`` at the node's current split: at its directed
         count, the whole window after the last change of any job plus ``SETTLE_S``, one per
         window. A split measured in full for the first time calls for a decision."""
         now = self._clock()
         steady = (
-            r.num_workers == job.directive.num_workers
-            and (busy or r.num_workers == 0)
-            and window >= 1.0
-            and min(now - job.directive_at, now - self._changed_at) >= window + pol.SETTLE_S
+            pol.steady_window(
+                window,
+                r.num_workers,
+                job.directive.num_workers,
+                busy,
+                now - job.directive_at,
+                now - self._changed_at,
+            )
             and job.reports % max(int(window), 1) == 0
         )
         if not steady or self.settings.name != "adaptive":
@@ -491,9 +495,8 @@ class NodeCore:
             return decisions
         now, limits = self._clock(), self._limits()
         current = self._split()
-        if self._previous is not None and [j for j, _ in self._previous] != [
-            j for j, _ in current
-        ]:  # a job came or went: a new node
+        if self._previous is not None and not pol.same_jobs(self._previous, current):
+            # a job came or went: a new node
             self._previous, self._probed, self._probe_wait = None, None, pol.PROBE_AFTER_S
         proposed = pol.split_of({j: d.num_workers for j, d in decisions.items()})
         chosen, why = pol.measured_guard(
@@ -518,14 +521,12 @@ class NodeCore:
             if tried is not None:
                 chosen, why = tried
                 self._probed = chosen
-        if chosen == proposed:
-            if chosen != current:
-                self._previous = current
-            return decisions
-        if not pol.fits(views, budget, dict(chosen)):  # e.g. memory grew since it was run
-            return decisions
+        if chosen != proposed and not pol.fits(views, budget, dict(chosen)):
+            return decisions  # e.g. memory grew since that split was run
         if chosen != current:
             self._previous = current
+        if chosen == proposed:
+            return decisions
         counts = dict(chosen)
         return {j: replace(d, num_workers=counts[j], reason=why) for j, d in decisions.items()}
 

@@ -73,7 +73,9 @@ __all__ = [
     "learning_gate",
     "measured_guard",
     "probe",
+    "same_jobs",
     "split_of",
+    "steady_window",
 ]
 
 #: The node policies.
@@ -435,14 +437,14 @@ def decide(
     alloc = {j.job_id: floors[j.job_id] for j in planned}
     main_cpu = {j.job_id: j.main_cpu_per_sample for j in planned}
 
-    def fits(trial: dict[str, int]) -> bool:
+    def fits_room(trial: dict[str, int]) -> bool:
         return memory.total(trial) <= room
 
     objective_new = _objective(alloc, curves, main_cpu, budget.cores)
     while sum(alloc.values()) < slots:
         best: tuple[float, str] | None = None
         for jid, k in alloc.items():
-            if k + 1 >= len(curves[jid]) or not fits({**alloc, jid: k + 1}):
+            if k + 1 >= len(curves[jid]) or not fits_room({**alloc, jid: k + 1}):
                 continue
             value = _objective({**alloc, jid: k + 1}, curves, main_cpu, budget.cores)
             if best is None or value > best[0]:
@@ -465,7 +467,7 @@ def decide(
                 trial = {**alloc, src: alloc[src] - 1}
                 if dst is not None:
                     trial[dst] += 1
-                if not fits(trial):
+                if not fits_room(trial):
                     continue
                 value = _objective(trial, curves, main_cpu, budget.cores)
                 if move is None or value > move[0]:
@@ -488,7 +490,7 @@ def decide(
         and not (releases and objective_new >= objective_old - release_loss)
         and all(floors[j.job_id] <= current[j.job_id] for j in planned)
         and sum(current.values()) <= slots
-        and fits(current)
+        and fits_room(current)
     )
     final = current if keep else alloc
     _, _, got = _shares(final, curves, main_cpu, budget.cores)
@@ -510,7 +512,7 @@ def decide(
         limited = (
             k + 1 < len(curves[jid])
             and sum(more.values()) <= slots
-            and not fits(more)
+            and not fits_room(more)
             and _objective(more, curves, main_cpu, budget.cores)
             > _objective(final, curves, main_cpu, budget.cores) + min_gain
         )
@@ -550,6 +552,25 @@ class Learning:
     (0: none). Several in a row, one way, say the job's costs changed (``DRIFT_WINDOWS``)."""
 
 
+def steady_window(
+    window_s: float,
+    workers: int,
+    directed_workers: int,
+    busy_workers: int,
+    since_directive_s: float,
+    since_node_change_s: float,
+) -> bool:
+    """Whether a report window shows the job steady at its directed count: a window of at
+    least a second, at that count, (with workers) some worker delivering a batch, and all of
+    it after the job's last change and the node's (any job's) plus ``SETTLE_S``."""
+    return (
+        window_s >= 1.0
+        and workers == directed_workers
+        and (workers == 0 or busy_workers > 0)
+        and min(since_directive_s, since_node_change_s) >= window_s + SETTLE_S
+    )
+
+
 def learning_gate(
     model: LoaderModel,
     obs: LoaderObservation,
@@ -579,11 +600,14 @@ def learning_gate(
     usable = (
         obs.samples_per_s > 0
         and obs.step_s > 0
-        and window_s >= 1.0
-        and k == directed_workers
-        and (k == 0 or busy_workers > 0)
-        and since_directive_s >= window_s + SETTLE_S
-        and (not model.observations or since_node_change_s >= window_s + SETTLE_S)
+        and steady_window(
+            window_s,
+            k,
+            directed_workers,
+            busy_workers,
+            since_directive_s,
+            since_node_change_s if model.observations else math.inf,
+        )
     )
     if not usable:
         return Learning(False, run_length, False)
@@ -629,6 +653,11 @@ Split = tuple[tuple[str, int], ...]
 def split_of(counts: dict[str, int]) -> Split:
     """The :data:`Split` of job id -> worker count."""
     return tuple(sorted(counts.items()))
+
+
+def same_jobs(a: Split, b: Split) -> bool:
+    """Whether two splits are of the same jobs (none came or went between them)."""
+    return [j for j, _ in a] == [j for j, _ in b]
 
 
 @dataclass
@@ -695,8 +724,7 @@ def measured_guard(
                 f"{there:.3f} at the model's choice {_show(proposed)}"
             )
         return proposed, ""
-    same_jobs = previous is not None and [j for j, _ in previous] == [j for j, _ in current]
-    if previous is not None and previous != current and same_jobs:
+    if previous is not None and previous != current and same_jobs(previous, current):
         before = measured.score(previous, limits, now)
         if here is not None and before is not None:
             # a probe must measure better; a model's move, not measurably worse
@@ -714,14 +742,18 @@ def _show(split: Split) -> str:
     return "(" + ", ".join(f"{j[:6]}={k}" for j, k in split) + ")"
 
 
-def fits(jobs: Sequence[JobView], budget: Budget, counts: dict[str, int]) -> bool:
+def fits(
+    jobs: Sequence[JobView], budget: Budget, counts: dict[str, int], memory: _Memory | None = None
+) -> bool:
     """Whether ``counts`` keep every job within its limits and the node within its worker and
-    memory budgets (a growing job's new workers counted at its bound)."""
+    memory budgets (a growing job's new workers counted at its bound; ``memory``: the jobs'
+    :class:`_Memory`, when the caller has it)."""
     within = all(_bounds(j, budget)[0] <= counts[j.job_id] <= _bounds(j, budget)[1] for j in jobs)
+    memory = memory or _Memory.of(jobs)
     return (
         within
         and sum(counts.values()) <= budget.workers
-        and _Memory.of(jobs).total(counts) <= budget.memory_bytes
+        and memory.total(counts) <= budget.memory_bytes
     )
 
 
@@ -743,13 +775,14 @@ def probe(
     if any(k >= len(curves[j]) for j, k in current.items()):
         return None
     base = _objective(current, curves, main_cpu, budget.cores)
+    memory = _Memory.of(jobs)
     ids = list(current)
     moves = [{i: +1} for i in ids] + [{i: -1} for i in ids]
     moves += [{a: -1, b: +1} for a in ids for b in ids if a != b]
     best: tuple[float, dict[str, int]] | None = None
     for move in moves:
         trial = {j: k + move.get(j, 0) for j, k in current.items()}
-        if not fits(jobs, budget, trial):
+        if not fits(jobs, budget, trial, memory):
             continue
         if measured.score(split_of(trial), limits, now) is not None:
             continue

@@ -15,7 +15,7 @@ from dloader._daemon.peer import CALLER, Caller, Role
 from dloader._node_messages import JobLimits, JobReport, Registration, WorkerReport
 from dloader.errors import InvalidArgument, ResourceExhausted
 from dloader.sidecar.config import PolicySettings
-from dloader.sidecar.core import NodeCore
+from dloader.sidecar.core import Job, NodeCore
 from dloader.sidecar.monitors import ProcessTreeStats, process_start
 from dloader.sidecar.store import SidecarStore
 
@@ -66,6 +66,21 @@ def report(workers: int, tput: float) -> JobReport:
         samples=0,
         workers=tuple(WorkerReport(201 + i, 0.2, 0.1, 10) for i in range(workers)),
     )
+
+
+def report_each_second(
+    core: NodeCore,
+    node: FakeNode,
+    jobs: tuple[Job, ...],
+    seconds: int,
+    tput: dict[str, float],
+) -> None:
+    """Each job reports once a second for ``seconds``, at its directed count, at the samples/s
+    ``tput`` gives its name."""
+    for _ in range(seconds):
+        node.now += 1.0
+        for job in jobs:
+            core.report(job, report(job.directive.num_workers, tput[job.record.name]))
 
 
 @pytest.mark.parametrize("wait_share", [0.0, 0.25])
@@ -419,10 +434,7 @@ def test_measurements_overrule_the_model(tmp_path: Path, monkeypatch: pytest.Mon
     b = core.register(Registration("b", pids=(100,), num_workers=2, batch_size=32))
 
     def run(seconds: int, tput: dict[str, float]) -> None:
-        for _ in range(seconds):
-            node.now += 1.0
-            for job in (a, b):
-                core.report(job, report(job.directive.num_workers, tput[job.record.name]))
+        report_each_second(core, node, (a, b), seconds, tput)
 
     run(6, {"a": 300.0, "b": 300.0})  # 2/2 measured
     proposal.update({a.job_id: 3, b.job_id: 1})
@@ -518,10 +530,7 @@ def test_a_probe_that_does_not_pay_is_undone_and_the_next_waits_longer(
     )
 
     def run(seconds: int) -> None:
-        for _ in range(seconds):
-            node.now += 1.0
-            for job in (a, b):
-                core.report(job, report(job.directive.num_workers, 300.0))
+        report_each_second(core, node, (a, b), seconds, {"a": 300.0, "b": 300.0})
 
     run(int(pol.PROBE_AFTER_S) + 2)  # 2/2 measured and steady
     core.decide()

@@ -233,19 +233,25 @@ def test_exploring_jobs_stay_within_memory() -> None:
     assert total * 100 * MiB <= 1000 * MiB
 
 
+def growing_io_job(workers: int) -> JobView:
+    """An I/O-bound job running ``workers`` workers that hold 20 MiB each now and may copy up
+    to 250 MiB (their memory still grows)."""
+    return JobView(
+        "io",
+        32,
+        workers,
+        model=fitted(IO_HEAVY),
+        worker_memory_bytes=20 * MiB,
+        worker_memory_bound=250 * MiB,
+    )
+
+
 @pytest.mark.parametrize("policy", ["adaptive", "even"])
 def test_growing_workers_grow_only_to_what_their_bound_fits(policy: str) -> None:
     """Its two workers hold 20 MiB each now but may copy up to 250 MiB (their memory still
     grows): under 600 MiB the job may grow to 2 workers at most (3 x 250 would not fit), and it
     keeps what it runs (2 x 20 fits). Settled (no bound), the measured 20 MiB apply."""
-    growing = JobView(
-        "io",
-        32,
-        2,
-        model=fitted(IO_HEAVY),
-        worker_memory_bytes=20 * MiB,
-        worker_memory_bound=250 * MiB,
-    )
+    growing = growing_io_job(2)
     budget = Budget(workers=16, cores=2, memory_bytes=600 * MiB)
     d = decide(policy, [growing], budget, hysteresis=0)
     assert d["io"].num_workers == 2
@@ -255,22 +261,13 @@ def test_growing_workers_grow_only_to_what_their_bound_fits(policy: str) -> None
     settled = replace(growing, worker_memory_bound=0.0)
     assert decide(policy, [settled], budget, hysteresis=0)["io"].num_workers > 2
     # one worker now: it may grow to 2 (2 x 250 fits), not to 3
-    one = replace(growing, current_workers=1)
-    assert decide(policy, [one], budget, hysteresis=0)["io"].num_workers == 2
+    assert decide(policy, [growing_io_job(1)], budget, hysteresis=0)["io"].num_workers == 2
 
 
 def test_a_growing_job_keeps_the_workers_it_has() -> None:
     """The bound limits growth only: 8 workers at 20 MiB measured are not shed because each
     may yet copy 250 MiB (the measured cost decides what must go)."""
-    job = JobView(
-        "io",
-        32,
-        8,
-        model=fitted(IO_HEAVY),
-        worker_memory_bytes=20 * MiB,
-        worker_memory_bound=250 * MiB,
-    )
-    d = decide("adaptive", [job], Budget(workers=16, cores=2, memory_bytes=600 * MiB))
+    d = decide("adaptive", [growing_io_job(8)], Budget(workers=16, cores=2, memory_bytes=600 * MiB))
     assert d["io"].num_workers == 8
 
 
