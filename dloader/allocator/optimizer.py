@@ -32,7 +32,9 @@ worth, then a geometric ladder of whole nodes, plus its current count. ``F_J(C)`
 walking the stored arg-maxes back from ``c = C`` recovers each ``k``, and each job's batch is the
 arg-max over ``b`` at that ``k``. Jobs enter in arrival order and only while the sum of their
 minimums fits (:func:`admit`), so every admitted job gets at least its minimum and the rest wait
-in order. Cost ``O(J * C * |K|)``, the inner maximum vectorised with numpy.
+in order. Cost ``O(J * C * |K|)``, the inner maximum vectorised with numpy (one strided gather
+per job), and every job's table evaluated in one broadcast where its throughput function allows
+(``evaluate_many``, see :data:`ThroughputFn`).
 
 A move is made only where the DP finds it worth its restart: keeping ``k`` is worth ``v`` for the
 whole horizon, changing it is worth the new speedup for ``H - R`` seconds of it.
@@ -84,7 +86,11 @@ DEFAULT_RESTART_S = 30.0
 DEFAULT_HORIZON_S = 900.0
 
 ThroughputFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
-"""``(gpus, global_batch) -> samples/s``, broadcasting; NaN or <= 0 where infeasible."""
+"""``(gpus, global_batch) -> samples/s``, broadcasting; NaN or <= 0 where infeasible.
+
+One may also have an ``evaluate_many(fns, gpus, batches)`` attribute (e.g.
+:class:`dloader.allocator.policies.ScalingThroughput`): the optimizer then evaluates every job's
+function of that kind in one call, ``out[j, i, m] = fns[j](gpus[j, i], batches[j, m])``."""
 EfficiencyFn = Callable[[np.ndarray], np.ndarray]
 """``global_batch -> statistical efficiency`` in (0, 1]."""
 Objective = Literal["throughput", "goodput"]
@@ -109,12 +115,12 @@ class Cluster:
             raise AllocatorError(f"{num_nodes=} and {gpus_per_node=} must both be >= 1")
         return cls((gpus_per_node,) * num_nodes)
 
-    @property
+    @functools.cached_property
     def capacity(self) -> int:
         """Total GPUs."""
         return sum(self.nodes)
 
-    @property
+    @functools.cached_property
     def gpus_per_node(self) -> int:
         """The largest node's GPUs (the packing unit the candidate counts follow)."""
         return max(self.nodes)
@@ -243,41 +249,83 @@ def _utility(u: np.ndarray, power: float) -> np.ndarray:
     return np.log(u) if power == 0 else u**power / power
 
 
-def _table(
-    job: OptimizerJob,
-    capacity: int,
+def _grids(jobs: Sequence[OptimizerJob], gpus: np.ndarray, batches: np.ndarray) -> np.ndarray:
+    """``out[j, i, m]``: job j's predicted samples/s on ``gpus[j, i]`` at ``batches[j, m]``.
+
+    Throughput functions with an ``evaluate_many`` (:data:`ThroughputFn`) are evaluated together,
+    one broadcast per kind; the others one job at a time."""
+    out = np.empty((len(jobs), gpus.shape[1], batches.shape[1]))
+    kinds: dict[object, list[int]] = {}
+    for i, job in enumerate(jobs):
+        kinds.setdefault(getattr(job.throughput, "evaluate_many", None), []).append(i)
+    for many, rows in kinds.items():
+        if many is not None:
+            fns = [jobs[i].throughput for i in rows]
+            out[rows] = many(fns, gpus[rows], batches[rows])  # type: ignore[operator]
+            continue
+        for i in rows:
+            out[i] = jobs[i].throughput(gpus[i][:, None], batches[i][None, :])
+    return out
+
+
+def _tables(
+    jobs: Sequence[OptimizerJob],
+    slack: int,
     per_node: int,
     objective: Objective,
     horizon_s: float,
     power: float,
-) -> _Table:
-    hi = min(job.max_gpus, capacity)
-    counts = candidate_counts(job.min_gpus, hi, per_node, job.current_gpus)
-    batches = np.asarray(job.batch_sizes, dtype=float)
-    eff = (
-        np.asarray(job.efficiency(batches), dtype=float)
-        if objective == "goodput" and job.efficiency is not None
-        else np.ones_like(batches)
-    )
-    # one evaluation for the candidates and the one-GPU reference (row 0)
-    rows = np.concatenate(([1], counts)).astype(float)
-    grid = np.asarray(job.throughput(rows[:, None], batches[None, :]), dtype=float)
-    grid = np.where(np.isfinite(grid) & (grid > 0), grid, 0.0) * eff
-    one, good = grid[0], grid[1:]
-    ref = one.max() if one.max() > 0 else good[0].max()
-    if not ref > 0:
+) -> list[_Table]:
+    """Each job's value table over its candidate counts (up to its fewest plus ``slack``), all
+    jobs in one padded array (the candidate counts and batch sizes repeat their last entry)."""
+    if not jobs:
+        return []
+    counts = [
+        candidate_counts(j.min_gpus, min(j.max_gpus, j.min_gpus + slack), per_node, j.current_gpus)
+        for j in jobs
+    ]
+    n_k = 1 + max(len(c) for c in counts)
+    n_b = max(len(j.batch_sizes) for j in jobs)
+    # row 0 of each job: one GPU, the reference of its speedups
+    gpus = np.empty((len(jobs), n_k))
+    gpus[:, 0] = 1.0
+    batches = np.empty((len(jobs), n_b))
+    eff = np.ones((len(jobs), n_b))
+    for i, (job, c) in enumerate(zip(jobs, counts, strict=True)):
+        gpus[i, 1 : len(c) + 1] = c
+        gpus[i, len(c) + 1 :] = c[-1]
+        n = len(job.batch_sizes)
+        batches[i, :n] = job.batch_sizes
+        batches[i, n:] = job.batch_sizes[-1]
+        if objective == "goodput" and job.efficiency is not None:
+            eff[i, :n] = job.efficiency(batches[i, :n])
+        eff[i, n:] = 0.0  # padding: never the best batch
+    grid = _grids(jobs, gpus, batches)
+    grid = np.where(np.isfinite(grid) & (grid > 0), grid, 0.0) * eff[:, None, :]
+    one, good = grid[:, 0].max(axis=1), grid[:, 1:]
+    ref = np.where(one > 0, one, good[:, 0].max(axis=1))
+    if not (ref > 0).all():
+        i = int(np.argmin(ref > 0))
         raise AllocatorError(
-            f"job {job.job_id!r}: predicted throughput is 0 at every candidate "
-            f"(gpus {counts.tolist()}, batch sizes {list(job.batch_sizes)})"
+            f"job {jobs[i].job_id!r}: predicted throughput is 0 at every candidate "
+            f"(gpus {counts[i].tolist()}, batch sizes {list(jobs[i].batch_sizes)})"
         )
-    best = good.argmax(axis=1)
-    speedups = good[np.arange(len(counts)), best] / ref
-    if job.placed:
-        speedups = speedups * np.array([job.placed.get(int(k), 1.0) for k in counts])
-    keep = job.restart_keep(horizon_s)
-    factor = np.where((job.current_gpus > 0) & (counts != job.current_gpus), keep, 1.0 + _TIE)
-    values = np.where(speedups > 0, job.priority * _utility(speedups * factor, power), -np.inf)
-    return _Table(counts, values, speedups, batches[best].astype(np.int64))
+    best = good.argmax(axis=2)
+    speedups = np.take_along_axis(good, best[:, :, None], axis=2)[:, :, 0] / ref[:, None]
+    for i, job in enumerate(jobs):
+        if job.placed:
+            factors = [job.placed.get(int(k), 1.0) for k in gpus[i, 1:]]
+            speedups[i] *= np.array(factors)
+    current = np.array([j.current_gpus for j in jobs])[:, None]
+    keep = np.array([j.restart_keep(horizon_s) for j in jobs])[:, None]
+    factor = np.where((current > 0) & (gpus[:, 1:] != current), keep, 1.0 + _TIE)
+    priority = np.array([j.priority for j in jobs])[:, None]
+    values = np.where(speedups > 0, priority * _utility(speedups * factor, power), -np.inf)
+    chosen = np.take_along_axis(batches, best, axis=1).astype(np.int64)
+    return [
+        _Table(c, values[i, : len(c)], speedups[i, : len(c)], chosen[i, : len(c)])
+        for i, c in enumerate(counts)
+    ]
 
 
 def _reason(job: OptimizerJob, a_gpus: int, a_batch: int, speedup: float, objective: str) -> str:
@@ -330,29 +378,36 @@ def optimize(
     # the GPUs the others' fewest leave (on a full cluster, exactly its fewest)
     fewest = [j.min_gpus for j in admitted]  # each table's smallest candidate count
     slack = capacity - sum(fewest)
-    tables = [
-        _table(j, j.min_gpus + slack, cluster.gpus_per_node, objective, horizon_s, fairness)
-        for j in admitted
-    ]
+    tables = _tables(admitted, slack, cluster.gpus_per_node, objective, horizon_s, fairness)
 
     # best[c]: the best value of the jobs so far on at most c GPUs. Every admitted job gets at
     # least its fewest GPUs, so after job i only c in [its and the earlier jobs' fewest,
     # capacity - the later jobs' fewest] can lie on an optimal path: the DP fills that window.
+    # The array is stored after ``slack`` -inf entries, so that best[c - k] reads -inf for every
+    # c - k below the window, negative ones included (k <= a job's fewest + slack), unmasked.
+    pad = slack
     lo, hi = 0, slack
-    best = np.zeros(capacity + 1)
+    best = np.full(pad + capacity + 1, -np.inf)
+    best[pad : pad + slack + 1] = 0.0
     choices = np.zeros((len(tables), capacity + 1), dtype=np.int32)
     for i, t in enumerate(tables):
-        prev_lo = lo
         lo, hi = lo + fewest[i], hi + fewest[i]
-        cs = np.arange(lo, hi + 1)
-        rest = cs[:, None] - t.counts[None, :]  # <= the previous window's top, as counts >= fewest
-        cand = np.where(
-            rest >= prev_lo, best[np.maximum(rest, prev_lo)] + t.values[None, :], -np.inf
+        top = int(t.counts[-1])
+        # window[r, top - k] = best[lo + r - k]: one strided view of the previous row, whose
+        # columns the candidate counts pick (one gather, no index arithmetic per cell)
+        window = np.lib.stride_tricks.as_strided(
+            best[pad + lo - top :],
+            shape=(hi - lo + 1, top + 1),
+            strides=(best.strides[0], best.strides[0]),
+            writeable=False,
         )
+        cand = window[:, top - t.counts]
+        cand += t.values
         choice = cand.argmax(axis=1)
-        best = np.full(capacity + 1, -np.inf)
-        best[lo : hi + 1] = cand[np.arange(len(cs)), choice]
+        best = np.full(pad + capacity + 1, -np.inf)
+        best[pad + lo : pad + hi + 1] = cand[np.arange(hi - lo + 1), choice]
         choices[i, lo : hi + 1] = choice
+    best = best[pad:]
     if admitted and not np.isfinite(best[capacity]):
         raise AllocatorError(
             f"no feasible allocation for {len(admitted)} admitted jobs on {capacity} GPUs "
@@ -372,21 +427,30 @@ def optimize(
     return Plan(ordered, tuple(j.job_id for j in waiting), float(best[capacity]) if tables else 0.0)
 
 
-def _compact(k: int, free: list[int], nodes: Sequence[int]) -> list[int] | None:
+def _compact(k: int, free: np.ndarray, nodes: np.ndarray) -> np.ndarray | None:
     """GPUs per node for ``k`` GPUs on whole free nodes plus one node for the rest (the
     best-fitting), or None when the free GPUs do not allow it."""
-    share = [0] * len(free)
+    share = np.zeros_like(free)
     need = k
-    for n, f in enumerate(free):
-        if need >= nodes[n] and f == nodes[n]:
-            share[n], need = f, need - f
+    smallest = int(nodes.min())
+    for n in np.flatnonzero(free == nodes):
+        if need < smallest:
+            break
+        if need >= nodes[n]:
+            share[n] = free[n]
+            need -= int(free[n])
     if need:
-        fits = [n for n, f in enumerate(free) if f - share[n] >= need]
-        if not fits:
+        room = free - share
+        room = np.where(room >= need, room, np.iinfo(room.dtype).max)
+        fit = int(room.argmin())  # the tightest fit, the first node among equals
+        if free[fit] - share[fit] < need:
             return None
-        n = min(fits, key=lambda n: (free[n] - share[n], n))
-        share[n] += need
+        share[fit] += need
     return share
+
+
+def _gpus(placement: Sequence[int]) -> np.ndarray:
+    return np.fromiter(placement, dtype=np.int64, count=len(placement))
 
 
 def place(
@@ -410,46 +474,47 @@ def place(
     total = sum(counts.values())
     if total > cluster.capacity or any(k < 0 for k in counts.values()):
         raise AllocatorError(f"cannot place {total} GPUs on a cluster of {cluster.capacity}")
-    free = list(cluster.nodes)
+    nodes = np.array(cluster.nodes, dtype=np.int64)
+    free = nodes.copy()
     out: dict[str, tuple[int, ...]] = {}
     moving = []
     for job, k in counts.items():
         now = current.get(job)
-        keep = now is not None and len(now) == len(free) and sum(now) == k > 0
-        if keep and all(n <= f for n, f in zip(now, free, strict=True)):  # type: ignore[arg-type]
-            out[job] = tuple(now)  # type: ignore[arg-type]
-            free = [f - n for f, n in zip(free, now, strict=True)]  # type: ignore[arg-type]
-            continue
+        if now is not None and len(now) == len(free) and k > 0:
+            held = _gpus(now)
+            if held.sum() == k and (held <= free).all():
+                out[job] = tuple(now)
+                free -= held
+                continue
         if k > 0:
             moving.append((k, job))
     for k, job in sorted(moving, key=lambda kj: (-kj[0], kj[1])):
         # whole free nodes for the multi-node part, the best-fitting node for the rest
-        compact = _compact(k, free, cluster.nodes)
-        if compact is not None:
-            out[job] = tuple(compact)
-            free = [f - n for f, n in zip(free, compact, strict=True)]
-            continue
-        # else spread: whole free nodes first, then the freest nodes
-        share = [0] * len(free)
-        need = k
-        for n, f in enumerate(free):
-            if need >= cluster.nodes[n] and f == cluster.nodes[n]:
-                share[n], free[n], need = f, 0, need - f
-        for n in sorted(range(len(free)), key=lambda n: (-free[n], n)):
-            if not need:
-                break
-            take = min(free[n], need)
-            share[n] += take
-            free[n] -= take
-            need -= take
-        out[job] = tuple(share)
+        share = _compact(k, free, nodes)
+        if share is None:
+            # spread: whole free nodes first, then the freest nodes
+            share = np.zeros_like(free)
+            need = k
+            for n in np.flatnonzero(free == nodes):
+                if need >= nodes[n]:
+                    share[n], need = free[n], need - int(free[n])
+            rest = free - share
+            for n in np.argsort(-rest, kind="stable"):
+                if not need:
+                    break
+                take = min(int(rest[n]), need)
+                share[n] += take
+                need -= take
+        out[job] = tuple(share.tolist())
+        free -= share
     for job in sorted(repack, key=lambda j: (-counts.get(j, 0), j)):
         now = out.get(job)
         if now is None or job not in current or tuple(current[job]) != now:
             continue
-        mine = [f + n for f, n in zip(free, now, strict=True)]
-        packed = _compact(sum(now), mine, cluster.nodes)
-        if packed is not None and sum(1 for g in packed if g) < sum(1 for g in now if g):
-            out[job] = tuple(packed)
-            free = [f - n for f, n in zip(mine, packed, strict=True)]
+        held = _gpus(now)
+        mine = free + held
+        packed = _compact(int(held.sum()), mine, nodes)
+        if packed is not None and np.count_nonzero(packed) < np.count_nonzero(held):
+            out[job] = tuple(packed.tolist())
+            free = mine - packed
     return out

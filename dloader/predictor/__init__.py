@@ -4,7 +4,7 @@
   (physical model + scikit-learn residual regression, with uncertainty); its cold-start
   :func:`exploration_plan`.
 * :class:`ScalingModel`: step time over (nodes, GPUs, local batch size), compute and
-  synchronisation with overlap, fitted with scipy.
+  synchronisation with overlap, fitted with scipy; :class:`ScalingStack` evaluates many at once.
 * :class:`GradientNoise`: statistical efficiency of a batch size from gradient noise;
   :func:`goodput`.
 * :mod:`dloader.predictor.pollux`: readers for the Pollux traces (I/O kept out of the models).
@@ -20,7 +20,13 @@ from dloader.predictor._loader_model import (
     LoaderPrediction,
     exploration_plan,
 )
-from dloader.predictor._scaling import ScalingModel, ScalingParams, ScalingPoint, placement_shape
+from dloader.predictor._scaling import (
+    ScalingModel,
+    ScalingParams,
+    ScalingPoint,
+    ScalingStack,
+    placement_shape,
+)
 
 __all__ = [
     "GradientNoise",
@@ -31,6 +37,7 @@ __all__ = [
     "ScalingModel",
     "ScalingParams",
     "ScalingPoint",
+    "ScalingStack",
     "exploration_plan",
     "goodput",
     "placement_shape",

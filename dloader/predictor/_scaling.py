@@ -30,7 +30,7 @@ from scipy.optimize import least_squares
 from dloader.errors import PredictorError
 from dloader.predictor._serial import check_payload
 
-__all__ = ["ScalingModel", "ScalingParams", "ScalingPoint", "placement_shape"]
+__all__ = ["ScalingModel", "ScalingParams", "ScalingPoint", "ScalingStack", "placement_shape"]
 
 _KIND = "scaling"
 _VERSION = 1
@@ -304,3 +304,34 @@ class ScalingModel:
             raise PredictorError(
                 f"scaling model params {sorted(params)} are invalid: {exc}"
             ) from None
+
+
+class ScalingStack:
+    """Many models' step times in one evaluation (the allocator's hot path: one broadcast for
+    every job instead of a round of numpy calls per job).
+
+    Inputs have a leading axis with one entry per model, then ``extra_dims`` more axes
+    (broadcasting); ``stack.step_times(nodes, replicas, bsz)[j]`` equals
+    ``models[j].step_times(nodes[j], replicas[j], bsz[j])``.
+    """
+
+    def __init__(self, models: Sequence[ScalingModel], *, extra_dims: int = 2) -> None:
+        if not models:
+            raise PredictorError("ScalingStack needs at least one model")
+        p = np.stack([m._p for m in models], axis=1)  # (parameters, models)
+        self._p = p.reshape(p.shape + (1,) * extra_dims)
+
+    def step_times(
+        self, nodes: np.ndarray, replicas: np.ndarray, local_bsz: np.ndarray
+    ) -> np.ndarray:
+        """:meth:`ScalingModel.step_times`, one leading entry per model."""
+        return _step(
+            self._p,
+            np.asarray(nodes, dtype=float),
+            np.asarray(replicas, dtype=float),
+            np.asarray(local_bsz, dtype=float),
+        )
+
+    def compute_times(self, local_bsz: np.ndarray) -> np.ndarray:
+        """:meth:`ScalingModel.compute_times`, one leading entry per model."""
+        return _compute(self._p, np.asarray(local_bsz, dtype=float))

@@ -240,3 +240,49 @@ def test_a_spread_share_lowers_the_value_of_that_count():
     assert compact.assignments["a"].gpus == 8
     spread = optimize([OptimizerJob("a", f, (64,), max_gpus=8, placed={8: 0.3})], Cluster((4, 4)))
     assert spread.assignments["a"].gpus < 8
+
+
+def test_jobs_evaluated_together_get_the_plan_they_get_one_by_one():
+    """ScalingThroughput's ``evaluate_many`` (one broadcast for every job) changes no decision:
+    the same functions hidden behind plain lambdas (one call per job) give the same plan."""
+    from dloader.allocator.policies import throughput_fn
+    from dloader.predictor import ScalingModel, ScalingParams
+
+    def params(i: int) -> ScalingParams:
+        return ScalingParams(
+            alpha_c=0.01 * (1 + i % 3),
+            beta_c=0.002 / (1 + i % 2),
+            alpha_n=0.005,
+            beta_n=0.001 * (i % 4),
+            alpha_r=0.05,
+            beta_r=0.004,
+            gamma=1.0 + 0.5 * (i % 5),
+        )
+
+    def jobs(hide: bool) -> list[OptimizerJob]:
+        out = []
+        for i in range(12):
+            fn = throughput_fn(
+                ScalingModel(params(i)),
+                4 if i % 3 else 8,  # mixed node sizes, ranges, accumulation, batch lists
+                (4 + i % 3, 32 + 16 * (i % 2)),
+                accumulate=i % 2 == 0,
+            )
+            out.append(
+                OptimizerJob(
+                    f"j{i}",
+                    (lambda k, b, fn=fn: fn(k, b)) if hide else fn,
+                    (64, 128, 256, 512)[: 1 + i % 4],
+                    min_gpus=1 + i % 2,
+                    max_gpus=4 + 3 * i,
+                    efficiency=noise(100.0 * (1 + i)),
+                    current_gpus=i % 5,
+                    placed={2: 0.7} if i == 3 else {},
+                )
+            )
+        return out
+
+    for nodes in [(4,) * 6, (8, 4, 4, 2)]:
+        together = optimize(jobs(hide=False), Cluster(nodes), fairness=0.0)
+        one_by_one = optimize(jobs(hide=True), Cluster(nodes), fairness=0.0)
+        assert together == one_by_one

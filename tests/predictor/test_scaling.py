@@ -14,6 +14,7 @@ from dloader.predictor import (
     ScalingModel,
     ScalingParams,
     ScalingPoint,
+    ScalingStack,
     goodput,
     placement_shape,
 )
@@ -159,3 +160,21 @@ def test_the_fit_jacobian_matches_finite_differences(gamma: float) -> None:
     for i in range(len(bsz)):
         numeric = approx_fprime(p, lambda q, i=i: np.log(_step(q, nodes, reps, bsz))[i], 1e-7)
         assert analytic[i] == pytest.approx(numeric, rel=1e-4, abs=1e-6)
+
+
+def test_a_stack_evaluates_each_model_as_alone() -> None:
+    other = ScalingParams(
+        alpha_c=0.02, beta_c=0.001, alpha_n=0.01, beta_n=0.0, alpha_r=0.1, beta_r=0.01, gamma=1.2
+    )
+    models = [ScalingModel(TRUE), ScalingModel(other), ScalingModel(TRUE)]
+    nodes = np.array([[[1.0, 1.0]], [[2.0, 4.0]], [[1.0, 3.0]]])  # (models, 1, 2)
+    replicas = np.array([[[1.0], [4.0]], [[8.0], [16.0]], [[2.0], [12.0]]])  # (models, 2, 1)
+    bsz = np.array([16.0, 64.0, 100.0])[:, None, None]
+    stack = ScalingStack(models)
+    got, compute = stack.step_times(nodes, replicas, bsz), stack.compute_times(bsz)
+    assert got.shape == (3, 2, 2)
+    for j, m in enumerate(models):
+        np.testing.assert_array_equal(got[j], m.step_times(nodes[j], replicas[j], bsz[j]))
+        np.testing.assert_array_equal(compute[j], m.compute_times(bsz[j]))
+    with pytest.raises(PredictorError, match="at least one model"):
+        ScalingStack([])
