@@ -135,6 +135,7 @@ class SubmittedJob:
             restarts=max(self.generation - 1, 0),
             # a model learned from measurements is trusted up to twice the GPUs they cover
             explored_gpus=max(m.replicas for m in r.measurements) if r.measurements else None,
+            explored_nodes=max(m.nodes for m in r.measurements) if r.measurements else None,
         )
 
 

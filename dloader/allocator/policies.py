@@ -102,6 +102,9 @@ class JobState:
     explored_gpus: int | None = None
     """The most GPUs its model has seen measurements for, when the model is learned online: it
     may then get at most twice that (None: the model is trusted everywhere)."""
+    explored_nodes: int | None = None
+    """The most nodes its model has seen one step span, when learned online (None: trusted
+    everywhere). A model that has only seen one node cannot price a spread placement."""
     attained_gpu_s: float = 0.0
     """GPU-seconds it has held so far (``pollux`` serves the least-served first)."""
 
@@ -397,7 +400,14 @@ class DpPolicy:
 
     def _spread_share(self, job: JobState, spec: OptimizerJob, gpus: int, nodes: int) -> float:
         """Throughput of ``gpus`` GPUs spread over ``nodes`` nodes / compact, each at its best
-        batch. The scaling model tells one node from several, nothing finer."""
+        batch. The scaling model tells one node from several, nothing finer.
+
+        0 for a model learned online that has never measured a step across nodes: its network
+        terms are guesses (near zero, so it would call any spread free), and the simulator
+        measured that trusting them costs up to 9% average JCT (docs/benchmarks.md). Such a
+        job is never placed spread by choice, and one running spread is packed at once."""
+        if job.explored_nodes is not None and job.explored_nodes < 2:
+            return 0.0
         k, batches = np.array([float(gpus)]), np.asarray(spec.batch_sizes, dtype=float)
         wide = throughput_fn(
             job.model, -(-gpus // nodes), job.local_bsz_range, accumulate=self.accumulate

@@ -212,9 +212,11 @@ class Simulator:
         if online:  # only what the job has run so far; before that, the prior
             model = job.model or _PRIOR
             explored: int | None = max((k[1] for k in job.seen), default=0)
+            spanned: int | None = max((k[0] for k in job.seen), default=0)
             noise = app.noise(job.batch, job.epoch) if job.seen else None
         else:  # the oracle: a model fitted offline to every measurement of the application
-            model, explored, noise = app.model, None, app.noise(job.batch, job.epoch)
+            model, explored, spanned = app.model, None, None
+            noise = app.noise(job.batch, job.epoch)
         return JobState(
             job.spec.name,
             job.spec.time,
@@ -230,6 +232,7 @@ class Simulator:
             age_s=t - job.spec.time,
             restarts=job.restarts,
             explored_gpus=explored,
+            explored_nodes=spanned,
             attained_gpu_s=job.gpu_seconds,
         )
 

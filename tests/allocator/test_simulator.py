@@ -215,3 +215,37 @@ def test_a_job_not_measured_yet_runs_as_configured_on_one_gpu(apps):
     measured = JobState("a", 0, apps["ncf"].model, 4, 512, (32, 4096), (1, 512), explored_gpus=2)
     spec = policy.spec(measured, CLUSTER)
     assert len(spec.batch_sizes) > 1 and spec.max_gpus == 4
+
+
+def test_a_model_that_never_spanned_nodes_is_not_trusted_on_a_spread_placement():
+    """Two running jobs leave one GPU free on each of two nodes. A newcomer whose model says
+    synchronising across nodes is free would take both (spread); it may only when its model
+    has measured a step across nodes (or is the oracle), else it gets the one GPU it can use
+    compactly."""
+    from dloader.predictor import ScalingModel, ScalingParams
+
+    free_sync = ScalingModel(
+        ScalingParams(
+            alpha_c=0.1, beta_c=0.001, alpha_n=0.0, beta_n=0.0, alpha_r=0.0, beta_r=0.0, gamma=4.0
+        )
+    )
+    cluster = Cluster.uniform(2, 4)
+    policy = make_policy("goodput-dp")
+
+    def decide(explored_nodes: int | None) -> tuple[int, ...]:
+        def job(name: str, placement: tuple[int, ...]) -> JobState:
+            return JobState(
+                name, 0, free_sync, 3, 96, (96, 96), (8, 64), placement=placement,
+                batch_size=96, age_s=10.0, restarts=0, explored_gpus=3, explored_nodes=1,
+            )  # fmt: skip
+
+        new = JobState(
+            "new", 0, free_sync, 1, 64, (64, 64), (8, 64), age_s=0.0,
+            explored_gpus=1, explored_nodes=explored_nodes,
+        )  # fmt: skip
+        jobs = [job("a", (3, 0)), job("b", (0, 3)), new]
+        return policy.decide(jobs, cluster).placements["new"]
+
+    assert decide(None) == (1, 1)  # the oracle's model is trusted: spread
+    assert decide(2) == (1, 1)  # it has measured a step across nodes
+    assert sum(decide(1)) == 1  # only one node seen: one GPU, on one node
