@@ -20,7 +20,9 @@ learned online (``JobState.explored_gpus`` set) is trusted up to twice the GPUs 
 so a job grows 1, 2, 4, ... GPUs as its measurements come in (Pollux's exploration).
 
 The DP policies are placement-aware (a count the placer would spread over more nodes than it
-needs is charged what the spread placement delivers; see :mod:`dloader.allocator.optimizer`) and
+needs is charged what the spread placement delivers; see :mod:`dloader.allocator.optimizer`;
+a model learned online that has never measured a step across nodes cannot price that, so such a
+job is not spread by choice: ``JobState.explored_nodes``) and
 weigh a restart by the job's age and restart count as Pollux does (``restart_model="age"``;
 ``"horizon"``: a fixed share for every job).
 """

@@ -299,6 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-size", type=int, default=None, help="batch size (default: the profile's)"
     )
     parser.add_argument(
+        "--prefetch-factor",
+        type=int,
+        default=None,
+        help="batches each worker may hold undelivered (default: the loader's, 2)",
+    )
+    parser.add_argument(
         "--seconds",
         type=float,
         default=None,
@@ -356,6 +362,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seconds={args.seconds} must be > 0")
     if args.samples is not None and args.samples < 1:
         parser.error(f"--samples={args.samples} must be >= 1")
+    if args.prefetch_factor is not None and not (args.prefetch_factor >= 1 and args.workers != 0):
+        parser.error(
+            f"--prefetch-factor={args.prefetch_factor}: expected >= 1, with --workers above 0"
+        )
     if args.sidecar and args.loader == "torch":
         parser.error("--sidecar needs --loader dloader")
     profile = PROFILES[args.profile]
@@ -367,7 +377,11 @@ def main(argv: list[str] | None = None) -> int:
     dataset = make_dataset(profile, 1_000_000, args.jpegs, slow_from)
     if args.loader == "torch":
         loader: Any = torch.utils.data.DataLoader(
-            dataset, batch_size=bs, shuffle=True, num_workers=args.workers
+            dataset,
+            batch_size=bs,
+            shuffle=True,
+            num_workers=args.workers,
+            prefetch_factor=args.prefetch_factor,
         )
     else:
         from dloader import DataLoader
@@ -377,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=bs,
             shuffle=True,
             num_workers=args.workers,
+            prefetch_factor=args.prefetch_factor,
             sidecar=args.sidecar,
             job_name=profile.name,
             stats_window_s=args.stats_window,

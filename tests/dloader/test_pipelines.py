@@ -44,7 +44,19 @@ def test_the_testbed_runs_a_real_pipeline_job(
     monkeypatch.setenv("DLOADER_CACHE", str(tmp_path))
     out = tmp_path / "t.json"
     argv = ["--profile", "image_jpeg", "--jpegs", "8", "--workers", "1", "--seconds", "1"]
+    argv += ["--prefetch-factor", "3"]
     assert testbed.main([*argv, "--out", str(out)]) == 0
     run = json.loads(out.read_text())
     assert run["profile"] == "image_jpeg" and run["timeline"]
     assert len(list((tmp_path / "jpegs" / "8").glob("*.jpg"))) == 8
+
+
+@pytest.mark.parametrize(
+    "argv", [["--prefetch-factor", "0"], ["--workers", "0", "--prefetch-factor", "2"]]
+)
+def test_the_testbed_names_a_bad_prefetch_factor(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        testbed.main(argv)
+    assert "--prefetch-factor=" in capsys.readouterr().err
