@@ -405,9 +405,10 @@ class DpPolicy:
         batch. The scaling model tells one node from several, nothing finer.
 
         0 for a model learned online that has never measured a step across nodes: its network
-        terms are guesses (near zero, so it would call any spread free), and the simulator
-        measured that trusting them costs up to 9% average JCT (docs/benchmarks.md). Such a
-        job is never placed spread by choice, and one running spread is packed at once."""
+        terms are guesses (near zero, so it would call any spread free), and in the simulator
+        trusting them cost up to 10% average JCT (docs/benchmarks.md). Such a job is not placed
+        spread by choice. (A job running spread has measured steps across nodes, so the rule
+        never forces a running job off its count.)"""
         if job.explored_nodes is not None and job.explored_nodes < 2:
             return 0.0
         k, batches = np.array([float(gpus)]), np.asarray(spec.batch_sizes, dtype=float)

@@ -1,5 +1,6 @@
-"""What the sidecar sees of the node: CPU, memory and I/O per job process tree (psutil), node
-CPU and disk I/O, and GPUs through NVML.
+"""What the sidecar sees of the node: CPU and memory per job process tree (``/proc``, read
+directly: a walk is the daemon's most frequent work), node CPU and disk I/O (psutil), and GPUs
+through NVML.
 
 NVML sits behind :class:`GpuBackend`, a thin adapter: :class:`NvmlBackend` calls nvidia-ml-py;
 tests use a fake at that boundary only. Without a driver or a GPU the monitor says why once and
@@ -135,8 +136,6 @@ class ProcessTreeStats:
     alive: bool
     cpu_percent: float  # 100 per core
     rss_bytes: int
-    read_bytes: int
-    write_bytes: int
     worker_pids: tuple[int, ...] = field(default_factory=tuple)
     main_cpu_percent: float = 0.0
     """CPU of the registered (training) processes alone, without their loader workers."""
@@ -154,35 +153,87 @@ class ProcessTreeStats:
     its reference count is written), so it bounds what the worker can come to hold."""
 
 
-_procs: dict[int, psutil.Process] = {}  # cache so that cpu_percent() measures between calls
+@dataclass(frozen=True)
+class _Stat:
+    """What one read of ``/proc/PID/stat`` says of a process."""
+
+    state: str
+    start: int
+    """Start time (clock ticks since boot): with the PID, the process's identity."""
+    cpu_s: float
+    """CPU seconds used, user and system."""
+    rss: int
 
 
-def _proc(pid: int) -> psutil.Process:
-    p = _procs.get(pid)
-    if p is None or not p.is_running():
-        p = _procs[pid] = psutil.Process(pid)
-        p.cpu_percent(None)
-    return p
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_HAVE_PROC_STAT = os.path.exists(f"/proc/{os.getpid()}/stat")
+
+
+def _stat(pid: int) -> _Stat | None:
+    """One read of the process's stat (None: gone). The monitor's hot path: a walk reads it
+    once per process, where psutil read it two or three times (its identity check, then CPU and
+    memory), and skips psutil's per-call overhead."""
+    if not _HAVE_PROC_STAT:  # not Linux: psutil
+        try:
+            p = psutil.Process(pid)
+            with p.oneshot():
+                t = p.cpu_times()
+                return _Stat(
+                    "Z" if p.status() == psutil.STATUS_ZOMBIE else "R",
+                    int(p.create_time() * _TICK),
+                    t.user + t.system,
+                    p.memory_info().rss,
+                )
+        except psutil.Error:
+            return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        # after "pid (comm) ": state, then fields 4.. (utime 14, stime 15, start 22, rss 24)
+        rest = data[data.rindex(b")") + 2 :].split()
+        return _Stat(
+            rest[0].decode(),
+            int(rest[19]),
+            (int(rest[11]) + int(rest[12])) / _TICK,
+            int(rest[21]) * _PAGE,
+        )
+    except (OSError, ValueError, IndexError):  # gone, or exiting mid-read
+        return None
+
+
+_cpu_seen: dict[int, tuple[int, float, float]] = {}  # pid -> (start, CPU seconds, when read)
+
+
+def _cpu_percent(pid: int, st: _Stat) -> float:
+    """CPU use since the previous walk saw this process (100 per core; 0.0 the first time, as
+    psutil's ``cpu_percent(None)``)."""
+    now = time.monotonic()
+    seen = _cpu_seen.get(pid)
+    _cpu_seen[pid] = (st.start, st.cpu_s, now)
+    if seen is None or seen[0] != st.start or now <= seen[2]:
+        return 0.0  # first sight, or the PID now names another process
+    return max(100.0 * (st.cpu_s - seen[1]) / (now - seen[2]), 0.0)
 
 
 _MEMORY_TTL_S = 10.0
 _memory: dict[int, tuple[float, int, int, int]] = {}  # pid -> (when, USS, PSS, anonymous)
 
 
-def _smaps(p: psutil.Process) -> tuple[int, int, int]:
+def _smaps(pid: int) -> tuple[int, int, int]:
     """A process's USS, PSS and anonymous resident memory (``/proc/PID/smaps_rollup``; where
     the kernel has none, psutil's USS and PSS and the RSS as the anonymous part)."""
     try:
-        text = Path(f"/proc/{p.pid}/smaps_rollup").read_text()
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except FileNotFoundError:
-        if p.is_running():  # a kernel without smaps_rollup
-            full = p.memory_full_info()
+        if psutil.pid_exists(pid):  # a kernel without smaps_rollup
+            full = psutil.Process(pid).memory_full_info()
             return full.uss, getattr(full, "pss", full.uss), full.rss
-        raise psutil.NoSuchProcess(p.pid) from None
+        raise psutil.NoSuchProcess(pid) from None
     except PermissionError:
-        raise psutil.AccessDenied(p.pid) from None
+        raise psutil.AccessDenied(pid) from None
     except OSError:  # ESRCH: it is exiting
-        raise psutil.NoSuchProcess(p.pid) from None
+        raise psutil.NoSuchProcess(pid) from None
     kb: dict[str, int] = {}
     for line in text.splitlines()[1:]:
         name, _, rest = line.partition(":")
@@ -193,14 +244,14 @@ def _smaps(p: psutil.Process) -> tuple[int, int, int]:
     return uss * 1024, kb.get("Pss", 0) * 1024, kb.get("Anonymous", 0) * 1024
 
 
-def _uss_pss_anon(p: psutil.Process) -> tuple[int, int, int]:
+def _uss_pss_anon(pid: int) -> tuple[int, int, int]:
     """A process's USS, PSS and anonymous memory, read at most every ``_MEMORY_TTL_S``
     (smaps_rollup walks the page tables: the dearest thing the monitor reads; memory moves
     slowly)."""
     now = time.monotonic()
-    seen = _memory.get(p.pid)
+    seen = _memory.get(pid)
     if seen is None or now - seen[0] > _MEMORY_TTL_S:
-        seen = _memory[p.pid] = (now, *_smaps(p))
+        seen = _memory[pid] = (now, *_smaps(pid))
     return seen[1], seen[2], seen[3]
 
 
@@ -258,22 +309,20 @@ def _prune() -> None:
     if now - _pruned_at < _PRUNE_EVERY_S:
         return
     _pruned_at = now
-    for pid in [pid for pid in _procs if not os.path.exists(f"/proc/{pid}")]:
-        del _procs[pid]
+    for pid in [pid for pid in _cpu_seen if not os.path.exists(f"/proc/{pid}")]:
+        del _cpu_seen[pid]
         _memory.pop(pid, None)
 
 
 def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
-    """CPU, memory and I/O of ``pids`` and all their descendants."""
+    """CPU and memory of ``pids`` and all their descendants (their I/O is not read: no decision
+    uses it, and ``/proc/PID/io`` was a quarter of a walk's reads)."""
     _prune()
-    tree: dict[int, psutil.Process] = {}
+    tree: dict[int, _Stat] = {}
     alive = False
     for pid in pids:
-        try:
-            root = _proc(pid)
-            if root.status() == psutil.STATUS_ZOMBIE:
-                continue
-        except psutil.Error:
+        root = _stat(pid)
+        if root is None or root.state == "Z":
             continue
         alive = True
         tree[pid] = root
@@ -282,38 +331,26 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
             child = todo.pop()
             if child in tree:
                 continue
-            try:
-                tree[child] = _proc(child)
-            except psutil.Error:  # gone since the scan
+            st = _stat(child)
+            if st is None:  # gone since the scan
                 continue
+            tree[child] = st
             todo += _children_of(child)
     cpu = main = 0.0
-    rss = rd = wr = pss = 0
+    rss = pss = 0
     uss: dict[int, int] = {}
     anon: dict[int, int] = {}
-    for pid, p in tree.items():
-        try:
-            with p.oneshot():  # /proc/PID/stat read once for CPU and memory
-                used = p.cpu_percent(None)
-                rss += p.memory_info().rss
-            cpu += used
-            main += used if pid in pids else 0.0
-            with contextlib.suppress(psutil.AccessDenied):
-                u, q, a = _uss_pss_anon(p)  # USS and PSS, not only RSS
-                uss[pid], anon[pid], pss = u, a, pss + q
-            try:
-                io = p.io_counters()
-                rd += io.read_bytes
-                wr += io.write_bytes
-            except (psutil.AccessDenied, AttributeError):
-                pass
-        except psutil.Error:
-            continue
+    for pid, st in tree.items():
+        used = _cpu_percent(pid, st)
+        cpu += used
+        main += used if pid in pids else 0.0
+        rss += st.rss
+        with contextlib.suppress(psutil.Error):  # not ours to read, or exiting
+            u, q, a = _uss_pss_anon(pid)  # USS and PSS, not only RSS
+            uss[pid], anon[pid], pss = u, a, pss + q
     workers = tuple(sorted(p for p in tree if p not in pids))
     delays = {pid: d for pid in tree if (d := run_delay_s(pid)) is not None}
-    return ProcessTreeStats(
-        tuple(pids), alive, cpu, rss, rd, wr, workers, main, delays, uss, pss, anon
-    )
+    return ProcessTreeStats(tuple(pids), alive, cpu, rss, workers, main, delays, uss, pss, anon)
 
 
 def available_memory_bytes() -> int:

@@ -41,7 +41,7 @@ class FakeNode:
     def tree(self, pids: list[int]) -> ProcessTreeStats:
         delay = {p: self.now * self.wait_share for p in (201, 202)}
         return ProcessTreeStats(
-            tuple(pids), True, 150.0, 1 << 20, 0, 0, (201, 202), 10.0, {100: 0.0, **delay}
+            tuple(pids), True, 150.0, 1 << 20, (201, 202), 10.0, {100: 0.0, **delay}
         )
 
 
@@ -156,8 +156,6 @@ def tree_with_memory(pids: list[int]) -> ProcessTreeStats:
         True,
         150.0,
         1 << 30,
-        0,
-        0,
         (201, 202),
         10.0,
         {},
@@ -192,7 +190,7 @@ def test_memory_budget_and_the_cost_of_a_worker(
 
 def test_before_any_worker_a_worker_is_assumed_to_copy_the_trainer(tmp_path: Path) -> None:
     def no_workers(pids: list[int]) -> ProcessTreeStats:
-        return ProcessTreeStats(tuple(pids), True, 1.0, 1, 0, 0, (), 1.0, {}, {100: 300 * MiB})
+        return ProcessTreeStats(tuple(pids), True, 1.0, 1, (), 1.0, {}, {100: 300 * MiB})
 
     core = fake_core(
         SidecarStore(tmp_path / "s.db"),
@@ -368,8 +366,6 @@ def test_growing_workers_are_bounded_until_their_memory_settles(tmp_path: Path) 
             True,
             1.0,
             1,
-            0,
-            0,
             (201, 202),
             1.0,
             {},

@@ -50,6 +50,26 @@ def test_tree_of_a_live_process_then_of_a_dead_one() -> None:
     assert dead.worker_pids == ()
 
 
+@pytest.mark.integration
+def test_cpu_is_measured_between_walks_per_process() -> None:
+    """A worker spinning on a CPU reads ~100% from the second walk on (0 on first sight, as
+    psutil's ``cpu_percent(None)``); a sleeping training process reads ~0; the RSS is read."""
+    root = subprocess.Popen(
+        ["bash", "-c", f"{sys.executable} -c 'while True: pass' & wait"], start_new_session=True
+    )
+    try:
+        first = _wait_for(lambda: _tree_if(root.pid, lambda s: len(s.worker_pids) == 1))
+        spinner = first.worker_pids[0]
+        time.sleep(1.0)
+        second = process_tree_stats([root.pid])
+        assert 40.0 <= second.cpu_percent <= 110.0  # one core; a shared machine may lend less
+        assert second.main_cpu_percent < 10.0
+        assert second.rss_bytes > 0 and spinner in second.worker_pids
+    finally:
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait()
+
+
 def test_unknown_pid_is_not_alive() -> None:
     pid = 2**22 + 12345  # above Linux's pid_max default
     stats = process_tree_stats([pid])
