@@ -142,7 +142,29 @@ def _log_step_gradient(
     return out
 
 
-class ScalingModel:
+class _StepTimes:
+    """Step and compute times from the parameter array ``_p`` (one model's, or a stack's with
+    a leading model axis on every parameter: numpy broadcasts either way)."""
+
+    _p: np.ndarray
+
+    def step_times(
+        self, nodes: np.ndarray, replicas: np.ndarray, local_bsz: np.ndarray
+    ) -> np.ndarray:
+        """Seconds per step, vectorised over the inputs."""
+        return _step(
+            self._p,
+            np.asarray(nodes, dtype=float),
+            np.asarray(replicas, dtype=float),
+            np.asarray(local_bsz, dtype=float),
+        )
+
+    def compute_times(self, local_bsz: np.ndarray) -> np.ndarray:
+        """Seconds of gradient computation for one micro-batch: ``alpha_c + beta_c * b``."""
+        return _compute(self._p, np.asarray(local_bsz, dtype=float))
+
+
+class ScalingModel(_StepTimes):
     """Predicts step time and throughput over (nodes, replicas, local batch size).
 
     Example::
@@ -259,21 +281,6 @@ class ScalingModel:
             )[0]
         )
 
-    def step_times(
-        self, nodes: np.ndarray, replicas: np.ndarray, local_bsz: np.ndarray
-    ) -> np.ndarray:
-        """Vectorised :meth:`step_time`."""
-        return _step(
-            self._p,
-            np.asarray(nodes, dtype=float),
-            np.asarray(replicas, dtype=float),
-            np.asarray(local_bsz, dtype=float),
-        )
-
-    def compute_times(self, local_bsz: np.ndarray) -> np.ndarray:
-        """Seconds of gradient computation for one micro-batch: ``alpha_c + beta_c * b``."""
-        return _compute(self._p, np.asarray(local_bsz, dtype=float))
-
     def throughput(self, nodes: int, replicas: int, local_bsz: float) -> float:
         """Predicted samples/s: ``replicas * local_bsz / step_time``."""
         return replicas * local_bsz / self.step_time(nodes, replicas, local_bsz)
@@ -306,7 +313,7 @@ class ScalingModel:
             ) from None
 
 
-class ScalingStack:
+class ScalingStack(_StepTimes):
     """Many models' step times in one evaluation (the allocator's hot path: one broadcast for
     every job instead of a round of numpy calls per job).
 
@@ -320,18 +327,3 @@ class ScalingStack:
             raise PredictorError("ScalingStack needs at least one model")
         p = np.stack([m._p for m in models], axis=1)  # (parameters, models)
         self._p = p.reshape(p.shape + (1,) * extra_dims)
-
-    def step_times(
-        self, nodes: np.ndarray, replicas: np.ndarray, local_bsz: np.ndarray
-    ) -> np.ndarray:
-        """:meth:`ScalingModel.step_times`, one leading entry per model."""
-        return _step(
-            self._p,
-            np.asarray(nodes, dtype=float),
-            np.asarray(replicas, dtype=float),
-            np.asarray(local_bsz, dtype=float),
-        )
-
-    def compute_times(self, local_bsz: np.ndarray) -> np.ndarray:
-        """:meth:`ScalingModel.compute_times`, one leading entry per model."""
-        return _compute(self._p, np.asarray(local_bsz, dtype=float))

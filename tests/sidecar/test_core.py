@@ -53,6 +53,13 @@ def fake_core(store: SidecarStore, settings: PolicySettings, **kw: Any) -> NodeC
     return NodeCore(store, settings, start_of=FAKE.start, owner_of=FAKE.owner, **kw)
 
 
+def node_core(tmp_path: Path, settings: PolicySettings, node: FakeNode, **kw: Any) -> NodeCore:
+    """A core on the fake ``node`` (its process trees and clock), stored in ``tmp_path``."""
+    return fake_core(
+        SidecarStore(tmp_path / "s.db"), settings, tree_stats=node.tree, clock=node.clock, **kw
+    )
+
+
 def report(workers: int, tput: float) -> JobReport:
     return JobReport(
         timestamp=0.0,
@@ -86,12 +93,7 @@ def report_each_second(
 @pytest.mark.parametrize("wait_share", [0.0, 0.25])
 def test_observations_carry_the_workers_run_queue_wait(tmp_path: Path, wait_share: float) -> None:
     node = FakeNode(wait_share)
-    core = fake_core(
-        SidecarStore(tmp_path / "s.db"),
-        PolicySettings("even", 2, 2, 1.0),
-        tree_stats=node.tree,
-        clock=node.clock,
-    )
+    core = node_core(tmp_path, PolicySettings("even", 2, 2, 1.0), node)
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
     core.reap()
     node.now += 2.0
@@ -208,12 +210,7 @@ def test_a_new_job_is_learned_from_its_first_window(tmp_path: Path) -> None:
     """Registration changes nothing for the job: its first report (a 2 s window after
     registration) feeds the model at once, no settling time added."""
     node = FakeNode(0.0)
-    core = fake_core(
-        SidecarStore(tmp_path / "s.db"),
-        PolicySettings("adaptive", 4, 2, 1.0),
-        tree_stats=node.tree,
-        clock=node.clock,
-    )
+    core = node_core(tmp_path, PolicySettings("adaptive", 4, 2, 1.0), node)
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
     assert job.directive.num_workers == 2  # it explores from its own count
     node.now += 2.0
@@ -225,12 +222,7 @@ def test_a_neighbours_change_is_not_credited_to_a_job(tmp_path: Path) -> None:
     """While another job's worker count has just changed, a job's window is not observed: the
     CPU contention moved under it."""
     node = FakeNode(0.0)
-    core = fake_core(
-        SidecarStore(tmp_path / "s.db"),
-        PolicySettings("even", 4, 2, 1.0),
-        tree_stats=node.tree,
-        clock=node.clock,
-    )
+    core = node_core(tmp_path, PolicySettings("even", 4, 2, 1.0), node)
     two = JobLimits(max_workers=2)
     a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32, limits=two))
     node.now += 2.0
@@ -252,12 +244,7 @@ def test_a_job_new_to_a_busy_node_is_learned_from_its_first_window(tmp_path: Pat
     """A job the model has not seen yet learns from its first window even while its neighbours
     move (they re-divide the node as it arrives): else it would wait at its own count."""
     node = FakeNode(0.0)
-    core = fake_core(
-        SidecarStore(tmp_path / "s.db"),
-        PolicySettings("even", 4, 2, 1.0),
-        tree_stats=node.tree,
-        clock=node.clock,
-    )
+    core = node_core(tmp_path, PolicySettings("even", 4, 2, 1.0), node)
     a = core.register(Registration("a", pids=(100,), num_workers=4, batch_size=32))
     node.now += 10.0
     b = core.register(Registration("b", pids=(100,), num_workers=2, batch_size=32))
@@ -410,13 +397,7 @@ def test_measurements_overrule_the_model(tmp_path: Path, monkeypatch: pytest.Mon
     worse than 2/2 did under the same neighbours, and the node goes back; the model's next
     proposal of 3/1 is not taken."""
     node = FakeNode(0.0)
-    core = fake_core(
-        SidecarStore(tmp_path / "s.db"),
-        PolicySettings("adaptive", 8, 2, 1.0),
-        tree_stats=node.tree,
-        clock=node.clock,
-        job_timeout_s=0,
-    )
+    core = node_core(tmp_path, PolicySettings("adaptive", 8, 2, 1.0), node, job_timeout_s=0)
     proposal: dict[str, int] = {}
 
     def scripted(policy: str, views: list[pol.JobView], budget: pol.Budget, **kw: Any) -> Any:
@@ -451,13 +432,7 @@ def test_a_job_whose_costs_change_is_relearned(tmp_path: Path) -> None:
     batch): after DRIFT_WINDOWS surprising windows in a row its model keeps only those, and
     predicts the new throughput; the splits measured under the old costs are forgotten."""
     node = FakeNode(0.0)
-    core = fake_core(
-        SidecarStore(tmp_path / "s.db"),
-        PolicySettings("even", 2, 2, 1.0),
-        tree_stats=node.tree,
-        clock=node.clock,
-        job_timeout_s=0,
-    )
+    core = node_core(tmp_path, PolicySettings("even", 2, 2, 1.0), node, job_timeout_s=0)
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
 
     def run(seconds: int, tput: float, fetch: float) -> None:
@@ -484,12 +459,7 @@ def test_the_log_says_when_a_job_is_placed_by_its_model(
     """One timed window places a new job (the adaptive policy's model decides its count); the
     log says when, counted from its registration."""
     node = FakeNode(0.0)
-    core = fake_core(
-        SidecarStore(tmp_path / "s.db"),
-        PolicySettings("adaptive", 8, 2, 1.0),
-        tree_stats=node.tree,
-        clock=node.clock,
-    )
+    core = node_core(tmp_path, PolicySettings("adaptive", 8, 2, 1.0), node)
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
     core.decide()
     assert not job.placed  # exploring: no observation yet
@@ -505,13 +475,7 @@ def test_a_probe_that_does_not_pay_is_undone_and_the_next_waits_longer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     node = FakeNode(0.0)
-    core = fake_core(
-        SidecarStore(tmp_path / "s.db"),
-        PolicySettings("adaptive", 8, 2, 1.0),
-        tree_stats=node.tree,
-        clock=node.clock,
-        job_timeout_s=0,
-    )
+    core = node_core(tmp_path, PolicySettings("adaptive", 8, 2, 1.0), node, job_timeout_s=0)
 
     def keep(policy: str, views: list[pol.JobView], budget: pol.Budget, **kw: Any) -> Any:
         return {v.job_id: pol.WorkerDecision(v.job_id, v.current_workers, "m") for v in views}
