@@ -427,9 +427,9 @@ def optimize(
     return Plan(ordered, tuple(j.job_id for j in waiting), float(best[capacity]) if tables else 0.0)
 
 
-def _compact(k: int, free: np.ndarray, nodes: np.ndarray) -> np.ndarray | None:
-    """GPUs per node for ``k`` GPUs on whole free nodes plus one node for the rest (the
-    best-fitting), or None when the free GPUs do not allow it."""
+def _whole_nodes(k: int, free: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, int]:
+    """Whole free nodes, in order, for as much of ``k`` GPUs as fills them: GPUs per node, and
+    the GPUs still needed."""
     share = np.zeros_like(free)
     need = k
     smallest = int(nodes.min())
@@ -439,6 +439,13 @@ def _compact(k: int, free: np.ndarray, nodes: np.ndarray) -> np.ndarray | None:
         if need >= nodes[n]:
             share[n] = free[n]
             need -= int(free[n])
+    return share, need
+
+
+def _compact(k: int, free: np.ndarray, nodes: np.ndarray) -> np.ndarray | None:
+    """GPUs per node for ``k`` GPUs on whole free nodes plus one node for the rest (the
+    best-fitting), or None when the free GPUs do not allow it."""
+    share, need = _whole_nodes(k, free, nodes)
     if need:
         room = free - share
         room = np.where(room >= need, room, np.iinfo(room.dtype).max)
@@ -493,11 +500,7 @@ def place(
         share = _compact(k, free, nodes)
         if share is None:
             # spread: whole free nodes first, then the freest nodes
-            share = np.zeros_like(free)
-            need = k
-            for n in np.flatnonzero(free == nodes):
-                if need >= nodes[n]:
-                    share[n], need = free[n], need - int(free[n])
+            share, need = _whole_nodes(k, free, nodes)
             rest = free - share
             for n in np.argsort(-rest, kind="stable"):
                 if not need:
