@@ -100,8 +100,11 @@ class JobReport:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """As a JSON-compatible dict (the agent -> helper pipe, the sidecar's store)."""
-        return asdict(self)
+        """As a JSON-compatible dict (the agent -> helper pipe, the sidecar's store; built
+        field by field: ``asdict`` deep-copies, and the sidecar stores every report)."""
+        d = {f.name: getattr(self, f.name) for f in _REPORT_FIELDS}
+        d["workers"] = [dict(vars(w)) for w in self.workers]
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> JobReport:
@@ -134,6 +137,9 @@ class JobReport:
                 WorkerReport(w.pid, w.fetch_seconds, w.cpu_seconds, w.batches) for w in m.workers
             ),
         )
+
+
+_REPORT_FIELDS = [f for f in fields(JobReport) if f.name != "workers"]
 
 
 @dataclass(frozen=True)

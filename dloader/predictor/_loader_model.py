@@ -58,6 +58,7 @@ _GRID_KNEE = (1.5, 3.0, 6.0, 12.0, 25.0)  # ... sharpness of a knee
 _GRID_SHARE = (0.05, 0.25, 0.5, 0.75, 0.95)  # ... CPU share of a sample's time
 _MAX_NFEV = 60  # residual evaluations of one shape fit
 _COLD_STD = 0.5  # relative uncertainty reported before there is anything to fit
+_MAX_UNFITTED = 5  # observations held back from the fit (said nothing new) before a refit anyway
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ class LoaderModel:
         self._added = 0  # observations ever added
         self._shape_at = 0  # ... when the shape was last fitted
         self._curves: dict[tuple[float, int], list[LoaderPrediction]] = {}  # until the next fit
+        self._unfitted = 0  # observations added since the last fit
 
     def keep_recent(self, n: int) -> None:
         """Forgets all but the ``n`` most recent observations and refits from them alone: the
@@ -164,8 +166,7 @@ class LoaderModel:
         self._obs.extend(recent)
         self._phys, self._ridge = _Physics(), None
         self._shape_seen, self._shape_at, self._added = set(), 0, len(recent)
-        self._curves.clear()
-        self._fit()
+        self._refit()
 
     # ------------------------------------------------------------------ fitting
 
@@ -174,14 +175,26 @@ class LoaderModel:
         """The observations the model is fitted on (the most recent 1,000)."""
         return tuple(self._obs)
 
-    def update(self, *observations: LoaderObservation) -> None:
-        """Adds observations and refits (cost: a few ms for 1,000 observations)."""
+    def update(self, *observations: LoaderObservation, refit: bool = True) -> None:
+        """Adds observations and refits (cost: a few ms for 1,000 observations).
+
+        ``refit=False``: the observations say nothing new (an allocation the model knows, as
+        it predicted): they are kept, and the predictions stay as they are until the next
+        update with news, or until ``_MAX_UNFITTED`` such observations wait.
+        """
+        first = not self._obs
         for o in observations:
             if not isinstance(o, LoaderObservation):
                 raise PredictorError(f"expected LoaderObservation, got {type(o).__name__}")
             self._obs.append(o)
             self._added += 1
+            self._unfitted += 1
+        if refit or first or self._unfitted >= _MAX_UNFITTED:
+            self._refit()
+
+    def _refit(self) -> None:
         self._curves.clear()
+        self._unfitted = 0
         self._fit()
 
     def _fit(self) -> None:

@@ -25,6 +25,7 @@ from dloader.v1 import node_pb2 as pb
 __all__ = ["main", "parser", "serve"]
 
 log = logging.getLogger("dloader.sidecar")
+_NODE_RATES_S = 5.0  # the node CPU and disk rates GetNodeStatus and /metrics show: their window
 
 
 def parser() -> argparse.ArgumentParser:
@@ -161,7 +162,6 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         store, settings, pin_cpus=cpus, cgroup=cgroup, job_timeout_s=config.job_timeout_s
     )
     node, gpus = NodeMonitor(), GpuMonitor()
-    metrics = Metrics()
     link = None
     if config.allocator is not None:
         link = AllocatorLink(
@@ -172,8 +172,6 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
             address=f"unix://{os.path.abspath(config.listen.socket or '')}",
             host=config.node_host,
         )
-    if config.metrics_port:
-        metrics.serve(config.metrics_port, config.metrics_host)
     last = {"cpu": 0.0, "rd": 0.0, "wr": 0.0}
 
     def sum_normalized() -> float:
@@ -183,6 +181,11 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
                 limit = job.model.accelerator_limit(job.record.batch_size)
                 total += job.last_report.samples_per_second / limit if limit > 0 else 0.0
         return total
+
+    if config.metrics_port:
+        Metrics(core, lambda: last["cpu"], sum_normalized).serve(
+            config.metrics_port, config.metrics_host
+        )
 
     def node_status() -> pb.NodeStatus:
         return pb.NodeStatus(
@@ -217,12 +220,11 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         settings.name,
     )
 
-    async def monitor() -> None:
+    async def monitor() -> None:  # the node's CPU and disk rates, over _NODE_RATES_S
         while not stop.is_set():
             last["cpu"], last["rd"], last["wr"] = node.read()
-            metrics.update(core, last["cpu"], sum_normalized())
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
+                await asyncio.wait_for(stop.wait(), timeout=_NODE_RATES_S)
 
     tasks = [asyncio.create_task(core.run(stop)), asyncio.create_task(monitor())]
     if link is not None:

@@ -412,11 +412,14 @@ class NodeCore:
         job.run_length = gate.run_length
         if not gate.observe:
             return
-        job.model.update(obs)
+        job.model.update(obs, refit=gate.redecide_now)  # refit on news only
         self._note_drift(job, gate.surprise)
         if len(job.model.observations) % _SAVE_MODEL_EVERY == 0:
             self.store.save_model(job.job_id, job.model.to_dict())
-        self._dirty = True
+        budget = pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget))
+        decided = job.decision.candidates if job.decision else ()
+        if gate.redecide_now or pol.curve_moved(self._view(job), budget, decided):
+            self._dirty = True
         if gate.redecide_now:
             self._wake.set()
 
@@ -582,6 +585,21 @@ class NodeCore:
             return limit * (self._available_memory() + used), used
         return limit, used
 
+    @staticmethod
+    def _view(j: Job) -> pol.JobView:
+        return pol.JobView(
+            j.job_id,
+            j.record.batch_size,
+            j.directive.num_workers,
+            j.record.limits.min_workers,
+            j.record.limits.max_workers,
+            j.model,
+            j.initial_workers,
+            j.main_cpu_per_sample,
+            j.worker_memory_bytes,
+            j.worker_memory_bound,
+        )
+
     def decide(self) -> None:
         """Runs the policy and sends every changed directive."""
         self._dirty = False
@@ -589,21 +607,7 @@ class NodeCore:
         jobs = list(self.jobs.values())
         if not jobs:
             return
-        views = [
-            pol.JobView(
-                j.job_id,
-                j.record.batch_size,
-                j.directive.num_workers,
-                j.record.limits.min_workers,
-                j.record.limits.max_workers,
-                j.model,
-                j.initial_workers,
-                j.main_cpu_per_sample,
-                j.worker_memory_bytes,
-                j.worker_memory_bound,
-            )
-            for j in jobs
-        ]
+        views = [self._view(j) for j in jobs]
         memory, _ = self.memory_budget()
         budget = pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget), memory)
         decisions = pol.decide(self.settings.name, views, budget)

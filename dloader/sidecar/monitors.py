@@ -16,7 +16,6 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import psutil
@@ -140,8 +139,9 @@ class ProcessTreeStats:
     main_cpu_percent: float = 0.0
     """CPU of the registered (training) processes alone, without their loader workers."""
     run_delay_s: dict[int, float] = field(default_factory=dict)
-    """Per process: seconds it has ever waited, runnable, for a CPU (Linux schedstat; empty
-    where the kernel does not say). Its rate is the CPU contention the process meets."""
+    """Per loader worker (``worker_pids``): seconds it has ever waited, runnable, for a CPU
+    (Linux schedstat; empty where the kernel does not say). Its rate is the CPU contention the
+    job's workers meet."""
     uss_bytes: dict[int, int] = field(default_factory=dict)
     """Per process: its unique set size, the memory only it holds (what a forked worker has
     copied from its parent; empty where the kernel does not say)."""
@@ -163,11 +163,26 @@ class _Stat:
     cpu_s: float
     """CPU seconds used, user and system."""
     rss: int
+    threads: int
 
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _HAVE_PROC_STAT = os.path.exists(f"/proc/{os.getpid()}/stat")
+
+
+def _read(path: str) -> bytes:
+    """A whole ``/proc`` file, read with plain system calls (no Python file object: a walk
+    reads thousands of small files; raises ``OSError`` as ``open`` does). The kernel makes
+    these files a page at a time: a read shorter than a page is the end."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while len(chunks[-1]) >= 4096:
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _stat(pid: int) -> _Stat | None:
@@ -184,19 +199,21 @@ def _stat(pid: int) -> _Stat | None:
                     int(p.create_time() * _TICK),
                     t.user + t.system,
                     p.memory_info().rss,
+                    p.num_threads(),
                 )
         except psutil.Error:
             return None
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        # after "pid (comm) ": state, then fields 4.. (utime 14, stime 15, start 22, rss 24)
+        data = _read(f"/proc/{pid}/stat")
+        # after "pid (comm) ": state, then fields 4.. (utime 14, stime 15, threads 20,
+        # start 22, rss 24)
         rest = data[data.rindex(b")") + 2 :].split()
         return _Stat(
             rest[0].decode(),
             int(rest[19]),
             (int(rest[11]) + int(rest[12])) / _TICK,
             int(rest[21]) * _PAGE,
+            int(rest[17]),
         )
     except (OSError, ValueError, IndexError):  # gone, or exiting mid-read
         return None
@@ -224,7 +241,7 @@ def _smaps(pid: int) -> tuple[int, int, int]:
     """A process's USS, PSS and anonymous resident memory (``/proc/PID/smaps_rollup``; where
     the kernel has none, psutil's USS and PSS and the RSS as the anonymous part)."""
     try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        text = _read(f"/proc/{pid}/smaps_rollup").decode()
     except FileNotFoundError:
         if psutil.pid_exists(pid):  # a kernel without smaps_rollup
             full = psutil.Process(pid).memory_full_info()
@@ -278,23 +295,23 @@ def _children_map() -> dict[int, list[int]]:
 _HAVE_TASK_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
-def _children_of(pid: int) -> list[int]:
+def _children_of(pid: int, threads: int = 0) -> list[int]:
     """Direct children of ``pid``: from ``/proc/PID/task/*/children`` where the kernel has it
-    (a few small reads per process, not a scan of every process on the node), else from the
-    shared scan."""
+    (a few small reads per process, not a scan of every process on the node; a process known
+    to have one thread has one such file), else from the shared scan."""
     if not _HAVE_TASK_CHILDREN:
         return _children_map().get(pid, [])
+    if threads == 1:
+        tasks = [str(pid)]
+    else:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:  # gone
+            return []
     kids: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:  # gone
-        return kids
     for task in tasks:
-        with (
-            contextlib.suppress(OSError, ValueError),  # a thread that ended meanwhile
-            open(f"/proc/{pid}/task/{task}/children") as f,
-        ):
-            kids += [int(x) for x in f.read().split()]
+        with contextlib.suppress(OSError, ValueError):  # a thread that ended meanwhile
+            kids += [int(x) for x in _read(f"/proc/{pid}/task/{task}/children").split()]
     return kids
 
 
@@ -326,7 +343,7 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
             continue
         alive = True
         tree[pid] = root
-        todo = _children_of(pid)
+        todo = _children_of(pid, root.threads)
         while todo:
             child = todo.pop()
             if child in tree:
@@ -335,7 +352,7 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
             if st is None:  # gone since the scan
                 continue
             tree[child] = st
-            todo += _children_of(child)
+            todo += _children_of(child, st.threads)
     cpu = main = 0.0
     rss = pss = 0
     uss: dict[int, int] = {}
@@ -349,7 +366,7 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
             u, q, a = _uss_pss_anon(pid)  # USS and PSS, not only RSS
             uss[pid], anon[pid], pss = u, a, pss + q
     workers = tuple(sorted(p for p in tree if p not in pids))
-    delays = {pid: d for pid in tree if (d := run_delay_s(pid)) is not None}
+    delays = {pid: d for pid in workers if (d := run_delay_s(pid)) is not None}
     return ProcessTreeStats(tuple(pids), alive, cpu, rss, workers, main, delays, uss, pss, anon)
 
 
@@ -423,8 +440,7 @@ def run_delay_s(pid: int) -> float | None:
     """Seconds process ``pid``'s main thread has waited on a run queue (``/proc/PID/schedstat``,
     second field, in ns), or ``None`` where it cannot be read (not Linux, no schedstat, gone)."""
     try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
+        return int(_read(f"/proc/{pid}/schedstat").split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
 

@@ -214,3 +214,26 @@ def test_keep_recent_forgets_a_pipeline_that_changed() -> None:
     assert model.predict(8, 2, 32).samples_per_s > model.predict(4, 2, 32).samples_per_s
     with pytest.raises(PredictorError, match="keep_recent"):
         model.keep_recent(0)
+
+
+def test_observations_with_no_news_wait_for_the_next_refit() -> None:
+    """``refit=False`` keeps an observation without refitting (predictions unchanged) until
+    news comes or ``_MAX_UNFITTED`` such observations wait; then the fit includes them all."""
+    from dloader.predictor._loader_model import _MAX_UNFITTED
+
+    model = LoaderModel()
+    model.update(*(truth(k, 2, 32, **IO_HEAVY) for k in (1, 2, 4, 8)))
+    before = model.predict(4, 2, 32).samples_per_s
+    slower = truth(4, 2, 32, **IO_HEAVY)
+    slower = LoaderObservation(**{**slower.__dict__, "samples_per_s": slower.samples_per_s * 0.9})
+    for _ in range(_MAX_UNFITTED - 1):
+        model.update(slower, refit=False)
+        assert model.predict(4, 2, 32).samples_per_s == before
+    model.update(slower, refit=False)  # the last one that may wait: refits
+    after = model.predict(4, 2, 32).samples_per_s
+    assert after < before
+    assert len(model.observations) == 4 + _MAX_UNFITTED
+    # about the fit of all of them at once (not exactly: the shape fit starts from the last)
+    again = LoaderModel()
+    again.update(*model.observations)
+    assert again.predict(4, 2, 32).samples_per_s == pytest.approx(after, rel=0.01)

@@ -500,3 +500,26 @@ def test_a_probe_that_does_not_pay_is_undone_and_the_next_waits_longer(
     assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
     assert a.directive.reason.endswith("(a probe that did not pay)")
     assert core._probe_wait == 2 * pol.PROBE_AFTER_S
+
+
+def test_metrics_are_read_from_the_core_when_scraped(tmp_path: Path) -> None:
+    """/metrics shows the jobs as the core has them at the scrape (no refresh loop)."""
+    from prometheus_client import generate_latest
+
+    from dloader.sidecar.metrics import Metrics
+
+    node = FakeNode(0.0)
+    core = node_core(tmp_path, PolicySettings("even", 4, 2, 1.0), node)
+    metrics = Metrics(core, lambda: 150.0, lambda: 0.5)
+    assert b"dloader_node_jobs 0.0" in generate_latest(metrics.registry)
+    job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    node.now += 5.0
+    core.report(job, report(2, 300.0))
+    text = generate_latest(metrics.registry).decode()
+    assert "dloader_node_jobs 1.0" in text
+    assert f'dloader_job_samples_per_second{{job_id="{job.job_id}",name="a"}} 300.0' in text
+    assert f'dloader_job_workers{{job_id="{job.job_id}",name="a"}} 2.0' in text
+    assert "dloader_node_cpu_percent 150.0" in text
+    assert "dloader_node_normalized_throughput 0.5" in text
+    core.deregister(job.job_id, job.record.token)
+    assert "dloader_job_workers{" not in generate_latest(metrics.registry).decode()

@@ -91,11 +91,20 @@ def test_run_delay_grows_under_contention() -> None:
         time.sleep(1.0)
         waited = sum(run_delay_s(p.pid) or 0.0 for p in spinners)
         assert waited > 0.1  # n spinners on fewer CPUs wait about (n - CPUs) seconds a second
-        stats = process_tree_stats([spinners[0].pid])
-        assert spinners[0].pid in stats.run_delay_s
+        # a walk reads it for a job's workers: a parent's spinning child
+        parent = subprocess.Popen(
+            ["bash", "-c", f"{sys.executable} -c 'while True: pass' & wait"],
+            start_new_session=True,
+        )
+        spinners.append(parent)
+        deadline = time.monotonic() + 10
+        while not (stats := process_tree_stats([parent.pid])).worker_pids:
+            assert time.monotonic() < deadline, "the child never appeared"
+            time.sleep(0.05)
+        assert set(stats.run_delay_s) == set(stats.worker_pids)
     finally:
         for p in spinners:
-            p.kill()
+            os.killpg(p.pid, signal.SIGKILL)
             p.wait()
 
 
@@ -137,20 +146,18 @@ def test_a_process_exiting_while_its_memory_is_read_is_skipped(
 ) -> None:
     """Reading an exiting process's smaps_rollup fails with ESRCH (not ENOENT): the process is
     left out of the tree's memory, and the walk goes on (it once failed the policy loop)."""
-    from pathlib import Path
-
     from dloader.sidecar import monitors
 
     child = subprocess.Popen(["sleep", "30"])
-    real = Path.read_text
+    real = monitors._read
 
-    def exiting(self: Path, *a: object, **k: object) -> str:
-        if self.name == "smaps_rollup" and f"/{child.pid}/" in str(self):
+    def exiting(path: str) -> bytes:
+        if path == f"/proc/{child.pid}/smaps_rollup":
             raise ProcessLookupError(3, "No such process")
-        return real(self, *a, **k)  # type: ignore[arg-type]
+        return real(path)
 
     try:
-        monkeypatch.setattr(Path, "read_text", exiting)
+        monkeypatch.setattr(monitors, "_read", exiting)
         monitors._memory.clear()
         monitors._children = (-1.0, {})
         stats = process_tree_stats([os.getpid()])

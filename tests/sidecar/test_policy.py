@@ -3,6 +3,7 @@ hysteresis."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -16,6 +17,7 @@ from dloader.sidecar.policy import (
     Measurements,
     Split,
     cpu_shares,
+    curve_moved,
     decide,
     measured_guard,
     probe,
@@ -146,6 +148,50 @@ def test_cpu_shares_water_fill_by_thread() -> None:
     assert got[1] == pytest.approx(1.8 * 3 / 4) and got[2] == pytest.approx(1.8 / 4)
     assert sum(got) == pytest.approx(2.0)
     assert cpu_shares([0.0, 1.0], [1, 1], 1.0) == [0.0, 1.0]
+
+
+def test_cpu_shares_match_the_sequential_water_fill() -> None:
+    """The shares (computed for many allocations at once) equal, to the last bit, the plain
+    one-consumer-at-a-time water fill they stand for."""
+
+    def sequential(demands: list[float], workers: list[int], cores: float) -> list[float]:
+        out, weights = [0.0] * len(demands), [max(w, 1) for w in workers]
+        todo = sorted(
+            (i for i, d in enumerate(demands) if d > 0), key=lambda i: demands[i] / weights[i]
+        )
+        left, weight = cores, sum(weights[i] for i in todo)
+        for pos, i in enumerate(todo):
+            if demands[i] * weight <= left * weights[i]:
+                out[i], left, weight = demands[i], left - demands[i], weight - weights[i]
+                continue
+            for j in todo[pos:]:
+                out[j] = left / weight * weights[j]
+            break
+        return out
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        n = rng.randint(1, 12)
+        demands = [rng.choice([0.0, rng.uniform(0, 3), 0.5]) for _ in range(n)]
+        workers = [rng.randint(0, 16) for _ in range(n)]
+        cores = rng.choice([1.0, 2.0, 3.5, 16.0])
+        assert cpu_shares(demands, workers, cores) == sequential(demands, workers, cores)
+
+
+def test_a_decision_waits_for_the_curve_to_move() -> None:
+    """A model update re-decides only once the job's curve moved by more than CURVE_MOVE since
+    the decision it runs under; small moves add up against that decision's curve."""
+    model = fitted(IO_HEAVY)
+    job = JobView("a", 32, 4, model=model)
+    budget = Budget(16, 2)
+    decided = decide("adaptive", [job], budget)["a"].candidates
+    assert not curve_moved(job, budget, decided)
+    assert curve_moved(job, budget, ())  # nothing decided yet
+    model.update(truth(4, 2, 32, **IO_HEAVY))  # one more window as predicted: noise
+    assert not curve_moved(job, budget, decided)
+    slower = dict(IO_HEAVY, t_io=IO_HEAVY["t_io"] * 1.5)
+    model.update(*(truth(k, 2, 32, **slower) for k in (1, 2, 4, 8, 16)))
+    assert curve_moved(job, budget, decided)
 
 
 def test_training_process_cpu_counts_against_the_cores() -> None:
