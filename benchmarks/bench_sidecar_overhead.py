@@ -39,6 +39,7 @@ from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc
 
 CHILDREN = 8  # sleeping processes under each job's registered PID
+PER_WORKER = 95.0  # samples/s one worker delivers (the jobs saturate at 1,500 near 16)
 TARGETS = {10: 0.02, 50: 0.05}  # jobs -> the most of one core the sidecar may use
 
 
@@ -49,7 +50,7 @@ def target(jobs: int) -> float | None:
 
 def report(job: pb.RegisterJobResponse, t: float, workers: int, rng: random.Random) -> pb.JobReport:
     """A loader's report at ``workers`` workers: saturating at 1,500 samples/s near 16."""
-    tput = min(1500.0, 95.0 * max(workers, 1)) * rng.uniform(0.95, 1.05)
+    tput = min(1500.0, PER_WORKER * max(workers, 1)) * rng.uniform(0.95, 1.05)
     return pb.JobReport(
         job_id=job.job_id,
         token=job.token,
@@ -63,7 +64,10 @@ def report(job: pb.RegisterJobResponse, t: float, workers: int, rng: random.Rand
         window_seconds=2.0,
         samples=int(t * tput),
         workers=[
-            pb.WorkerReport(pid=os.getpid(), fetch_seconds=0.27, cpu_seconds=0.01, batches=20)
+            # a worker's time per batch agrees with its rate, as a real loader's does
+            pb.WorkerReport(
+                pid=os.getpid(), fetch_seconds=32 / PER_WORKER, cpu_seconds=0.01, batches=20
+            )
             for _ in range(workers)
         ],
     )
@@ -184,16 +188,18 @@ def main(argv: list[str] | None = None) -> int:
     store.close()
     updates = sum(len(m.get("observations", [])) for m in models)
 
-    def share(lo: float, hi: float) -> float:
-        inside = [x for x in cpu if lo <= x[0] <= hi]
-        (ta, ca), (tb, cb) = inside[0], inside[-1]
-        return (cb - ca) / max(tb - ta, 1e-9)
+    def share(a: tuple[float, float], b: tuple[float, float]) -> float:
+        """CPU seconds per second between two samples."""
+        return (b[1] - a[1]) / max(b[0] - a[0], 1e-9)
 
     split = args.seconds / 2
+    # the halves meet at one sample (the last before the split), so none of the run falls
+    # between them however late the sampling loop ran
+    mid = max((x for x in cpu if x[0] <= split), key=lambda x: x[0])
     windows = {
-        "whole run": share(0.0, cpu[-1][0]),
-        "first half (arrivals, exploration)": share(0.0, split),
-        "second half (steady)": share(split, cpu[-1][0]),
+        "whole run": share(cpu[0], cpu[-1]),
+        "first half (arrivals, exploration)": share(cpu[0], mid),
+        "second half (steady)": share(mid, cpu[-1]),
     }
     print(
         table(

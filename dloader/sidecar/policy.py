@@ -55,6 +55,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -147,9 +148,9 @@ class Budget:
     """Memory the loader workers of all jobs may use together."""
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One worker count considered for a job."""
+class Candidate(NamedTuple):
+    """One worker count considered for a job (a named tuple: a decision makes one per job and
+    count, thousands at 50 jobs)."""
 
     num_workers: int
     predicted: float
