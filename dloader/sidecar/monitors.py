@@ -203,10 +203,15 @@ def _stat(pid: int) -> _Stat | None:
                 )
         except psutil.Error:
             return None
+    return _proc_stat(pid)
+
+
+def _proc_stat(pid: int) -> _Stat | None:
+    """``/proc/PID/stat`` read and parsed (None: no such process, or exiting mid-read)."""
     try:
         data = _read(f"/proc/{pid}/stat")
-        # after "pid (comm) ": state, then fields 4.. (utime 14, stime 15, threads 20,
-        # start 22, rss 24)
+        # after "pid (comm) " (the name may hold spaces and parentheses: split after its last
+        # ")"): state, then fields 4.. (utime 14, stime 15, threads 20, start 22, rss 24)
         rest = data[data.rindex(b")") + 2 :].split()
         return _Stat(
             rest[0].decode(),
@@ -215,7 +220,7 @@ def _stat(pid: int) -> _Stat | None:
             int(rest[21]) * _PAGE,
             int(rest[17]),
         )
-    except (OSError, ValueError, IndexError):  # gone, or exiting mid-read
+    except (OSError, ValueError, IndexError):
         return None
 
 
@@ -414,13 +419,8 @@ def process_start(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks after boot (``/proc/PID/stat`` field 22;
     None: no such process). A PID and its start time name one process: a PID the kernel hands
     out again gets another start time."""
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            raw = f.read()
-        # the command name (field 2) may hold spaces and parentheses: split after its last ")"
-        return int(raw[raw.rindex(b")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    st = _proc_stat(int(pid))
+    return None if st is None else st.start
 
 
 def process_owner(pid: int) -> int | None:

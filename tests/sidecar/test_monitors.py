@@ -32,6 +32,13 @@ def _tree_if(pid: int, pred: Callable[[ProcessTreeStats], bool]) -> ProcessTreeS
     return stats if pred(stats) else None
 
 
+def _spinning_child() -> subprocess.Popen[bytes]:
+    """A shell (the "training process") whose one child spins on a CPU (kill its group)."""
+    return subprocess.Popen(
+        ["bash", "-c", f"{sys.executable} -c 'while True: pass' & wait"], start_new_session=True
+    )
+
+
 @pytest.mark.integration
 def test_tree_of_a_live_process_then_of_a_dead_one() -> None:
     # a shell (the "training process") with a subshell that has its own child: 3 descendants
@@ -54,9 +61,7 @@ def test_tree_of_a_live_process_then_of_a_dead_one() -> None:
 def test_cpu_is_measured_between_walks_per_process() -> None:
     """A worker spinning on a CPU reads ~100% from the second walk on (0 on first sight, as
     psutil's ``cpu_percent(None)``); a sleeping training process reads ~0; the RSS is read."""
-    root = subprocess.Popen(
-        ["bash", "-c", f"{sys.executable} -c 'while True: pass' & wait"], start_new_session=True
-    )
+    root = _spinning_child()
     try:
         first = _wait_for(lambda: _tree_if(root.pid, lambda s: len(s.worker_pids) == 1))
         spinner = first.worker_pids[0]
@@ -92,15 +97,9 @@ def test_run_delay_grows_under_contention() -> None:
         waited = sum(run_delay_s(p.pid) or 0.0 for p in spinners)
         assert waited > 0.1  # n spinners on fewer CPUs wait about (n - CPUs) seconds a second
         # a walk reads it for a job's workers: a parent's spinning child
-        parent = subprocess.Popen(
-            ["bash", "-c", f"{sys.executable} -c 'while True: pass' & wait"],
-            start_new_session=True,
-        )
+        parent = _spinning_child()
         spinners.append(parent)
-        deadline = time.monotonic() + 10
-        while not (stats := process_tree_stats([parent.pid])).worker_pids:
-            assert time.monotonic() < deadline, "the child never appeared"
-            time.sleep(0.05)
+        stats = _wait_for(lambda: _tree_if(parent.pid, lambda s: len(s.worker_pids) == 1))
         assert set(stats.run_delay_s) == set(stats.worker_pids)
     finally:
         for p in spinners:
