@@ -584,7 +584,7 @@ def decide(
     can = node.valid(more) & (more.sum(axis=1) <= slots)
     can[can] = node.memory_of(more[can]) > room
     if can.any():
-        base = float(node.objective(final[None])[0])
+        base = objective_old if keep else objective_new  # final's (row sums batch-independent)
         gains[can] = node.objective(more[can]) > base + min_gain
     used = float(node.memory_of(final[None])[0])
     for i, job in enumerate(planned):
