@@ -7,10 +7,10 @@ JPEG, text and remote-read pipelines), each a separate process as a user would r
 * ``auto``: samples/s over its whole run after the same warm-up, so the search's cost counts;
   and when it settled (the last change of its worker count).
 
-Then pairs of jobs side by side (``--pairs``): both ``auto`` against the best static split,
-found by a coordinate search over the two counts (from each job's best count alone, each job's
-count varied over ``--counts`` in turn until no change helps). Score of a pair: the sum of each
-job's samples/s over its accelerator limit.
+Then pairs of jobs side by side (``--pairs``): both ``auto`` (``--repeats`` runs, mean) against
+the best static split, found by a coordinate search over the two counts (from each job's best
+count alone, each job's count varied over ``--counts`` in turn until no change helps). Score of
+a pair: the sum of each job's samples/s over its accelerator limit.
 
     python -m benchmarks.bench_autotune              # ~70 min (two passes)
     python -m benchmarks.bench_autotune --quick      # ~4 min: two profiles, short runs
@@ -119,14 +119,18 @@ def pair(
                 split = (n, best[1]) if axis == 0 else (best[0], n)
                 if total(split) > total(best):
                     best, improved = split, True
-    print(f"  {'+'.join(names)}: auto + auto", file=sys.stderr, flush=True)
-    r = run([(names[0], "auto"), (names[1], "auto")], args.auto_seconds, folder, extra)
-    auto, per = score(r, args.warmup, args.auto_seconds)
+    autos = []
+    for rep in range(args.repeats):
+        print(f"  {'+'.join(names)}: auto + auto ({rep + 1})", file=sys.stderr, flush=True)
+        r = run([(names[0], "auto"), (names[1], "auto")], args.auto_seconds, folder, extra)
+        autos.append(score(r, args.warmup, args.auto_seconds)[0])
+    auto, per = sum(autos) / len(autos), score(r, args.warmup, args.auto_seconds)[1]
     return {
         "static_best": list(best),
         "static_score": seen[best],
         "splits_tried": len(seen),
         "auto": auto,
+        "auto_runs": autos,
         "ratio": auto / seen[best],
         "auto_final_workers": {n: r[n]["timeline"][-1][3] for n in names},
         "auto_per_job": per,
@@ -263,13 +267,24 @@ def main(argv: list[str] | None = None) -> int:
     if pair_results:
         print(
             table(
-                ["pair", "static best split", "splits tried", "static", "auto", "auto/static"],
+                [
+                    "pair",
+                    "static best split",
+                    "splits tried",
+                    "static",
+                    "auto runs",
+                    "auto workers, last run",
+                    "auto",
+                    "auto/static",
+                ],
                 [
                     [
                         k,
                         "/".join(map(str, r["static_best"])),
                         r["splits_tried"],
                         r["static_score"],
+                        ", ".join(f"{x:.3f}" for x in r["auto_runs"]),
+                        "/".join(str(n) for n in r["auto_final_workers"].values()),
                         r["auto"],
                         r["ratio"],
                     ]
@@ -277,7 +292,10 @@ def main(argv: list[str] | None = None) -> int:
                 ],
             )
         )
-        print("score: sum of samples/s over accelerator limit (target: auto/static >= 0.95)")
+        print(
+            f"score: sum of samples/s over accelerator limit; auto: mean of {args.repeats} run(s) "
+            "(target: auto/static >= 0.95)"
+        )
     stem = "bench_autotune"
     outs(f"{stem}.json").write_text(
         json.dumps(

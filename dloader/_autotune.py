@@ -6,7 +6,9 @@ starting or retiring, the backlog of the old count drained) it measures a window
 :data:`SEARCH_WINDOW_S` (:data:`HOLD_WINDOW_S` once settled) and :data:`MIN_BATCHES` batches.
 With the window it reads what the process may use (:mod:`dloader._host`: CPUs by affinity and
 cgroup quota, the CPU time the machine left idle on them, the cgroup's and the machine's free
-memory, each worker's private memory) and asks :class:`dloader._tuner.WorkerTuner` what to do.
+memory, each worker's private memory) and what this user's other tuned loaders on the machine
+published (:mod:`dloader._peers`), publishes its own, and asks
+:class:`dloader._tuner.WorkerTuner` what to do.
 
 A pause in training (evaluation, checkpointing: no batch for :data:`PAUSE_S`) discards the
 window being measured. A user's own ``loader.resize()`` stops the tuner: the user decides.
@@ -22,8 +24,9 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from dloader import _host
+from dloader._peers import PeerBoard
 from dloader._stats import LoaderStats
-from dloader._tuner import Room, Window, WorkerTuner
+from dloader._tuner import Peer, Room, Window, WorkerTuner
 
 if TYPE_CHECKING:
     from dloader._loader import DataLoader
@@ -70,12 +73,16 @@ class _Mark:
 class AutoTuner:
     """Tunes one loader's worker count in a daemon thread (see the module's docstring)."""
 
-    def __init__(self, loader: DataLoader[Any], *, minimum: int, maximum: int) -> None:
+    def __init__(
+        self, loader: DataLoader[Any], *, minimum: int, maximum: int, peers: bool = True
+    ) -> None:
         self._loader_ref = weakref.ref(loader)
         self.tuner = WorkerTuner(start=loader.num_workers, minimum=minimum, maximum=maximum)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dloader-autotune", daemon=True)
         self._clock = _host.CpuClock()
+        self._peers = peers
+        self._board: PeerBoard | None = None
         self.stopped_because: str | None = None
 
     @property
@@ -94,7 +101,7 @@ class AutoTuner:
         """Stops tuning; the loader keeps its current worker count."""
         if not self._stop.is_set():
             self.stopped_because = why
-            self._stop.set()
+            self._stop.set()  # the thread takes its file off the board as it ends
             log.info("dloader: num_workers='auto' stopped: %s", why)
 
     # ------------------------------------------------------------------ measuring
@@ -117,6 +124,13 @@ class AutoTuner:
         prefetch = loader.prefetch_factor or 2
         return s.in_flight + s.queue_depth <= prefetch * max(s.num_workers, 1)
 
+    @staticmethod
+    def _worker_cpus(a: _Mark, b: _Mark) -> float:
+        """CPUs' worth of time the workers used between the two marks."""
+        span = b.time - a.time
+        used = sum(b.own[p] - a.own[p] for p in b.own if p != "self" and p in a.own)
+        return max(used, 0.0) / span if span > 0 else 0.0
+
     def _room(self, a: _Mark, b: _Mark, s: LoaderStats, ceiling: int) -> Room:
         span = b.time - a.time
         limits = _host.limits()
@@ -136,6 +150,7 @@ class AutoTuner:
             idle_cpus=idle,
             memory=memory,
             worker_memory=max(measured) if measured else None,
+            peers=self._board.peers() if self._board is not None else (),
         )
 
     @staticmethod
@@ -154,6 +169,13 @@ class AutoTuner:
     # ------------------------------------------------------------------ the loop
 
     def _run(self) -> None:
+        self._board = PeerBoard(enabled=self._peers)
+        try:
+            self._loop(self._board)
+        finally:
+            self._board.close()
+
+    def _loop(self, board: PeerBoard) -> None:
         mark: _Mark | None = None
         settled_at: float | None = None
         last_batches, last_change = -1, time.monotonic()
@@ -166,7 +188,9 @@ class AutoTuner:
             if s.batches != last_batches:
                 last_batches, last_change = s.batches, now
             elif now - last_change > PAUSE_S:
-                mark = settled_at = None  # training paused: this window would lie
+                if mark is not None:  # training paused: this window would lie, and no one waits
+                    board.publish(Peer(0.0, 0.0, False))
+                mark = settled_at = None
                 continue
             if s.num_workers != self.tuner.num_workers or not self._settled(loader, s):
                 mark = settled_at = None
@@ -183,9 +207,11 @@ class AutoTuner:
             if now - mark.time < length or not enough:
                 continue
             end = self._mark(s)
+            window = self._window(mark, end, s)
+            board.publish(Peer.of(window, self._worker_cpus(mark, end)))
             room = self._room(mark, end, s, loader.worker_bound())
             phase = self.tuner.phase
-            decision = self.tuner.observe(self._window(mark, end, s), room)
+            decision = self.tuner.observe(window, room)
             mark = end
             if decision is not None:
                 mark = settled_at = None

@@ -14,6 +14,9 @@
 ``DLOADER_ALLOCATOR_TOKEN``    bearer token for an allocator on TCP
 ``DLOADER_TLS_CA``             PEM file of the CA that signed the daemons' TLS certificates;
                                clients use TLS on TCP when it is set
+``DLOADER_AUTO_PEERS``         ``1`` (default) or ``0``: whether a ``num_workers="auto"``
+                               loader shares the machine's CPU with this user's other tuned
+                               loaders (``0``: it works alone)
 ``DLOADER_CACHE``              folder for generated benchmark data, e.g. the real-pipeline
                                JPEGs (default ``$XDG_CACHE_HOME/dloader``, else
                                ``~/.cache/dloader``)
@@ -48,6 +51,7 @@ __all__ = [
     "LAUNCH_EXPORTS",
     "allocator_target",
     "allocator_token",
+    "auto_peers",
     "cache_dir",
     "default_socket",
     "default_state_dir",
@@ -135,6 +139,14 @@ def allocator_token() -> str | None:
 def tls_ca() -> str | None:
     """``DLOADER_TLS_CA``."""
     return env_str("DLOADER_TLS_CA")
+
+
+def auto_peers() -> bool:
+    """``DLOADER_AUTO_PEERS`` (default ``1``)."""
+    raw = env_str("DLOADER_AUTO_PEERS")
+    if raw is None or raw in ("1", "0"):
+        return raw != "0"
+    raise ConfigError(f"environment variable DLOADER_AUTO_PEERS={raw!r}: expected 1 or 0")
 
 
 def cache_dir() -> Path:

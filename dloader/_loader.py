@@ -215,7 +215,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 stacklevel=3,
             )
         else:
-            self.autotuner = AutoTuner(self, minimum=minimum, maximum=self.worker_bound())
+            self.autotuner = AutoTuner(
+                self, minimum=minimum, maximum=self.worker_bound(), peers=_env.auto_peers()
+            )
 
     def worker_bound(self) -> int:
         """The most workers this loader may have: ``max_workers``, else (tuning)

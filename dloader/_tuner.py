@@ -28,6 +28,13 @@ at the largest private memory a worker has been measured at, and a CPU-hungry wo
 added into CPU time that nobody used in the window (so two tuned loaders on one machine, each
 seeing the other's use, do not outbid each other). When the memory room goes below zero, the
 tuner sheds workers, whatever the phase.
+
+**Peers.** The "auto" loaders of one user on one machine publish what a CPU-second is worth to
+each (:attr:`Window.worth`: seconds of the trainer's compute fed per second of a worker's CPU)
+and whether their trainer waits for CPU-bound workers (:class:`Peer`). A loader whose worth is
+:data:`PEER_MARGIN` above a peer's may also grow into the CPU that peer's workers use; a loader
+outranked so by a waiting peer while no CPU is idle yields, down to its minimum. The node's CPU
+then goes where it feeds the most accelerator time, as the sidecar's policy would place it.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["IDLE_LOW", "TOLERANCE", "Room", "Window", "WorkerTuner"]
+__all__ = ["IDLE_LOW", "TOLERANCE", "Peer", "Room", "Window", "WorkerTuner"]
 
 #: Candidates within this share of the best measured throughput count as equal (the fewest
 #: workers among them wins).
@@ -58,6 +65,14 @@ IDLE_DRIFT = 0.10
 CPU_LIGHT = 0.05
 #: CPUs' worth of time left idle in a window above which the workers were not short of CPU.
 SPARE_CPU = 0.25
+#: A worker using at least this share of a CPU while fetching is CPU-bound.
+CPU_BOUND = 0.5
+#: A peer's CPU-second must be worth this share less than this loader's for this loader to take
+#: it: above the noise of the two measurements, so that near-equal loaders never trade CPU.
+PEER_MARGIN = 0.2
+#: A change of the CPU that outranked peers' workers use (CPUs) after which the measurements so
+#: far were taken under other neighbours: the search starts again from the current count.
+PEER_SHIFT = 0.25
 
 
 @dataclass(frozen=True)
@@ -102,6 +117,40 @@ class Window:
         """Share of a CPU a worker uses while it fetches (0: unknown)."""
         return min(self.worker_cpu_seconds / self.fetch_seconds, 1.0) if self.fetch_seconds else 0.0
 
+    @property
+    def worth(self) -> float:
+        """Seconds of the trainer's own compute one second of a worker's CPU feeds (0: unknown,
+        or the workers are not CPU-bound, so CPU is not what they lack)."""
+        if self.cpu_share < CPU_LIGHT or not self.worker_cpu_seconds:
+            return 0.0
+        return self.compute_seconds / self.worker_cpu_seconds
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another "auto" loader of the same user on this machine, as of its last window."""
+
+    worth: float
+    """Its :attr:`Window.worth` (0: unknown or not CPU-bound)."""
+    cpus: float
+    """CPUs' worth of time its workers used."""
+    starved: bool
+    """Its trainer waited for data while its workers used CPU."""
+
+    @classmethod
+    def of(cls, w: Window, cpus: float) -> Peer:
+        """What a loader publishes after measuring ``w`` (its workers used ``cpus``)."""
+        return cls(w.worth, cpus, w.idle >= IDLE_LOW and w.cpu_share >= CPU_LIGHT)
+
+    def outranks(self, worth: float) -> bool:
+        """Whether a CPU-second is worth :data:`PEER_MARGIN` more to this peer than ``worth``."""
+        return _outranks(self.worth, worth)
+
+
+def _outranks(a: float, b: float) -> bool:
+    """Whether worth ``a`` is :data:`PEER_MARGIN` above worth ``b`` (both known)."""
+    return b > 0 and a > b * (1 + PEER_MARGIN)
+
 
 @dataclass(frozen=True)
 class Room:
@@ -115,6 +164,20 @@ class Room:
     """Bytes that may still be taken, safety margin deducted (negative: over it already)."""
     worker_memory: int | None = None
     """The largest private memory measured of one worker, bytes."""
+    peers: tuple[Peer, ...] = ()
+    """The other "auto" loaders of this user on this machine."""
+
+    def peer_cpus(self, worth: float) -> float:
+        """CPUs' worth the workers of peers outranked by a loader of ``worth`` use."""
+        return sum(p.cpus for p in self.peers if _outranks(worth, p.worth))
+
+    def outranked(self, w: Window) -> Peer | None:
+        """A peer that is starved and outranks the loader of ``w``, while no CPU is idle and the
+        loader's workers use CPU (so fewer of them free some); ``None`` if there is none."""
+        if self.idle_cpus is None or self.idle_cpus >= SPARE_CPU or w.worth <= 0:
+            return None
+        starved = [p for p in self.peers if p.starved and p.outranks(w.worth)]
+        return max(starved, key=lambda p: p.worth) if starved else None
 
 
 @dataclass
@@ -136,12 +199,14 @@ class WorkerTuner:
     searches: int = field(init=False, default=1)
     _idle: dict[int, float] = field(init=False, default_factory=dict)
     _spare: dict[int, float] = field(init=False, default_factory=dict)
+    _share: dict[int, float] = field(init=False, default_factory=dict)
     _climbing: bool = field(init=False, default=True)
     _step: int = field(init=False, default=0)
     _reference: Window | None = field(init=False, default=None)
     _drifts: int = field(init=False, default=0)
     _held: int = field(init=False, default=0)
     _probe: tuple[int, float] | None = field(init=False, default=None)
+    _peer_cpus: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         if not 0 <= self.minimum <= self.maximum:
@@ -152,9 +217,16 @@ class WorkerTuner:
     # ------------------------------------------------------------------ helpers
 
     def best(self) -> int:
-        """The fewest workers measured within :data:`TOLERANCE` of the best throughput."""
+        """The fewest workers measured within :data:`TOLERANCE` of the best throughput, passing
+        over a count at which CPU-bound workers left the trainer waiting while CPU they could
+        take was left (:meth:`_feeding`) when a larger count did about as well: the workers
+        there lacked workers, not CPU (gaps in the in-order stream, which one more fills)."""
         peak = max(self.measured.values())
-        return min(n for n, r in self.measured.items() if r >= peak * (1 - TOLERANCE))
+        near = sorted(n for n, r in self.measured.items() if r >= peak * (1 - TOLERANCE))
+        for n in near[:-1]:
+            if not (self._feeding(n) and self._share.get(n, 0.0) >= CPU_BOUND):
+                return n
+        return near[-1]
 
     def _cap(self, w: Window, room: Room) -> int:
         """The most workers the room allows growing to from ``w.num_workers``."""
@@ -167,11 +239,15 @@ class WorkerTuner:
                 cap = min(cap, n + 1)  # no worker measured yet: one at a time
         share = w.cpu_share
         if room.idle_cpus is not None and share >= CPU_LIGHT:
-            cap = min(cap, n + max(math.floor(room.idle_cpus / share + 0.5), 0))
+            free = room.idle_cpus + room.peer_cpus(w.worth)
+            cap = min(cap, n + max(math.floor(free / share + 0.5), 0))
+            if room.outranked(w) is not None:
+                cap = min(cap, n)
         return max(cap, n if n >= self.minimum else self.minimum)
 
     def _feeding(self, n: int) -> bool:
-        """Whether at ``n`` workers the trainer waited while CPU time was left idle."""
+        """Whether at ``n`` workers the trainer waited while CPU time was left idle (or used by
+        peers this loader outranks)."""
         return self._idle.get(n, 0.0) >= IDLE_LOW and self._spare.get(n, 0.0) >= SPARE_CPU
 
     def _move(self, n: int, reason: str) -> int | None:
@@ -198,6 +274,20 @@ class WorkerTuner:
             return self._move(
                 n, f"limited by memory: {-room.memory / 2**20:.0f} MiB over the room, shed {shed}"
             )
+        before, self._peer_cpus = self._peer_cpus, room.peer_cpus(w.worth)
+        peer = room.outranked(w)
+        if peer is not None and w.num_workers > self.minimum:
+            self.phase, self.measured, self._probe = "hold", {}, None
+            self._reference = None
+            return self._move(
+                self.minimum,
+                f"yielding CPU: another loader on this machine makes {peer.worth / w.worth:.1f}x "
+                f"as much of a CPU-second and waits for data; holding {self.minimum}",
+            )
+        if abs(self._peer_cpus - before) > PEER_SHIFT:
+            self._probe = None  # measured under other neighbours: measure again from here
+            self._restart()
+            return self._search(w, room)
         if self.phase == "hold":
             if self._probe is not None:
                 return self._probed(w, room)
@@ -209,7 +299,8 @@ class WorkerTuner:
         return self._search(w, room)
 
     def _restart(self, measured: dict[int, float] | None = None) -> None:
-        self.phase, self.measured, self._idle, self._spare = "search", dict(measured or {}), {}, {}
+        self.phase, self.measured = "search", dict(measured or {})
+        self._idle, self._spare, self._share = {}, {}, {}
         self._climbing, self._reference, self.searches = True, None, self.searches + 1
 
     def _maybe_probe(self, w: Window, room: Room) -> int | None:
@@ -277,9 +368,9 @@ class WorkerTuner:
         before = max(self.measured.values()) if self.measured else 0.0
         old = self.measured.get(n)
         self.measured[n] = w.rate if old is None else (old + w.rate) / 2
-        self._idle[n] = w.idle
+        self._idle[n], self._share[n] = w.idle, w.cpu_share
         if room.idle_cpus is not None:
-            self._spare[n] = room.idle_cpus
+            self._spare[n] = room.idle_cpus + room.peer_cpus(w.worth)
         cap = self._cap(w, room)
         if self._climbing:
             improved = w.rate > before * (1 + GAIN)

@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 import dloader
+from dloader import _peers
 from dloader._autotune import start_count
 from dloader._loader import auto_ceiling
+from dloader._tuner import Peer
 from dloader.apps.testbed import EmulatedDataset
+from dloader.errors import ConfigError
 from tests.dloader import datasets as D
 
 
@@ -93,6 +98,43 @@ def test_a_cpu_bound_job_stays_within_its_cpu_affinity() -> None:
     assert pinned["max"] == 1, pinned  # one CPU: one CPU-bound worker, and no more tried
     free = run([])
     assert free["max"] >= 2, free  # the same job with both CPUs
+
+
+@pytest.mark.integration
+def test_a_tuned_loader_is_on_the_peer_board_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It publishes its record with each window it measures, sees a peer's, and takes its own
+    off the board when it stops; with ``DLOADER_AUTO_PEERS=0`` it works alone."""
+    monkeypatch.setattr(_peers, "default_root", lambda: tmp_path)
+    neighbour = _peers.PeerBoard(tmp_path)
+    neighbour.publish(Peer(worth=0.5, cpus=1.0, starved=False))
+    loader = dloader.DataLoader(
+        EmulatedDataset(100_000, io_ms=1.0, cpu_ms=0.5), batch_size=8, num_workers="auto"
+    )
+    _train(loader, 5.0, 0.004)
+    mine = [p for p in neighbour.dir.iterdir() if p != neighbour.path]
+    assert len(mine) == 1 and mine[0].name.startswith(f"{os.getpid()}-"), mine
+    record = json.loads(mine[0].read_text())
+    assert record["pid"] == os.getpid() and record["cpus"] >= 0
+    assert len(neighbour.peers()) == 1
+    assert loader.autotuner is not None
+    loader.autotuner.stop("test over")
+    deadline = time.monotonic() + 5
+    while mine[0].exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not mine[0].exists()
+    del loader
+
+    monkeypatch.setenv("DLOADER_AUTO_PEERS", "0")
+    alone = dloader.DataLoader(
+        EmulatedDataset(100_000, io_ms=1.0), batch_size=8, num_workers="auto"
+    )
+    _train(alone, 3.0, 0.004)
+    assert [p for p in neighbour.dir.iterdir() if p != neighbour.path] == []
+    monkeypatch.setenv("DLOADER_AUTO_PEERS", "yes")
+    with pytest.raises(ConfigError, match="DLOADER_AUTO_PEERS='yes'"):
+        dloader.DataLoader(D.Range(10), num_workers="auto")
 
 
 def test_a_sidecar_decides_instead() -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from dloader._tuner import TOLERANCE, Room, Window, WorkerTuner
+from dloader._tuner import TOLERANCE, Peer, Room, Window, WorkerTuner
 
 
 @dataclass
@@ -194,3 +194,169 @@ def test_fewer_workers_are_not_tried_while_the_trainer_waits_and_cpu_is_left_idl
             tuner.observe(window(tuner.num_workers), Room(ceiling=8, idle_cpus=idle_cpus))
         assert tuner.phase == "hold" and tuner.num_workers == 2, counts
         assert (1 in counts) is tries_one, counts
+
+
+# ---------------------------------------------------------------------- peers
+
+
+def _cpu_bound(n: int, rate: float, worth: float = 0.2, idle: float = 0.3) -> Window:
+    """A window of ``n`` CPU-bound workers (a whole CPU each while fetching) delivering
+    ``rate`` samples/s in batches of 32, the trainer waiting ``idle`` of the 2 s, where a
+    worker's CPU-second feeds ``worth`` seconds of the trainer's compute."""
+    batches = round(rate * 2 / 32)
+    compute = (2.0 - 2.0 * idle) / batches
+    return Window(n, 2.0, batches * 32, batches, 2.0 * idle, compute / worth, compute / worth)
+
+
+def test_a_loader_yields_its_cpu_to_a_waiting_peer_that_makes_more_of_it() -> None:
+    w = _cpu_bound(4, 600.0, worth=0.2)
+    assert w.worth == pytest.approx(0.2)
+    starved = Peer(worth=0.3, cpus=1.0, starved=True)
+    tuner = WorkerTuner(start=4)
+    assert tuner.observe(w, Room(ceiling=64, idle_cpus=0.0, peers=(starved,))) == 1
+    assert tuner.phase == "hold" and "yielding CPU" in tuner.reason and "1.5x" in tuner.reason
+    # At its minimum it holds there, and does not grow (nor probe) while the peer still waits.
+    for _ in range(12):
+        tuner.observe(_cpu_bound(1, 200.0), Room(ceiling=64, idle_cpus=0.0, peers=(starved,)))
+        assert tuner.num_workers == 1, tuner.reason
+
+    def yields(peer: Peer, idle_cpus: float = 0.0, window: Window = w) -> bool:
+        tuner = WorkerTuner(start=4)
+        tuner.observe(window, Room(ceiling=64, idle_cpus=idle_cpus, peers=(peer,)))
+        return tuner.num_workers == 1
+
+    assert not yields(Peer(0.3, 1.0, starved=False))  # the peer's trainer does not wait
+    assert not yields(Peer(0.23, 1.0, starved=True))  # within the margin: no trade
+    assert not yields(starved, idle_cpus=0.5)  # CPU is idle: the peer can take that
+    io_bound = Window(4, 2.0, 1200, 38, 0.6, 0.2, 0.002)  # workers wait on I/O, not CPU
+    assert io_bound.worth == 0.0 and not yields(Peer(9.0, 1.0, starved=True), window=io_bound)
+
+
+def test_a_loader_grows_into_the_cpu_of_a_peer_it_outranks() -> None:
+    w = _cpu_bound(2, 600.0, worth=0.3)
+    alone = WorkerTuner(start=2)
+    alone.observe(w, Room(ceiling=64, idle_cpus=0.0))
+    assert alone.num_workers <= 2  # no idle CPU: no growth
+    for peer, grows in ((Peer(0.2, 1.0, True), True), (Peer(0.28, 1.0, True), False)):
+        tuner = WorkerTuner(start=2)
+        tuner.observe(w, Room(ceiling=64, idle_cpus=0.0, peers=(peer,)))
+        assert (tuner.num_workers == 3) is grows, (peer, tuner.reason)
+
+
+def test_a_change_of_the_peers_cpu_starts_a_new_search() -> None:
+    tuner = WorkerTuner(start=3)
+    tuner.phase, tuner.measured = "hold", {3: 900.0}
+    room = Room(ceiling=64, idle_cpus=0.0, peers=(Peer(0.2, 0.1, False),))
+    tuner.observe(_cpu_bound(3, 900.0, worth=0.3), room)
+    assert tuner.phase == "hold" and tuner.searches == 1
+    more = Room(ceiling=64, idle_cpus=0.0, peers=(Peer(0.2, 1.0, False),))  # it holds a CPU now
+    tuner.observe(_cpu_bound(3, 900.0, worth=0.3), more)
+    assert tuner.searches == 2 and tuner.num_workers > 3, tuner.reason
+
+
+def test_near_equal_counts_prefer_the_one_that_leaves_no_cpu_idle() -> None:
+    """CPU-bound workers that leave the trainer waiting while CPU is idle lack workers, not CPU
+    (gaps in the in-order stream): of two counts measured about equal, the larger is kept."""
+    tuner = WorkerTuner(start=2)
+    tuner.measured = {2: 1500.0, 3: 1490.0}
+    tuner._idle, tuner._share = {2: 0.2, 3: 0.1}, {2: 0.8, 3: 0.8}
+    tuner._spare = {2: 0.4, 3: 0.1}
+    assert tuner.best() == 3
+    tuner._spare = {2: 0.1, 3: 0.1}  # the CPUs were busy at 2: the fewest wins
+    assert tuner.best() == 2
+    tuner._spare, tuner._share = {2: 0.4, 3: 0.1}, {2: 0.02, 3: 0.02}  # I/O-bound workers
+    assert tuner.best() == 2
+
+
+@dataclass
+class CpuJob:
+    """A job whose workers need ``cpu_s`` of CPU per sample; its trainer ``compute_s`` a batch."""
+
+    cpu_s: float
+    compute_s: float
+    batch: int = 32
+
+    @property
+    def demand(self) -> float:
+        """CPUs it takes to keep the trainer busy."""
+        return self.batch / self.compute_s * self.cpu_s
+
+
+def _share_cpus(jobs: list[CpuJob], counts: list[int], cpus: float) -> list[float]:
+    """The CPU each job's workers get: in proportion to their number (as the scheduler divides
+    CPUs between runnable workers), a worker at most one CPU, a job at most its demand, what one
+    job leaves going to the others."""
+    used = [0.0] * len(jobs)
+    left, open_ = cpus, set(range(len(jobs)))
+    while open_ and left > 1e-9:
+        total = sum(counts[i] for i in open_)
+        give = {i: left * counts[i] / total for i in open_}
+        for i in list(open_):
+            cap = min(jobs[i].demand, float(counts[i]))
+            take = min(give[i], cap - used[i])
+            used[i] += take
+            left -= take
+            if used[i] >= cap - 1e-9:
+                open_.discard(i)
+        if all(give[i] <= min(jobs[i].demand, counts[i]) - used[i] + 1e-9 for i in open_):
+            break
+    return used
+
+
+def _shared_window(job: CpuJob, n: int, used: float, seconds: float = 2.0) -> Window:
+    rate = used / job.cpu_s
+    batches = max(int(rate * seconds / job.batch), 1)
+    wait = max(seconds - batches * job.compute_s, 0.0)
+    per_worker = used / n
+    fetch = job.batch * job.cpu_s / per_worker
+    return Window(n, seconds, batches * job.batch, batches, wait, fetch, job.batch * job.cpu_s)
+
+
+def _score(jobs: list[CpuJob], counts: list[int], cpus: float) -> float:
+    used = _share_cpus(jobs, counts, cpus)
+    return sum(u / j.cpu_s * j.compute_s / j.batch for u, j in zip(used, jobs, strict=True))
+
+
+def test_two_tuned_cpu_bound_jobs_give_the_cpu_to_the_one_that_makes_more_of_it() -> None:
+    """The JPEG and text pipelines of the testbed, side by side on two CPUs: each tuner sees
+    only its own windows and the other's published :class:`Peer`. Alone, each holds about its
+    fair share; as peers, the text job (a CPU-second feeds 1.5x as much of its trainer) takes
+    the CPU, and the score (the trainers' busy time) comes close to the best static split."""
+    jobs = [CpuJob(cpu_s=0.0041, compute_s=0.0272), CpuJob(cpu_s=0.0016, compute_s=0.0156)]
+    cpus = 2.0
+    best = max(_score(jobs, [a, b], cpus) for a in range(1, 33) for b in range(1, 33))
+
+    def run(peers: bool) -> list[int]:
+        tuners = [WorkerTuner(start=2, maximum=32) for _ in jobs]
+        for _ in range(30):
+            counts = [t.num_workers for t in tuners]
+            used = _share_cpus(jobs, counts, cpus)
+            windows = [_shared_window(j, n, u) for j, n, u in zip(jobs, counts, used, strict=True)]
+            published = [Peer.of(w, u) for w, u in zip(windows, used, strict=True)]
+            for i, (t, w) in enumerate(zip(tuners, windows, strict=True)):
+                others = tuple(p for k, p in enumerate(published) if k != i) if peers else ()
+                t.observe(w, Room(ceiling=32, idle_cpus=max(cpus - sum(used), 0.0), peers=others))
+        return [t.num_workers for t in tuners]
+
+    alone = run(peers=False)
+    together = run(peers=True)
+    assert together[0] == 1 and together[1] >= 4, together
+    assert _score(jobs, together, cpus) >= 0.95 * best, (together, best)
+    assert _score(jobs, together, cpus) > 1.1 * _score(jobs, alone, cpus), (alone, together)
+
+
+def test_two_equal_jobs_as_peers_do_not_trade_cpu() -> None:
+    jobs = [CpuJob(cpu_s=0.002, compute_s=0.02)] * 2
+    tuners = [WorkerTuner(start=2, maximum=32) for _ in jobs]
+    reasons = []
+    for _ in range(30):
+        counts = [t.num_workers for t in tuners]
+        used = _share_cpus(jobs, counts, 2.0)
+        windows = [_shared_window(j, n, u) for j, n, u in zip(jobs, counts, used, strict=True)]
+        published = [Peer.of(w, u) for w, u in zip(windows, used, strict=True)]
+        for i, (t, w) in enumerate(zip(tuners, windows, strict=True)):
+            peer = (published[1 - i],)
+            t.observe(w, Room(ceiling=32, idle_cpus=max(2.0 - sum(used), 0.0), peers=peer))
+            reasons.append(t.reason)
+    assert not any("yielding" in r for r in reasons)
+    assert all(t.num_workers <= 3 for t in tuners), [t.num_workers for t in tuners]
