@@ -5,7 +5,8 @@ JPEG, text and remote-read pipelines), each a separate process as a user would r
 
 * ``fixed N`` for every N of ``--counts``: samples/s over the run after ``--warmup`` seconds;
 * ``auto``: samples/s over its whole run after the same warm-up, so the search's cost counts;
-  and when it settled (the last change of its worker count).
+  when its first search ended (it held a count), and the last change of its worker count (a
+  later change: a probe of one more worker, or a new search when the job drifted).
 
 Then pairs of jobs side by side (``--pairs``): both ``auto`` (``--repeats`` runs, mean) against
 the best static split, found by a coordinate search over the two counts (from each job's best
@@ -87,6 +88,9 @@ def alone(
         "auto_runs": autos,
         "ratio": auto / mean[best],
         "settled_s": max(settled_at(r) for r in runs),
+        "search_s": None
+        if any(r.get("search_s") is None for r in runs)
+        else max(r["search_s"] for r in runs),
         "auto_final_workers": [r["timeline"][-1][3] for r in runs],
         "tuner": runs[-1].get("tuner", ""),
         "auto_timeline": [(t, w) for t, _, _, w in runs[-1]["timeline"]],
@@ -246,7 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     counts = list(args.counts)
     print(
         table(
-            ["profile", *(f"fixed {n}" for n in counts), "best", "auto", "auto/best", "settled s"],
+            [
+                "profile",
+                *(f"fixed {n}" for n in counts),
+                "best",
+                "auto",
+                "auto/best",
+                "search s",
+                "last change s",
+            ],
             [
                 [
                     name,
@@ -254,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                     r["best_count"],
                     r["auto"],
                     r["ratio"],
+                    "-" if r["search_s"] is None else r["search_s"],
                     r["settled_s"],
                 ]
                 for name, r in results.items()
@@ -262,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"samples/s, mean of {args.repeats} pass(es); auto over its whole run after the warm-up "
-        "(target: auto/best >= 0.95); settled: the last change of the count, latest pass"
+        "(target: auto/best >= 0.95); search: seconds until its first search held a count "
+        "(target: 30; '-': never), last change: of the count (a probe or a new search), the "
+        "latest of the passes"
     )
     if pair_results:
         print(

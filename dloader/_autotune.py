@@ -84,6 +84,8 @@ class AutoTuner:
         self._peers = peers
         self._board: PeerBoard | None = None
         self.stopped_because: str | None = None
+        self.search_s: float | None = None
+        """Seconds from the tuner's start to the end of its first search (None: searching)."""
 
     @property
     def summary(self) -> str:
@@ -178,7 +180,8 @@ class AutoTuner:
     def _loop(self, board: PeerBoard) -> None:
         mark: _Mark | None = None
         settled_at: float | None = None
-        last_batches, last_change = -1, time.monotonic()
+        began = last_change = time.monotonic()
+        last_batches = -1
         while not self._stop.wait(POLL_S):
             loader = self._loader_ref()
             if loader is None:
@@ -212,6 +215,8 @@ class AutoTuner:
             room = self._room(mark, end, s, loader.worker_bound())
             phase = self.tuner.phase
             decision = self.tuner.observe(window, room)
+            if self.search_s is None and self.tuner.phase == "hold":
+                self.search_s = time.monotonic() - began
             mark = end
             if decision is not None:
                 mark = settled_at = None

@@ -428,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                     "timeline": timeline,
                     "started": started,
                     "tuner": tuner,
+                    "search_s": getattr(getattr(loader, "autotuner", None), "search_s", None),
                     "ended": time.time(),
                 },
                 f,

@@ -54,6 +54,7 @@ def test_auto_converges_without_losing_a_sample(caplog: pytest.LogCaptureFixture
     counts = [n for n, _ in tuner.tuner.history]
     assert max(counts) >= 6, tuner.tuner.history
     assert tuner.tuner.phase == "hold", tuner.tuner.history
+    assert tuner.search_s is not None and 0 < tuner.search_s < 16, tuner.search_s
     assert loader.num_workers >= 5
     assert loader.stats().tuner.startswith("auto: holding")
     assert any("num_workers='auto': holding" in r.getMessage() for r in caplog.records)

@@ -24,11 +24,14 @@ def test_bench_autotune_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert set(r["fixed"]) == {"1", "4"}, name
         assert r["auto"] > 0 and r["ratio"] > 0, (name, r)
         assert r["tuner"].startswith("auto: "), r["tuner"]
+        assert r["search_s"] is None or 0 < r["search_s"] <= 10, r["search_s"]
     pair = data["pairs"]["gpu_bound+io_heavy"]
     assert pair["splits_tried"] >= 2 and pair["static_score"] > 0 and pair["auto"] > 0
+    assert len(pair["auto_runs"]) == 1
     assert (tmp_path / "bench_autotune.png").stat().st_size > 0
     out = capsys.readouterr().out
     assert "auto/best" in out and "auto/static" in out and "machine:" in out
+    assert "search s" in out
 
 
 def test_bad_arguments_name_the_value(capsys: pytest.CaptureFixture[str]) -> None:
