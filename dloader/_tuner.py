@@ -33,8 +33,9 @@ tuner sheds workers, whatever the phase.
 each (:attr:`Window.worth`: seconds of the trainer's compute fed per second of a worker's CPU)
 and whether their trainer waits for CPU-bound workers (:class:`Peer`). A loader whose worth is
 :data:`PEER_MARGIN` above a peer's may also grow into the CPU that peer's workers use; a loader
-outranked so by a waiting peer while no CPU is idle yields, down to its minimum. The node's CPU
-then goes where it feeds the most accelerator time, as the sidecar's policy would place it.
+outranked so by a waiting peer while no CPU is idle yields: it halves its workers, window after
+window, until CPU is left idle or the peer no longer waits (or it is at its minimum). The node's
+CPU then goes where it feeds the most accelerator time, as the sidecar's policy would place it.
 """
 
 from __future__ import annotations
@@ -277,12 +278,13 @@ class WorkerTuner:
         before, self._peer_cpus = self._peer_cpus, room.peer_cpus(w.worth)
         peer = room.outranked(w)
         if peer is not None and w.num_workers > self.minimum:
+            n = max(self.minimum, w.num_workers // 2)
             self.phase, self.measured, self._probe = "hold", {}, None
             self._reference = None
             return self._move(
-                self.minimum,
+                n,
                 f"yielding CPU: another loader on this machine makes {peer.worth / w.worth:.1f}x "
-                f"as much of a CPU-second and waits for data; holding {self.minimum}",
+                f"as much of a CPU-second and waits for data; down to {n} workers",
             )
         if abs(self._peer_cpus - before) > PEER_SHIFT:
             self._probe = None  # measured under other neighbours: measure again from here
