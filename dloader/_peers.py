@@ -115,11 +115,12 @@ class PeerBoard:
             return ()
         now = time.time() if now is None else now
         try:
-            names = [
-                e.name
-                for e in itertools.islice(os.scandir(self.dir), 4 * MAX_PEERS)
-                if e.name.endswith(_SUFFIX) and e.name != self.path.name
-            ]
+            with os.scandir(self.dir) as entries:
+                names = [
+                    e.name
+                    for e in itertools.islice(entries, 4 * MAX_PEERS)
+                    if e.name.endswith(_SUFFIX) and e.name != self.path.name
+                ]
         except OSError:
             return ()
         out: list[Peer] = []
