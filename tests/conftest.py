@@ -20,6 +20,7 @@ agent's client runs in a helper process.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.process
 import os
 import pickle
@@ -76,6 +77,14 @@ def _fixture_modules(item: pytest.Item) -> Iterator[ModuleType | None]:
     for defs in info.name2fixturedefs.values() if info else ():
         for d in defs:
             yield sys.modules.get(getattr(d.func, "__module__", ""))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Builds matplotlib's font cache before any test runs. On a fresh machine its first import
+    runs ``fc-list`` in a subprocess, which the unit lane's guard would refuse in whichever unit
+    test happens to plot first (so the lane passed or failed by test order and cache state)."""
+    with contextlib.suppress(ImportError):  # plots are optional (the ``bench`` extra)
+        import matplotlib.font_manager  # noqa: F401
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
