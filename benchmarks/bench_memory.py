@@ -147,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         "job PSS (MiB)",
     ]
     print(table(headers, rows))
-    args.json.write_text(json.dumps({"machine": machine(), "paths": args.paths, "runs": results}))
+    args.json.write_text(
+        json.dumps(
+            {"machine": machine(), "paths": args.paths, "list_mib": held / MiB, "runs": results}
+        )
+    )
     with contextlib.suppress(ImportError):
         import matplotlib
 

@@ -1,5 +1,7 @@
 """benchmarks/bench_memory.py at a small size: it runs, writes its table data and plot, and the
-list's workers hold more private memory than the StringArray's."""
+list's workers hold more private memory than the StringArray's: about what the list holds
+in the trainer (its pages, copied as reading touches their reference counts), over a baseline
+a worker has either way (torch, the interpreter: 7-17 MiB depending on the machine)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ def test_bench_memory_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert bench_memory.main([*argv, "--plot", str(plot)]) == 0
     runs = json.loads(out.read_text())["runs"]
     assert set(runs) == {"list/1", "StringArray/1"}
-    assert runs["list/1"]["worker_uss_mib"] > 2 * runs["StringArray/1"]["worker_uss_mib"]
+    copied = runs["list/1"]["worker_uss_mib"] - runs["StringArray/1"]["worker_uss_mib"]
+    assert copied > 0.5 * json.loads(out.read_text())["list_mib"] > 0
     assert plot.stat().st_size > 0
     assert "USS per worker" in capsys.readouterr().out
