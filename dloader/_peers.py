@@ -1,11 +1,12 @@
 """Where the ``num_workers="auto"`` loaders of one user on one machine see each other.
 
 Each tuned loader writes one small JSON file, its :class:`dloader._tuner.Peer` (what a
-CPU-second is worth to it, the CPU its workers used, whether its trainer waits for them), into
-a directory only its user can use: ``dloader-auto-<uid>`` under ``/dev/shm`` (else the temporary
-directory). It reads the others' files with each window it measures. No daemon, no socket: the
-files are the whole protocol, and a loader that finds the directory unsafe (not a directory of
-its own user, or open to others) works alone, as if it had no peers.
+CPU-second is worth to it, the CPU its workers used, whether its trainer waits for them, how
+busy its trainer is), into a directory only its user can use: ``dloader-auto-<uid>`` under
+``/dev/shm`` (else the temporary directory). It reads the others' files with each window it
+measures. No daemon, no socket: the files are the whole protocol, and a loader that finds the
+directory unsafe (not a directory of its own user, or open to others) works alone, as if it
+had no peers.
 
 Bounded: at most :data:`MAX_PEERS` files are read, each at most :data:`MAX_BYTES`; a file not
 rewritten for :data:`STALE_S` seconds, or whose process is gone, is ignored (and removed once
@@ -99,6 +100,8 @@ class PeerBoard:
             "worth": peer.worth,
             "cpus": peer.cpus,
             "starved": peer.starved,
+            "busy": peer.busy,
+            "yielding": peer.yielding,
         }
         tmp = self.path.with_suffix(".tmp")
         try:
@@ -149,17 +152,23 @@ class PeerBoard:
                 return None
             r = json.loads(data)
             pid, when = r["pid"], r["time"]
-            worth, cpus, starved = r["worth"], r["cpus"], r["starved"]
+            worth, cpus, starved, busy = r["worth"], r["cpus"], r["starved"], r["busy"]
+            yielding = r["yielding"]
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        numbers = (when, worth, cpus)
-        if type(pid) is not int or pid <= 0 or not isinstance(starved, bool):
+        numbers = (when, worth, cpus, busy)
+        if (
+            type(pid) is not int
+            or pid <= 0
+            or type(starved) is not bool
+            or type(yielding) is not bool
+        ):
             return None
         if not all(isinstance(x, int | float) and math.isfinite(x) for x in numbers):
             return None
-        if worth < 0 or not 0 <= cpus <= 4096:
+        if worth < 0 or not 0 <= cpus <= 4096 or not 0 <= busy <= 1:
             return None
-        return pid, float(when), Peer(float(worth), float(cpus), starved)
+        return pid, float(when), Peer(float(worth), float(cpus), starved, float(busy), yielding)
 
     @staticmethod
     def _remove(path: Path) -> None:

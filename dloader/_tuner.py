@@ -31,11 +31,14 @@ tuner sheds workers, whatever the phase.
 
 **Peers.** The "auto" loaders of one user on one machine publish what a CPU-second is worth to
 each (:attr:`Window.worth`: seconds of the trainer's compute fed per second of a worker's CPU)
-and whether their trainer waits for CPU-bound workers (:class:`Peer`). A loader whose worth is
-:data:`PEER_MARGIN` above a peer's may also grow into the CPU that peer's workers use; a loader
-outranked so by a waiting peer while no CPU is idle yields: it halves its workers, window after
-window, until CPU is left idle or the peer no longer waits (or it is at its minimum). The node's
-CPU then goes where it feeds the most accelerator time, as the sidecar's policy would place it.
+and whether their trainer waits for CPU-bound workers (:class:`Peer`). A loader outranked by a
+waiting peer (whose worth is :data:`PEER_MARGIN` above its own) while no CPU is idle yields: it
+halves its workers, window after window, until CPU is left idle or the peer no longer waits (or
+it is at its minimum); the peer grows into the idle CPU. The node's CPU then goes where it
+feeds the most accelerator time, as the sidecar's policy would place it. A yield is a trial:
+:data:`YIELD_JUDGE` windows later the machine's trainers (this one's and the peers'
+:attr:`Peer.busy`) must be busier, else the loader takes its workers back. No loader takes a
+peer's CPU unasked: CPU changes hands only by a yield that paid.
 """
 
 from __future__ import annotations
@@ -74,6 +77,13 @@ PEER_MARGIN = 0.2
 #: A change of the CPU that outranked peers' workers use (CPUs) after which the measurements so
 #: far were taken under other neighbours: the search starts again from the current count.
 PEER_SHIFT = 0.25
+#: Windows after a yield at which it is judged: the trainers' busy time on the machine (its own
+#: and its peers') must have risen by :data:`GAIN`, else the loader takes its workers back.
+YIELD_JUDGE = 2
+#: Windows during which a loader whose yield did not pay does not yield again; doubled after
+#: each such yield, up to :data:`YIELD_BAN_MAX`.
+YIELD_BAN = 6
+YIELD_BAN_MAX = 48
 
 
 @dataclass(frozen=True)
@@ -137,11 +147,17 @@ class Peer:
     """CPUs' worth of time its workers used."""
     starved: bool
     """Its trainer waited for data while its workers used CPU."""
+    busy: float = 0.0
+    """Share of its window its trainer computed (did not wait for data)."""
+    yielding: bool = False
+    """It gave up workers to an outranking peer (:attr:`WorkerTuner.yielding`): the CPU its
+    workers still use is the outranking peer's to take."""
 
     @classmethod
-    def of(cls, w: Window, cpus: float) -> Peer:
+    def of(cls, w: Window, cpus: float, yielding: bool = False) -> Peer:
         """What a loader publishes after measuring ``w`` (its workers used ``cpus``)."""
-        return cls(w.worth, cpus, w.idle >= IDLE_LOW and w.cpu_share >= CPU_LIGHT)
+        starved = w.idle >= IDLE_LOW and w.cpu_share >= CPU_LIGHT
+        return cls(w.worth, cpus, starved, 1.0 - w.idle, yielding)
 
     def outranks(self, worth: float) -> bool:
         """Whether a CPU-second is worth :data:`PEER_MARGIN` more to this peer than ``worth``."""
@@ -169,8 +185,8 @@ class Room:
     """The other "auto" loaders of this user on this machine."""
 
     def peer_cpus(self, worth: float) -> float:
-        """CPUs' worth the workers of peers outranked by a loader of ``worth`` use."""
-        return sum(p.cpus for p in self.peers if _outranks(worth, p.worth))
+        """CPUs' worth the workers of yielding peers outranked by a loader of ``worth`` use."""
+        return sum(p.cpus for p in self.peers if p.yielding and _outranks(worth, p.worth))
 
     def outranked(self, w: Window) -> Peer | None:
         """A peer that is starved and outranks the loader of ``w``, while no CPU is idle and the
@@ -179,6 +195,10 @@ class Room:
             return None
         starved = [p for p in self.peers if p.starved and p.outranks(w.worth)]
         return max(starved, key=lambda p: p.worth) if starved else None
+
+    def busy(self, w: Window) -> float:
+        """The trainers' busy time on the machine: the loader's of ``w`` and its peers'."""
+        return 1.0 - w.idle + sum(p.busy for p in self.peers)
 
 
 @dataclass
@@ -208,6 +228,14 @@ class WorkerTuner:
     _held: int = field(init=False, default=0)
     _probe: tuple[int, float] | None = field(init=False, default=None)
     _peer_cpus: float = field(init=False, default=0.0)
+    _yield: tuple[int, float, float, int] | None = field(init=False, default=None)
+    """The last yield until judged: (count before, its rate, the machine's busy time, windows
+    since)."""
+    _no_yield: int = field(init=False, default=0)
+    yielding: bool = field(init=False, default=False)
+    """It holds fewer workers than it had because it yielded (until it takes them back or
+    searches again): a peer that outranks it may take the CPU its workers use."""
+    _yield_ban: int = field(init=False, default=YIELD_BAN)
 
     def __post_init__(self) -> None:
         if not 0 <= self.minimum <= self.maximum:
@@ -247,8 +275,8 @@ class WorkerTuner:
         return max(cap, n if n >= self.minimum else self.minimum)
 
     def _feeding(self, n: int) -> bool:
-        """Whether at ``n`` workers the trainer waited while CPU time was left idle (or used by
-        peers this loader outranks)."""
+        """Whether at ``n`` workers the trainer waited while CPU time was left idle (or given up
+        by a yielding peer)."""
         return self._idle.get(n, 0.0) >= IDLE_LOW and self._spare.get(n, 0.0) >= SPARE_CPU
 
     def _move(self, n: int, reason: str) -> int | None:
@@ -276,9 +304,13 @@ class WorkerTuner:
                 n, f"limited by memory: {-room.memory / 2**20:.0f} MiB over the room, shed {shed}"
             )
         before, self._peer_cpus = self._peer_cpus, room.peer_cpus(w.worth)
+        self._no_yield = max(self._no_yield - 1, 0)
+        if self._yield is not None:
+            return self._judge_yield(w, room)
         peer = room.outranked(w)
-        if peer is not None and w.num_workers > self.minimum:
+        if peer is not None and w.num_workers > self.minimum and not self._no_yield:
             n = max(self.minimum, w.num_workers // 2)
+            self._yield, self.yielding = (w.num_workers, w.rate, room.busy(w), 0), True
             self.phase, self.measured, self._probe = "hold", {}, None
             self._reference = None
             return self._move(
@@ -300,9 +332,33 @@ class WorkerTuner:
             self._restart()
         return self._search(w, room)
 
+    def _judge_yield(self, w: Window, room: Room) -> int | None:
+        """Measured truth over the worth rule: :data:`YIELD_JUDGE` windows after a yield, the
+        machine's trainers must be busier by :data:`GAIN` (the peer made more of the CPU than
+        this loader did), else the loader takes its workers back and does not yield again for
+        a while (:data:`YIELD_BAN` windows, doubled each time, up to :data:`YIELD_BAN_MAX`)."""
+        assert self._yield is not None
+        n, rate, busy, seen = self._yield
+        if seen + 1 < YIELD_JUDGE:
+            self._yield = (n, rate, busy, seen + 1)
+            return None  # the peer is still growing into the CPU
+        self._yield, now = None, room.busy(w)
+        if now > busy * (1 + GAIN):
+            self._yield_ban = YIELD_BAN
+            return None
+        self._no_yield, self._yield_ban = self._yield_ban, min(2 * self._yield_ban, YIELD_BAN_MAX)
+        self._restart({n: rate, w.num_workers: w.rate})  # no longer yielding
+        return self._move(
+            n,
+            f"taking CPU back: yielding {n} -> {w.num_workers} workers left this machine's "
+            f"trainers no busier ({busy:.2f} -> {now:.2f} of a trainer); no yield for "
+            f"{self._no_yield} windows",
+        )
+
     def _restart(self, measured: dict[int, float] | None = None) -> None:
         self.phase, self.measured = "search", dict(measured or {})
         self._idle, self._spare, self._share = {}, {}, {}
+        self.yielding = False
         self._climbing, self._reference, self.searches = True, None, self.searches + 1
 
     def _maybe_probe(self, w: Window, room: Room) -> int | None:

@@ -42,7 +42,15 @@ def test_stale_dead_and_malformed_records_are_skipped(tmp_path: Path) -> None:
 
     def record(name: str, **fields: object) -> Path:
         path = me.dir / name
-        base = {"pid": os.getpid(), "time": 1000.0, "worth": 0.3, "cpus": 1.0, "starved": True}
+        base = {
+            "pid": os.getpid(),
+            "time": 1000.0,
+            "worth": 0.3,
+            "cpus": 1.0,
+            "starved": True,
+            "busy": 0.5,
+            "yielding": False,
+        }
         path.write_text(json.dumps({**base, **fields}))
         return path
 
@@ -50,6 +58,8 @@ def test_stale_dead_and_malformed_records_are_skipped(tmp_path: Path) -> None:
     record("nan.json", worth=float("nan"))
     record("negative.json", cpus=-1.0)
     record("huge.json", cpus=1e9)
+    record("busier.json", busy=1.5)
+    record("yielding.json", yielding=1)
     record("bool.json", starved="yes")
     record("pid.json", pid="1")
     (me.dir / "garbage.json").write_text("{not json")
@@ -59,7 +69,7 @@ def test_stale_dead_and_malformed_records_are_skipped(tmp_path: Path) -> None:
     assert me.peers(now=1000.0) == ()
     assert not dead.exists()  # its process is gone
     good = record("good.json")
-    assert me.peers(now=1000.0) == (Peer(0.3, 1.0, True),)
+    assert me.peers(now=1000.0) == (Peer(0.3, 1.0, True, 0.5),)
     good.unlink()
 
 

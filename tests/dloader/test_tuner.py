@@ -4,6 +4,7 @@ that no move passes the CPU, memory or count bounds."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -211,18 +212,27 @@ def _cpu_bound(n: int, rate: float, worth: float = 0.2, idle: float = 0.3) -> Wi
 def test_a_loader_yields_its_cpu_to_a_waiting_peer_that_makes_more_of_it() -> None:
     w = _cpu_bound(4, 600.0, worth=0.2)
     assert w.worth == pytest.approx(0.2)
-    starved = Peer(worth=0.3, cpus=1.0, starved=True)
+
+    def peer(busy: float) -> Room:  # a starved peer whose trainer computes ``busy`` of the time
+        return Room(ceiling=64, idle_cpus=0.0, peers=(Peer(0.3, 1.0, True, busy),))
+
     tuner = WorkerTuner(start=4)
-    assert tuner.observe(w, Room(ceiling=64, idle_cpus=0.0, peers=(starved,))) == 2
+    assert tuner.observe(w, peer(0.4)) == 2  # the machine: 0.7 + 0.4 trainers busy
     assert tuner.phase == "hold" and "yielding CPU" in tuner.reason and "1.5x" in tuner.reason
-    w2 = _cpu_bound(2, 400.0, worth=0.2)
-    freed = Room(ceiling=64, idle_cpus=0.5, peers=(starved,))  # the peer cannot use it all
-    assert tuner.observe(w2, freed) is None and tuner.num_workers == 2
-    assert tuner.observe(w2, Room(ceiling=64, idle_cpus=0.0, peers=(starved,))) == 1
+    w2 = _cpu_bound(2, 400.0, worth=0.2)  # 0.7 busy: its trainer computes as long per step
+    assert tuner.observe(w2, peer(0.6)) is None  # the peer is still growing into the CPU
+    assert tuner.observe(w2, peer(0.6)) is None  # judged: 1.1 -> 1.3, it paid
+    freed = Room(ceiling=64, idle_cpus=0.5, peers=(Peer(0.3, 1.0, True, 0.6),))
+    assert tuner.observe(w2, freed) is None and tuner.num_workers == 2  # CPU left idle: enough
+    assert tuner.observe(w2, peer(0.6)) == 1
+    tuner.observe(_cpu_bound(1, 200.0), peer(0.8))
+    tuner.observe(_cpu_bound(1, 200.0), peer(0.8))  # judged: 1.3 -> 1.5, it paid
     # At its minimum it holds there, and does not grow (nor probe) while the peer still waits.
     for _ in range(12):
-        tuner.observe(_cpu_bound(1, 200.0), Room(ceiling=64, idle_cpus=0.0, peers=(starved,)))
+        tuner.observe(_cpu_bound(1, 200.0), peer(0.8))
         assert tuner.num_workers == 1, tuner.reason
+
+    starved = Peer(worth=0.3, cpus=1.0, starved=True)
 
     def yields(peer: Peer, idle_cpus: float = 0.0, window: Window = w) -> bool:
         tuner = WorkerTuner(start=4)
@@ -236,12 +246,38 @@ def test_a_loader_yields_its_cpu_to_a_waiting_peer_that_makes_more_of_it() -> No
     assert io_bound.worth == 0.0 and not yields(Peer(9.0, 1.0, starved=True), window=io_bound)
 
 
-def test_a_loader_grows_into_the_cpu_of_a_peer_it_outranks() -> None:
+def test_a_yield_that_leaves_the_machine_no_busier_is_taken_back() -> None:
+    """The peer makes more of a CPU-second on paper but cannot use more (its trainer is held
+    by something else): the loader measures that, takes its workers back, and does not yield
+    again for a while, longer each time."""
+    starved = Room(ceiling=64, idle_cpus=0.0, peers=(Peer(0.9, 0.3, True, 0.9),))
+    tuner = WorkerTuner(start=2)
+    counts, reasons = [], []
+    for _ in range(40):
+        n = tuner.num_workers
+        counts.append(n)
+        moved = tuner.observe(_cpu_bound(n, 300.0 * n, idle=0.6 - 0.2 * n), starved)
+        reasons.append(tuner.reason if moved is not None else "")
+    yields = [i for i, r in enumerate(reasons) if r.startswith("yielding")]
+    backs = [i for i, r in enumerate(reasons) if r.startswith("taking CPU back")]
+    assert yields and backs and len(backs) == len(yields), reasons
+    assert counts[-1] == 2 or counts[-2] == 2
+    gaps = [b - a for a, b in itertools.pairwise(yields)]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0], yields  # backs off
+    assert counts.count(1) <= 3 * len(yields)
+
+
+def test_a_loader_grows_into_the_cpu_of_a_yielding_peer_it_outranks() -> None:
     w = _cpu_bound(2, 600.0, worth=0.3)
     alone = WorkerTuner(start=2)
     alone.observe(w, Room(ceiling=64, idle_cpus=0.0))
     assert alone.num_workers <= 2  # no idle CPU: no growth
-    for peer, grows in ((Peer(0.2, 1.0, True), True), (Peer(0.28, 1.0, True), False)):
+    cases = (
+        (Peer(0.2, 1.0, True, 0.5, yielding=True), True),
+        (Peer(0.2, 1.0, True, 0.5, yielding=False), False),  # not given up: not taken
+        (Peer(0.28, 1.0, True, 0.5, yielding=True), False),  # within the margin
+    )
+    for peer, grows in cases:
         tuner = WorkerTuner(start=2)
         tuner.observe(w, Room(ceiling=64, idle_cpus=0.0, peers=(peer,)))
         assert (tuner.num_workers == 3) is grows, (peer, tuner.reason)
@@ -250,11 +286,11 @@ def test_a_loader_grows_into_the_cpu_of_a_peer_it_outranks() -> None:
 def test_a_change_of_the_peers_cpu_starts_a_new_search() -> None:
     tuner = WorkerTuner(start=3)
     tuner.phase, tuner.measured = "hold", {3: 900.0}
-    room = Room(ceiling=64, idle_cpus=0.0, peers=(Peer(0.2, 0.1, False),))
+    room = Room(ceiling=64, idle_cpus=0.0, peers=(Peer(0.2, 0.1, False, 0.5, True),))
     tuner.observe(_cpu_bound(3, 900.0, worth=0.3), room)
     assert tuner.phase == "hold" and tuner.searches == 1
-    more = Room(ceiling=64, idle_cpus=0.0, peers=(Peer(0.2, 1.0, False),))  # it holds a CPU now
-    tuner.observe(_cpu_bound(3, 900.0, worth=0.3), more)
+    more = Room(ceiling=64, idle_cpus=0.0, peers=(Peer(0.2, 1.0, False, 0.5, True),))
+    tuner.observe(_cpu_bound(3, 900.0, worth=0.3), more)  # it yields a CPU now
     assert tuner.searches == 2 and tuner.num_workers > 3, tuner.reason
 
 
@@ -336,7 +372,9 @@ def test_two_tuned_cpu_bound_jobs_give_the_cpu_to_the_one_that_makes_more_of_it(
             counts = [t.num_workers for t in tuners]
             used = _share_cpus(jobs, counts, cpus)
             windows = [_shared_window(j, n, u) for j, n, u in zip(jobs, counts, used, strict=True)]
-            published = [Peer.of(w, u) for w, u in zip(windows, used, strict=True)]
+            published = [
+                Peer.of(w, u, t.yielding) for w, u, t in zip(windows, used, tuners, strict=True)
+            ]
             for i, (t, w) in enumerate(zip(tuners, windows, strict=True)):
                 others = tuple(p for k, p in enumerate(published) if k != i) if peers else ()
                 t.observe(w, Room(ceiling=32, idle_cpus=max(cpus - sum(used), 0.0), peers=others))
@@ -357,7 +395,9 @@ def test_two_equal_jobs_as_peers_do_not_trade_cpu() -> None:
         counts = [t.num_workers for t in tuners]
         used = _share_cpus(jobs, counts, 2.0)
         windows = [_shared_window(j, n, u) for j, n, u in zip(jobs, counts, used, strict=True)]
-        published = [Peer.of(w, u) for w, u in zip(windows, used, strict=True)]
+        published = [
+            Peer.of(w, u, t.yielding) for w, u, t in zip(windows, used, tuners, strict=True)
+        ]
         for i, (t, w) in enumerate(zip(tuners, windows, strict=True)):
             peer = (published[1 - i],)
             t.observe(w, Room(ceiling=32, idle_cpus=max(2.0 - sum(used), 0.0), peers=peer))
