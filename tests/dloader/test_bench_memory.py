@@ -18,9 +18,10 @@ def test_bench_memory_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     out, plot = tmp_path / "m.json", tmp_path / "m.png"
     argv = ["--paths", "150000", "--workers", "1", "--seconds", "2", "--json", str(out)]
     assert bench_memory.main([*argv, "--plot", str(plot)]) == 0
-    runs = json.loads(out.read_text())["runs"]
+    data = json.loads(out.read_text())
+    runs = data["runs"]
     assert set(runs) == {"list/1", "StringArray/1"}
     copied = runs["list/1"]["worker_uss_mib"] - runs["StringArray/1"]["worker_uss_mib"]
-    assert copied > 0.5 * json.loads(out.read_text())["list_mib"] > 0
+    assert copied > 0.5 * data["list_mib"] > 0
     assert plot.stat().st_size > 0
     assert "USS per worker" in capsys.readouterr().out
