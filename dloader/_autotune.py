@@ -211,7 +211,7 @@ class AutoTuner:
                 continue
             end = self._mark(s)
             window = self._window(mark, end, s)
-            board.publish(Peer.of(window, self._worker_cpus(mark, end), self.tuner.yielding))
+            board.publish(Peer.of(window, self._worker_cpus(mark, end), self.tuner))
             room = self._room(mark, end, s, loader.worker_bound())
             phase = self.tuner.phase
             decision = self.tuner.observe(window, room)

@@ -102,6 +102,7 @@ class PeerBoard:
             "starved": peer.starved,
             "busy": peer.busy,
             "yielding": peer.yielding,
+            "settled": peer.settled,
         }
         tmp = self.path.with_suffix(".tmp")
         try:
@@ -153,7 +154,7 @@ class PeerBoard:
             r = json.loads(data)
             pid, when = r["pid"], r["time"]
             worth, cpus, starved, busy = r["worth"], r["cpus"], r["starved"], r["busy"]
-            yielding = r["yielding"]
+            yielding, settled = r["yielding"], r["settled"]
         except (OSError, ValueError, KeyError, TypeError):
             return None
         numbers = (when, worth, cpus, busy)
@@ -162,13 +163,15 @@ class PeerBoard:
             or pid <= 0
             or type(starved) is not bool
             or type(yielding) is not bool
+            or type(settled) is not bool
         ):
             return None
         if not all(isinstance(x, int | float) and math.isfinite(x) for x in numbers):
             return None
         if worth < 0 or not 0 <= cpus <= 4096 or not 0 <= busy <= 1:
             return None
-        return pid, float(when), Peer(float(worth), float(cpus), starved, float(busy), yielding)
+        peer = Peer(float(worth), float(cpus), starved, float(busy), yielding, settled)
+        return pid, float(when), peer
 
     @staticmethod
     def _remove(path: Path) -> None:

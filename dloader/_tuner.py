@@ -26,19 +26,27 @@ measured. A model only says where to look first:
 Growth is bounded by what the process may use: never more workers than the memory room allows
 at the largest private memory a worker has been measured at, and a CPU-hungry worker is only
 added into CPU time that nobody used in the window (so two tuned loaders on one machine, each
-seeing the other's use, do not outbid each other). When the memory room goes below zero, the
-tuner sheds workers, whatever the phase.
+seeing the other's use, do not outbid each other): as many as that time holds at the workers'
+CPU share, rounded. While the trainer waits, one more is always measured: into at least
+:data:`SPARE_CPU` left idle, or, with no peer on the board, into no idle CPU at all (CPU-bound
+workers also leave gaps in the in-order stream that one more fills: the text pipeline here
+delivered 13% more at 3 workers than at 2 on 2 CPUs, with no CPU left idle at 2). A count is
+kept only if it measured better. When the memory room goes below zero, the tuner sheds
+workers, whatever the phase.
 
 **Peers.** The "auto" loaders of one user on one machine publish what a CPU-second is worth to
 each (:attr:`Window.worth`: seconds of the trainer's compute fed per second of a worker's CPU)
 and whether their trainer waits for CPU-bound workers (:class:`Peer`). A loader outranked by a
-waiting peer (whose worth is :data:`PEER_MARGIN` above its own) while no CPU is idle yields: it
-halves its workers, window after window, until CPU is left idle or the peer no longer waits (or
-it is at its minimum); the peer grows into the idle CPU. The node's CPU then goes where it
+waiting peer (whose worth is :data:`PEER_MARGIN` above its own) while no CPU is idle, both
+holding their counts (so that what the machine's trainers do next is the yield's doing, not a
+search's), yields: it halves its workers, one yield after another, until CPU is left idle or
+the peer no longer waits (or it is at its minimum, where it yields in place: its worker's CPU
+is the peer's to take); the peer grows into the idle CPU. The node's CPU then goes where it
 feeds the most accelerator time, as the sidecar's policy would place it. A yield is a trial:
-:data:`YIELD_JUDGE` windows later the machine's trainers (this one's and the peers'
-:attr:`Peer.busy`) must be busier, else the loader takes its workers back. No loader takes a
-peer's CPU unasked: CPU changes hands only by a yield that paid.
+over the :data:`YIELD_JUDGE` windows after it (the first left out), the machine's trainers (this
+one's and the peers' :attr:`Peer.busy`) must be busier than over the windows before it, else
+the loader takes its workers back. No loader takes a peer's CPU unasked: CPU changes hands only
+by a yield that paid.
 """
 
 from __future__ import annotations
@@ -77,9 +85,12 @@ PEER_MARGIN = 0.2
 #: A change of the CPU that outranked peers' workers use (CPUs) after which the measurements so
 #: far were taken under other neighbours: the search starts again from the current count.
 PEER_SHIFT = 0.25
-#: Windows after a yield at which it is judged: the trainers' busy time on the machine (its own
-#: and its peers') must have risen by :data:`GAIN`, else the loader takes its workers back.
-YIELD_JUDGE = 2
+#: Windows after a yield at which it is judged: over them, the first left out (the peer is
+#: still growing into the CPU), the trainers' busy time on the machine (its own and its peers')
+#: must have risen by :data:`GAIN` over the (up to two) windows before the yield, else the
+#: loader takes its workers back. Means of two windows: one window's busy time on a shared
+#: machine moves by about as much as a yield gains.
+YIELD_JUDGE = 3
 #: Windows during which a loader whose yield did not pay does not yield again; doubled after
 #: each such yield, up to :data:`YIELD_BAN_MAX`.
 YIELD_BAN = 6
@@ -152,12 +163,17 @@ class Peer:
     yielding: bool = False
     """It gave up workers to an outranking peer (:attr:`WorkerTuner.yielding`): the CPU its
     workers still use is the outranking peer's to take."""
+    settled: bool = False
+    """Its tuner held its count over the window (:attr:`WorkerTuner.settled`): a change of its
+    trainer's busy time from here on is not its own search's doing."""
 
     @classmethod
-    def of(cls, w: Window, cpus: float, yielding: bool = False) -> Peer:
-        """What a loader publishes after measuring ``w`` (its workers used ``cpus``)."""
+    def of(cls, w: Window, cpus: float, tuner: WorkerTuner | None = None) -> Peer:
+        """What a loader publishes after measuring ``w`` (its workers used ``cpus``; ``tuner``:
+        its tuner, before it takes ``w``)."""
         starved = w.idle >= IDLE_LOW and w.cpu_share >= CPU_LIGHT
-        return cls(w.worth, cpus, starved, 1.0 - w.idle, yielding)
+        yielding, settled = (tuner.yielding, tuner.settled) if tuner else (False, False)
+        return cls(w.worth, cpus, starved, 1.0 - w.idle, yielding, settled)
 
     def outranks(self, worth: float) -> bool:
         """Whether a CPU-second is worth :data:`PEER_MARGIN` more to this peer than ``worth``."""
@@ -188,12 +204,17 @@ class Room:
         """CPUs' worth the workers of yielding peers outranked by a loader of ``worth`` use."""
         return sum(p.cpus for p in self.peers if p.yielding and _outranks(worth, p.worth))
 
-    def outranked(self, w: Window) -> Peer | None:
-        """A peer that is starved and outranks the loader of ``w``, while no CPU is idle and the
-        loader's workers use CPU (so fewer of them free some); ``None`` if there is none."""
+    def outranked(self, w: Window, settled: bool = False) -> Peer | None:
+        """A peer that is starved and outranks the loader of ``w`` (and holds its count, if
+        ``settled``), while no CPU is idle and the loader's workers use CPU (so fewer of them
+        free some); ``None`` if there is none."""
         if self.idle_cpus is None or self.idle_cpus >= SPARE_CPU or w.worth <= 0:
             return None
-        starved = [p for p in self.peers if p.starved and p.outranks(w.worth)]
+        starved = [
+            p
+            for p in self.peers
+            if p.starved and p.outranks(w.worth) and (p.settled or not settled)
+        ]
         return max(starved, key=lambda p: p.worth) if starved else None
 
     def busy(self, w: Window) -> float:
@@ -228,14 +249,21 @@ class WorkerTuner:
     _held: int = field(init=False, default=0)
     _probe: tuple[int, float] | None = field(init=False, default=None)
     _peer_cpus: float = field(init=False, default=0.0)
-    _yield: tuple[int, float, float, int] | None = field(init=False, default=None)
-    """The last yield until judged: (count before, its rate, the machine's busy time, windows
-    since)."""
+    _yield: tuple[int, float, float, tuple[float, ...]] | None = field(init=False, default=None)
+    """The last yield until judged: (count before, its rate, the machine's busy time before,
+    the machine's busy time in each window since)."""
+    _busy: list[float] = field(init=False, default_factory=list)
+    """The machine's busy time in the last (up to two) windows at the current count."""
     _no_yield: int = field(init=False, default=0)
     yielding: bool = field(init=False, default=False)
     """It holds fewer workers than it had because it yielded (until it takes them back or
     searches again): a peer that outranks it may take the CPU its workers use."""
     _yield_ban: int = field(init=False, default=YIELD_BAN)
+
+    @property
+    def settled(self) -> bool:
+        """It holds its count: its search ended, and no probe nor yield is being measured."""
+        return self.phase == "hold" and self._probe is None and self._yield is None
 
     def __post_init__(self) -> None:
         if not 0 <= self.minimum <= self.maximum:
@@ -269,7 +297,10 @@ class WorkerTuner:
         share = w.cpu_share
         if room.idle_cpus is not None and share >= CPU_LIGHT:
             free = room.idle_cpus + room.peer_cpus(w.worth)
-            cap = min(cap, n + max(math.floor(free / share + 0.5), 0))
+            grow = max(math.floor(free / share + 0.5), 0)
+            if w.idle >= IDLE_LOW and (free >= SPARE_CPU or not room.peers):
+                grow = max(grow, 1)  # the trainer waits: one more is measured, kept if it pays
+            cap = min(cap, n + grow)
             if room.outranked(w) is not None:
                 cap = min(cap, n)
         return max(cap, n if n >= self.minimum else self.minimum)
@@ -283,7 +314,7 @@ class WorkerTuner:
         self.reason = reason
         if n == self.num_workers:
             return None
-        self.num_workers = n
+        self.num_workers, self._busy = n, []
         return n
 
     # ------------------------------------------------------------------ the decision
@@ -294,6 +325,7 @@ class WorkerTuner:
         if w.num_workers != self.num_workers or w.batches == 0:
             return None  # measured before the last change applied, or nothing delivered
         self.history.append((w.num_workers, w.rate))
+        self._busy = [*self._busy[-1:], room.busy(w)]
         if room.memory is not None and room.memory < 0 and w.num_workers > self.minimum:
             per = room.worker_memory or 1
             shed = max(1, math.ceil(-room.memory / per))
@@ -307,16 +339,21 @@ class WorkerTuner:
         self._no_yield = max(self._no_yield - 1, 0)
         if self._yield is not None:
             return self._judge_yield(w, room)
-        peer = room.outranked(w)
-        if peer is not None and w.num_workers > self.minimum and not self._no_yield:
+        peer = room.outranked(w, settled=True) if self.settled else None
+        fewer = w.num_workers > self.minimum
+        if peer is not None and (fewer or not self.yielding) and not self._no_yield:
+            # At its minimum it cannot shed a worker, but it can say that its workers' CPU is
+            # the peer's to take (as a yield to fewer, judged the same way).
             n = max(self.minimum, w.num_workers // 2)
-            self._yield, self.yielding = (w.num_workers, w.rate, room.busy(w), 0), True
+            busy = sum(self._busy) / len(self._busy)
+            self._yield, self.yielding = (w.num_workers, w.rate, busy, ()), True
             self.phase, self.measured, self._probe = "hold", {}, None
             self._reference = None
             return self._move(
                 n,
                 f"yielding CPU: another loader on this machine makes {peer.worth / w.worth:.1f}x "
-                f"as much of a CPU-second and waits for data; down to {n} workers",
+                "as much of a CPU-second and waits for data; "
+                + (f"down to {n} workers" if fewer else f"its {n} workers' CPU is its to take"),
             )
         if abs(self._peer_cpus - before) > PEER_SHIFT:
             self._probe = None  # measured under other neighbours: measure again from here
@@ -327,7 +364,9 @@ class WorkerTuner:
                 return self._probed(w, room)
             if self._reference is None and self.measured and w.num_workers in self.measured:
                 return self._confirm(w)
-            if not self._drifted(w):
+            if self.yielding or not self._drifted(w):
+                # A yielding loader's windows drift as its peer grows into the CPU: a search
+                # would undo the yield. A probe finds the CPU a leaving peer frees.
                 return self._maybe_probe(w, room)
             self._restart()
         return self._search(w, room)
@@ -338,11 +377,12 @@ class WorkerTuner:
         this loader did), else the loader takes its workers back and does not yield again for
         a while (:data:`YIELD_BAN` windows, doubled each time, up to :data:`YIELD_BAN_MAX`)."""
         assert self._yield is not None
-        n, rate, busy, seen = self._yield
-        if seen + 1 < YIELD_JUDGE:
-            self._yield = (n, rate, busy, seen + 1)
-            return None  # the peer is still growing into the CPU
-        self._yield, now = None, room.busy(w)
+        n, rate, busy, after = self._yield
+        after = (*after, room.busy(w))
+        if len(after) < YIELD_JUDGE:
+            self._yield = (n, rate, busy, after)
+            return None  # the peer is still growing into the CPU, or one window is too few
+        self._yield, now = None, sum(after[1:]) / (len(after) - 1)
         if now > busy * (1 + GAIN):
             self._yield_ban = YIELD_BAN
             return None

@@ -15,7 +15,7 @@ from dloader._peers import MAX_BYTES, MAX_PEERS, STALE_S, PeerBoard
 from dloader._tuner import Peer
 from dloader.errors import ConfigError
 
-PEER = Peer(worth=0.3, cpus=1.25, starved=True)
+PEER = Peer(worth=0.3, cpus=1.25, starved=True, busy=0.4, yielding=True, settled=True)
 
 
 def test_loaders_see_each_others_records_but_not_their_own(tmp_path: Path) -> None:
@@ -50,6 +50,7 @@ def test_stale_dead_and_malformed_records_are_skipped(tmp_path: Path) -> None:
             "starved": True,
             "busy": 0.5,
             "yielding": False,
+            "settled": True,
         }
         path.write_text(json.dumps({**base, **fields}))
         return path
@@ -60,6 +61,7 @@ def test_stale_dead_and_malformed_records_are_skipped(tmp_path: Path) -> None:
     record("huge.json", cpus=1e9)
     record("busier.json", busy=1.5)
     record("yielding.json", yielding=1)
+    record("settled.json", settled=None)
     record("bool.json", starved="yes")
     record("pid.json", pid="1")
     (me.dir / "garbage.json").write_text("{not json")
@@ -69,7 +71,7 @@ def test_stale_dead_and_malformed_records_are_skipped(tmp_path: Path) -> None:
     assert me.peers(now=1000.0) == ()
     assert not dead.exists()  # its process is gone
     good = record("good.json")
-    assert me.peers(now=1000.0) == (Peer(0.3, 1.0, True, 0.5),)
+    assert me.peers(now=1000.0) == (Peer(0.3, 1.0, True, 0.5, settled=True),)
     good.unlink()
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from dloader._tuner import TOLERANCE, Peer, Room, Window, WorkerTuner
+from dloader._tuner import TOLERANCE, YIELD_JUDGE, Peer, Room, Window, WorkerTuner
 
 
 @dataclass
@@ -72,14 +72,46 @@ def test_a_job_the_trainer_limits_keeps_few_workers() -> None:
     assert max(counts) == 4  # never grew
 
 
-def test_a_cpu_bound_worker_is_only_added_into_idle_cpu() -> None:
+#: Another tuned loader on the machine, content (its trainer does not wait).
+CALM = Peer(worth=0.1, cpus=1.0, starved=False, busy=1.0)
+
+
+def test_with_a_peer_a_cpu_bound_worker_is_only_added_into_idle_cpu() -> None:
     job = Job(fetch_s=0.13, compute_s=0.027, cpu_share=1.0)
     tuner = WorkerTuner(start=2)
-    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=0.1))
+    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=0.1, peers=(CALM,)))
     assert max(counts) == 2, counts
     tuner = WorkerTuner(start=2)
-    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=3.0))
+    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=3.0, peers=(CALM,)))
     assert max(counts) <= 5, counts  # three more CPUs idle: at most three more workers
+
+
+def test_alone_a_waiting_trainer_measures_one_more_cpu_bound_worker_and_keeps_what_pays() -> None:
+    """No CPU is idle at 2 workers, yet 3 deliver 13% more (gaps in the in-order stream) and 4
+    less: with no peer on the board it climbs one at a time and holds 3."""
+    rates = {1: 600.0, 2: 1150.0, 3: 1300.0, 4: 1250.0, 5: 1200.0, 6: 1150.0}
+    tuner = WorkerTuner(start=2, maximum=6)
+    counts = []
+    for _ in range(30):
+        n = tuner.num_workers
+        counts.append(n)
+        tuner.observe(_cpu_bound(n, rates[n], idle=0.3), Room(ceiling=64, idle_cpus=0.0))
+    assert tuner.phase == "hold" and counts[-1] == 3, counts
+    assert max(counts) == 4, counts  # one step past the best, measured, given back
+
+
+def test_a_waiting_trainer_gets_one_more_cpu_bound_worker_into_less_than_a_cpu_left() -> None:
+    job = Job(fetch_s=0.13, compute_s=0.027, cpu_share=1.0)
+
+    def room(n: int) -> Room:  # 0.4 CPU left at two workers, none at three; another loader
+        return Room(ceiling=64, idle_cpus=max(0.4 - (n - 2), 0.0), peers=(CALM,))
+
+    tuner = WorkerTuner(start=2)
+    counts = drive(tuner, job, room)
+    assert max(counts) == 3, counts  # 0.4 of a CPU rounds to no worker; the waiting trainer wins
+    tuner = WorkerTuner(start=2)
+    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=0.2, peers=(CALM,)))
+    assert max(counts) == 2, counts  # with a peer, below SPARE_CPU: nothing to grow into
 
 
 def test_growth_stops_at_the_memory_room() -> None:
@@ -154,9 +186,10 @@ def test_the_held_count_is_confirmed_by_a_second_measurement() -> None:
 def test_while_the_trainer_waits_it_probes_one_more_worker_and_follows_up() -> None:
     job = Job(fetch_s=0.13, compute_s=0.027, cpu_share=1.0)  # CPU-bound, wants ~5 workers
     tuner = WorkerTuner(start=2)
-    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=0.0), windows=10)
+    crowded = Room(ceiling=64, idle_cpus=0.0, peers=(CALM,))
+    counts = drive(tuner, job, crowded, windows=10)
     assert set(counts) <= {1, 2} and tuner.phase == "hold"  # no idle CPU: it cannot grow
-    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=4.0), windows=40)  # a neighbour left
+    counts = drive(tuner, job, Room(ceiling=64, idle_cpus=4.0), windows=40)  # the peer left
     assert counts[-1] >= 5 and tuner.searches >= 2, counts
     assert job.window(counts[-1]).rate >= job.window(64).rate * (1 - TOLERANCE)
 
@@ -209,48 +242,63 @@ def _cpu_bound(n: int, rate: float, worth: float = 0.2, idle: float = 0.3) -> Wi
     return Window(n, 2.0, batches * 32, batches, 2.0 * idle, compute / worth, compute / worth)
 
 
+def _holding(n: int, rate: float) -> WorkerTuner:
+    """A tuner whose search ended at ``n`` workers measured at ``rate``."""
+    tuner = WorkerTuner(start=n)
+    tuner.phase, tuner.measured = "hold", {n: rate}
+    return tuner
+
+
 def test_a_loader_yields_its_cpu_to_a_waiting_peer_that_makes_more_of_it() -> None:
     w = _cpu_bound(4, 600.0, worth=0.2)
     assert w.worth == pytest.approx(0.2)
 
-    def peer(busy: float) -> Room:  # a starved peer whose trainer computes ``busy`` of the time
-        return Room(ceiling=64, idle_cpus=0.0, peers=(Peer(0.3, 1.0, True, busy),))
+    def peer(busy: float) -> Room:  # a starved, settled peer whose trainer computes ``busy``
+        return Room(ceiling=64, idle_cpus=0.0, peers=(Peer(0.3, 1.0, True, busy, settled=True),))
 
-    tuner = WorkerTuner(start=4)
+    tuner = _holding(4, 600.0)
     assert tuner.observe(w, peer(0.4)) == 2  # the machine: 0.7 + 0.4 trainers busy
     assert tuner.phase == "hold" and "yielding CPU" in tuner.reason and "1.5x" in tuner.reason
     w2 = _cpu_bound(2, 400.0, worth=0.2)  # 0.7 busy: its trainer computes as long per step
     assert tuner.observe(w2, peer(0.6)) is None  # the peer is still growing into the CPU
+    assert tuner.observe(w2, peer(0.6)) is None
     assert tuner.observe(w2, peer(0.6)) is None  # judged: 1.1 -> 1.3, it paid
-    freed = Room(ceiling=64, idle_cpus=0.5, peers=(Peer(0.3, 1.0, True, 0.6),))
+    freed = Room(ceiling=64, idle_cpus=0.5, peers=(Peer(0.3, 1.0, True, 0.6, settled=True),))
     assert tuner.observe(w2, freed) is None and tuner.num_workers == 2  # CPU left idle: enough
     assert tuner.observe(w2, peer(0.6)) == 1
-    tuner.observe(_cpu_bound(1, 200.0), peer(0.8))
-    tuner.observe(_cpu_bound(1, 200.0), peer(0.8))  # judged: 1.3 -> 1.5, it paid
+    for _ in range(3):
+        tuner.observe(_cpu_bound(1, 200.0), peer(0.8))  # judged: 1.3 -> 1.5, it paid
+    assert tuner.num_workers == 1 and tuner.yielding
     # At its minimum it holds there, and does not grow (nor probe) while the peer still waits.
     for _ in range(12):
         tuner.observe(_cpu_bound(1, 200.0), peer(0.8))
         assert tuner.num_workers == 1, tuner.reason
 
-    starved = Peer(worth=0.3, cpus=1.0, starved=True)
+    starved = Peer(worth=0.3, cpus=1.0, starved=True, settled=True)
 
-    def yields(peer: Peer, idle_cpus: float = 0.0, window: Window = w) -> bool:
-        tuner = WorkerTuner(start=4)
+    def yields(
+        peer: Peer, idle_cpus: float = 0.0, window: Window = w, tuner: WorkerTuner | None = None
+    ) -> bool:
+        tuner = tuner or _holding(4, 600.0)
         tuner.observe(window, Room(ceiling=64, idle_cpus=idle_cpus, peers=(peer,)))
         return "yielding" in tuner.reason
 
-    assert not yields(Peer(0.3, 1.0, starved=False))  # the peer's trainer does not wait
-    assert not yields(Peer(0.23, 1.0, starved=True))  # within the margin: no trade
+    assert yields(starved)
+    assert not yields(Peer(0.3, 1.0, starved=False, settled=True))  # its trainer does not wait
+    assert not yields(Peer(0.23, 1.0, starved=True, settled=True))  # within the margin
     assert not yields(starved, idle_cpus=0.5)  # CPU is idle: the peer can take that
+    # Not while either searches: the trainers' busy time would then move for other reasons.
+    assert not yields(Peer(0.3, 1.0, starved=True, settled=False))
+    assert not yields(starved, tuner=WorkerTuner(start=4))
     io_bound = Window(4, 2.0, 1200, 38, 0.6, 0.2, 0.002)  # workers wait on I/O, not CPU
-    assert io_bound.worth == 0.0 and not yields(Peer(9.0, 1.0, starved=True), window=io_bound)
+    assert io_bound.worth == 0.0 and not yields(Peer(9.0, 1.0, True, settled=True), window=io_bound)
 
 
 def test_a_yield_that_leaves_the_machine_no_busier_is_taken_back() -> None:
     """The peer makes more of a CPU-second on paper but cannot use more (its trainer is held
     by something else): the loader measures that, takes its workers back, and does not yield
     again for a while, longer each time."""
-    starved = Room(ceiling=64, idle_cpus=0.0, peers=(Peer(0.9, 0.3, True, 0.9),))
+    starved = Room(ceiling=64, idle_cpus=0.0, peers=(Peer(0.9, 0.3, True, 0.9, settled=True),))
     tuner = WorkerTuner(start=2)
     counts, reasons = [], []
     for _ in range(40):
@@ -264,14 +312,30 @@ def test_a_yield_that_leaves_the_machine_no_busier_is_taken_back() -> None:
     assert counts[-1] == 2 or counts[-2] == 2
     gaps = [b - a for a, b in itertools.pairwise(yields)]
     assert gaps == sorted(gaps) and gaps[-1] > gaps[0], yields  # backs off
-    assert counts.count(1) <= 3 * len(yields)
+    assert counts.count(1) <= YIELD_JUDGE * len(yields) + 1  # the trials, and the search's
+
+
+def test_a_yield_is_judged_on_means_of_windows_not_one_lucky_window() -> None:
+    """Before the yield the machine's trainers were busy 1.1 (0.7 + 0.4); after it, one window
+    reads 1.2 and the next 1.0: no gain on average, so the workers are taken back."""
+    tuner = _holding(4, 600.0)
+
+    def peer(busy: float) -> Room:
+        return Room(ceiling=64, idle_cpus=0.0, peers=(Peer(0.3, 1.0, True, busy, settled=True),))
+
+    assert tuner.observe(_cpu_bound(4, 600.0, worth=0.2), peer(0.4)) == 2
+    w2 = _cpu_bound(2, 400.0, worth=0.2)
+    assert tuner.observe(w2, peer(0.4)) is None  # left out: the peer is growing
+    assert tuner.observe(w2, peer(0.5)) is None  # 1.2: one window would have passed it
+    assert tuner.observe(w2, peer(0.3)) == 4, tuner.reason  # 1.0: a mean of 1.1, no gain
+    assert "taking CPU back" in tuner.reason and not tuner.yielding
 
 
 def test_a_loader_grows_into_the_cpu_of_a_yielding_peer_it_outranks() -> None:
     w = _cpu_bound(2, 600.0, worth=0.3)
-    alone = WorkerTuner(start=2)
-    alone.observe(w, Room(ceiling=64, idle_cpus=0.0))
-    assert alone.num_workers <= 2  # no idle CPU: no growth
+    crowded = WorkerTuner(start=2)
+    crowded.observe(w, Room(ceiling=64, idle_cpus=0.0, peers=(CALM,)))
+    assert crowded.num_workers <= 2  # no idle CPU, a peer that does not yield: no growth
     cases = (
         (Peer(0.2, 1.0, True, 0.5, yielding=True), True),
         (Peer(0.2, 1.0, True, 0.5, yielding=False), False),  # not given up: not taken
@@ -368,21 +432,31 @@ def test_two_tuned_cpu_bound_jobs_give_the_cpu_to_the_one_that_makes_more_of_it(
 
     def run(peers: bool) -> list[int]:
         tuners = [WorkerTuner(start=2, maximum=32) for _ in jobs]
-        for _ in range(30):
+        for _ in range(40):
             counts = [t.num_workers for t in tuners]
             used = _share_cpus(jobs, counts, cpus)
             windows = [_shared_window(j, n, u) for j, n, u in zip(jobs, counts, used, strict=True)]
-            published = [
-                Peer.of(w, u, t.yielding) for w, u, t in zip(windows, used, tuners, strict=True)
-            ]
+            published = [Peer.of(w, u, t) for w, u, t in zip(windows, used, tuners, strict=True)]
             for i, (t, w) in enumerate(zip(tuners, windows, strict=True)):
                 others = tuple(p for k, p in enumerate(published) if k != i) if peers else ()
-                t.observe(w, Room(ceiling=32, idle_cpus=max(cpus - sum(used), 0.0), peers=others))
+                room = Room(ceiling=32, idle_cpus=max(cpus - sum(used), 0.0), peers=others)
+                said = t.reason
+                t.observe(w, room)
+                if t.reason != said:
+                    changes.append(t.reason)
         return [t.num_workers for t in tuners]
 
+    changes: list[str] = []
     alone = run(peers=False)
+    changes.clear()
     together = run(peers=True)
     assert together[0] == 1 and together[1] >= 4, together
+    # Both search (one step down each: at 1 and 2 workers the JPEG job gets the same CPU);
+    # then the JPEG job, at its minimum, yields in place, for good: the text job's growth into
+    # its CPU is no drift that would start its search again.
+    yields = [r for r in changes if r.startswith("yielding")]
+    assert len(yields) == 1 and "CPU is its to take" in yields[0], changes
+    assert not any(r.startswith("taking CPU back") for r in changes), changes
     assert _score(jobs, together, cpus) >= 0.95 * best, (together, best)
     assert _score(jobs, together, cpus) > 1.1 * _score(jobs, alone, cpus), (alone, together)
 
@@ -395,9 +469,7 @@ def test_two_equal_jobs_as_peers_do_not_trade_cpu() -> None:
         counts = [t.num_workers for t in tuners]
         used = _share_cpus(jobs, counts, 2.0)
         windows = [_shared_window(j, n, u) for j, n, u in zip(jobs, counts, used, strict=True)]
-        published = [
-            Peer.of(w, u, t.yielding) for w, u, t in zip(windows, used, tuners, strict=True)
-        ]
+        published = [Peer.of(w, u, t) for w, u, t in zip(windows, used, tuners, strict=True)]
         for i, (t, w) in enumerate(zip(tuners, windows, strict=True)):
             peer = (published[1 - i],)
             t.observe(w, Room(ceiling=32, idle_cpus=max(2.0 - sum(used), 0.0), peers=peer))
