@@ -6,18 +6,25 @@ JPEG, text and remote-read pipelines), each a separate process as a user would r
 * ``fixed N`` for every N of ``--counts``: samples/s over the run after ``--warmup`` seconds;
 * ``auto``: samples/s over its whole run after the same warm-up, so the search's cost counts;
   when its first search ended (it held a count), and the last change of its worker count (a
-  later change: a probe of one more worker, or a new search when the job drifted).
+  later change: a probe of one more worker, or a new search when the job drifted);
+* ``again``: the best count of the sweep and ``auto`` once more each, ``--repeats`` times,
+  alternating, each as long as an auto run. The best of the sweep's noisy means is biased
+  upwards (the winner's curse); measured again, it is not, and auto is compared with both.
 
 Then pairs of jobs side by side (``--pairs``): both ``auto`` (``--repeats`` runs, mean) against
 the best static split, found by a coordinate search over the two counts (from each job's best
-count alone, each job's count varied over ``--counts`` in turn until no change helps). Score of
-a pair: the sum of each job's samples/s over its accelerator limit.
+count alone, each job's count varied over ``--counts`` in turn until no change helps; a job
+not in ``--profiles`` gets one fixed sweep to find that count). Score of
+a pair: the sum of each job's samples/s over its accelerator limit. The split the search found
+is the best of many short noisy runs, so its score there is biased upward (the winner's curse):
+it is run again, as long as ``auto`` and alternating with it, and ``auto`` is compared with
+both scores.
 
-    python -m benchmarks.bench_autotune              # ~70 min (two passes)
+    python -m benchmarks.bench_autotune              # ~2 h (two passes, and again)
     python -m benchmarks.bench_autotune --quick      # ~4 min: two profiles, short runs
 
 Prints the tables, writes ``bench_autotune.json`` and ``bench_autotune.png`` (fixed counts as
-bars, auto as a line, per profile).
+bars, auto as a line, per profile; static split and auto scores as bars, per pair).
 """
 
 from __future__ import annotations
@@ -60,19 +67,32 @@ def run(
     return run_jobs(jobs, folder, seconds=seconds, extra=extra)
 
 
+def sweep(
+    name: str,
+    fixed: dict[int, list[float]],
+    rep: int,
+    args: argparse.Namespace,
+    folder: Path,
+    extra: Sequence[str],
+) -> None:
+    """One pass of ``name`` alone at every count of ``--counts`` (in reverse on odd passes),
+    each run's samples/s appended to ``fixed``."""
+    counts = list(args.counts) if rep % 2 == 0 else list(reversed(args.counts))
+    for n in counts:
+        print(f"  {name}: fixed {n} x {args.fixed_seconds:g} s", file=sys.stderr, flush=True)
+        r = run([(name, n)], args.fixed_seconds, folder, extra)[name]
+        fixed.setdefault(n, []).append(_rate(r, args.warmup, args.fixed_seconds))
+
+
 def alone(
     name: str, args: argparse.Namespace, folder: Path, extra: Sequence[str]
 ) -> dict[str, Any]:
     """The fixed sweep and the auto run of one profile, ``--repeats`` passes (each pass: the
     sweep, then auto; the order of the sweep alternates), means per configuration."""
-    fixed: dict[int, list[float]] = {n: [] for n in args.counts}
+    fixed: dict[int, list[float]] = {}
     autos, runs = [], []
     for rep in range(args.repeats):
-        counts = list(args.counts) if rep % 2 == 0 else list(reversed(args.counts))
-        for n in counts:
-            print(f"  {name}: fixed {n} x {args.fixed_seconds:g} s", file=sys.stderr, flush=True)
-            r = run([(name, n)], args.fixed_seconds, folder, extra)[name]
-            fixed[n].append(_rate(r, args.warmup, args.fixed_seconds))
+        sweep(name, fixed, rep, args, folder, extra)
         print(f"  {name}: auto x {args.auto_seconds:g} s", file=sys.stderr, flush=True)
         r = run([(name, "auto")], args.auto_seconds, folder, extra)[name]
         autos.append(_rate(r, args.warmup, args.auto_seconds))
@@ -80,6 +100,15 @@ def alone(
     mean = {n: sum(v) / len(v) for n, v in fixed.items()}
     best = max(mean, key=lambda n: mean[n])
     auto = sum(autos) / len(autos)
+    again = []
+    for _ in range(args.repeats):
+        print(f"  {name}: fixed {best} again, then auto", file=sys.stderr, flush=True)
+        r = run([(name, best)], args.auto_seconds, folder, extra)[name]
+        again.append(_rate(r, args.warmup, args.auto_seconds))
+        r = run([(name, "auto")], args.auto_seconds, folder, extra)[name]
+        autos.append(_rate(r, args.warmup, args.auto_seconds))
+        runs.append(r)
+    late = sum(autos[args.repeats :]) / args.repeats
     return {
         "fixed": mean,
         "fixed_runs": fixed,
@@ -87,6 +116,10 @@ def alone(
         "auto": auto,
         "auto_runs": autos,
         "ratio": auto / mean[best],
+        "best_again_runs": again,
+        "best_again": sum(again) / len(again),
+        "auto_again": late,
+        "ratio_again": late / (sum(again) / len(again)),
         "settled_s": max(settled_at(r) for r in runs),
         "search_s": None
         if any(r.get("search_s") is None for r in runs)
@@ -123,41 +156,61 @@ def pair(
                 split = (n, best[1]) if axis == 0 else (best[0], n)
                 if total(split) > total(best):
                     best, improved = split, True
-    autos = []
+    autos, again = [], []
     for rep in range(args.repeats):
-        print(f"  {'+'.join(names)}: auto + auto ({rep + 1})", file=sys.stderr, flush=True)
+        label = f"  {'+'.join(names)}: ({rep + 1}) "
+        print(f"{label}static {best} again", file=sys.stderr, flush=True)
+        r = run(list(zip(names, best, strict=True)), args.auto_seconds, folder, extra)
+        again.append(score(r, args.warmup, args.auto_seconds)[0])
+        print(f"{label}auto + auto", file=sys.stderr, flush=True)
         r = run([(names[0], "auto"), (names[1], "auto")], args.auto_seconds, folder, extra)
         autos.append(score(r, args.warmup, args.auto_seconds)[0])
     auto, per = sum(autos) / len(autos), score(r, args.warmup, args.auto_seconds)[1]
+    static_again = sum(again) / len(again)
     return {
+        "start": [start[n] for n in names],
         "static_best": list(best),
         "static_score": seen[best],
+        "static_again_runs": again,
+        "static_again": static_again,
         "splits_tried": len(seen),
         "auto": auto,
         "auto_runs": autos,
         "ratio": auto / seen[best],
+        "ratio_again": auto / static_again,
         "auto_final_workers": {n: r[n]["timeline"][-1][3] for n in names},
         "auto_per_job": per,
     }
 
 
-def plot(results: dict[str, Any], png: Path) -> None:
+def plot(results: dict[str, Any], pairs: dict[str, Any], png: Path) -> None:
+    """One panel per profile alone (fixed counts as bars, auto as a line), then one per pair
+    (the static split's scores and auto's, as bars)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(results)
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.2), squeeze=False)
-    for ax, name in zip(axes[0], names, strict=True):
-        r = results[name]
+    panels = len(results) + len(pairs)
+    fig, axes = plt.subplots(1, panels, figsize=(3.2 * panels, 3.2), squeeze=False)
+    for ax, (name, r) in zip(axes[0], results.items(), strict=False):
         counts = sorted(r["fixed"])
         ax.bar([str(n) for n in counts], [r["fixed"][n] for n in counts], color="#9ab")
         ax.axhline(r["auto"], color="#c33", label=f"auto ({r['ratio']:.2f}x best)")
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("fixed num_workers")
+        ax.set_ylabel("samples/s")
         ax.legend(fontsize=7, loc="lower right")
-    axes[0][0].set_ylabel("samples/s")
+    for ax, (name, r) in zip(axes[0][len(results) :], pairs.items(), strict=True):
+        split = "/".join(map(str, r["static_best"]))
+        ax.bar(
+            [f"static {split}\n(search)", f"static {split}\n(again)", "auto"],
+            [r["static_score"], r["static_again"], r["auto"]],
+            color=["#9ab", "#9ab", "#c33"],
+        )
+        ax.set_title(f"{name}\nauto: {r['ratio_again']:.2f}x static again", fontsize=9)
+        ax.set_ylabel("score (sum of samples/s over limit)")
+        ax.tick_params(axis="x", labelsize=7)
     fig.suptitle(f"num_workers='auto' vs fixed counts\n{machine()}", fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -182,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profiles",
         default=",".join(ALL),
-        help="profiles to run alone, comma-separated (default: %(default)s)",
+        help="profiles to run alone, comma-separated; '' for none (a pair's job not listed "
+        "here gets one fixed sweep, no auto run) (default: %(default)s)",
     )
     parser.add_argument(
         "--pairs",
@@ -243,42 +297,54 @@ def main(argv: list[str] | None = None) -> int:
         for a, b in pairs:
             start = {}
             for n in (a, b):
-                if n not in results:
-                    results[n] = alone(n, args, folder, extra)
-                start[n] = results[n]["best_count"]
+                if n in results:
+                    start[n] = results[n]["best_count"]
+                else:  # not run alone (--profiles): one sweep finds where to start
+                    fixed: dict[int, list[float]] = {}
+                    sweep(n, fixed, 0, args, folder, extra)
+                    start[n] = max(fixed, key=lambda k: fixed[k][0])
             pair_results[f"{a}+{b}"] = pair((a, b), start, args, folder, extra)
     counts = list(args.counts)
-    print(
-        table(
-            [
-                "profile",
-                *(f"fixed {n}" for n in counts),
-                "best",
-                "auto",
-                "auto/best",
-                "search s",
-                "last change s",
-            ],
-            [
+    if results:
+        print(
+            table(
                 [
-                    name,
-                    *(r["fixed"][n] for n in counts),
-                    r["best_count"],
-                    r["auto"],
-                    r["ratio"],
-                    "-" if r["search_s"] is None else r["search_s"],
-                    r["settled_s"],
-                ]
-                for name, r in results.items()
-            ],
+                    "profile",
+                    *(f"fixed {n}" for n in counts),
+                    "best",
+                    "auto",
+                    "auto/best",
+                    "best again",
+                    "auto again",
+                    "auto/best again",
+                    "search s",
+                    "last change s",
+                ],
+                [
+                    [
+                        name,
+                        *(r["fixed"][n] for n in counts),
+                        r["best_count"],
+                        r["auto"],
+                        r["ratio"],
+                        r["best_again"],
+                        r["auto_again"],
+                        r["ratio_again"],
+                        "-" if r["search_s"] is None else r["search_s"],
+                        r["settled_s"],
+                    ]
+                    for name, r in results.items()
+                ],
+            )
         )
-    )
-    print(
-        f"samples/s, mean of {args.repeats} pass(es); auto over its whole run after the warm-up "
-        "(target: auto/best >= 0.95); search: seconds until its first search held a count "
-        "(target: 30; '-': never), last change: of the count (a probe or a new search), the "
-        "latest of the passes"
-    )
+        print(
+            f"samples/s, mean of {args.repeats} pass(es); auto over its whole run after the "
+            "warm-up (target: auto/best >= 0.95); again: the best count and auto, "
+            f"{args.repeats} more run(s) of {args.auto_seconds:g} s each, alternating (the best "
+            "of the sweep's noisy means is biased upwards); search: seconds until its first "
+            "search held a count (target: 30; '-': never), last change: of the count (a probe or "
+            "a new search), the latest of the passes"
+        )
     if pair_results:
         print(
             table(
@@ -286,11 +352,13 @@ def main(argv: list[str] | None = None) -> int:
                     "pair",
                     "static best split",
                     "splits tried",
-                    "static",
+                    "static (search)",
+                    "static again",
                     "auto runs",
                     "auto workers, last run",
                     "auto",
-                    "auto/static",
+                    "auto/static (search)",
+                    "auto/static again",
                 ],
                 [
                     [
@@ -298,18 +366,22 @@ def main(argv: list[str] | None = None) -> int:
                         "/".join(map(str, r["static_best"])),
                         r["splits_tried"],
                         r["static_score"],
+                        r["static_again"],
                         ", ".join(f"{x:.3f}" for x in r["auto_runs"]),
                         "/".join(str(n) for n in r["auto_final_workers"].values()),
                         r["auto"],
                         r["ratio"],
+                        r["ratio_again"],
                     ]
                     for k, r in pair_results.items()
                 ],
             )
         )
         print(
-            f"score: sum of samples/s over accelerator limit; auto: mean of {args.repeats} run(s) "
-            "(target: auto/static >= 0.95)"
+            f"score: sum of samples/s over accelerator limit; auto and static again: means of "
+            f"{args.repeats} run(s) of {args.auto_seconds:g} s, alternating; static (search): "
+            f"the best split's one {args.fixed_seconds:g} s run in the search (target: "
+            "auto/static >= 0.95)"
         )
     stem = "bench_autotune"
     outs(f"{stem}.json").write_text(
@@ -323,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             indent=1,
         )
     )
-    plot(results, outs(f"{stem}.png"))
+    plot(results, pair_results, outs(f"{stem}.png"))
     print(f"wrote {outs(stem + '.json')} and {outs(stem + '.png')}")
     return 0
 
