@@ -130,22 +130,22 @@ _PREDICTED = re.compile(r"job (\S+): (\d+) workers \(.*\) \[model: ([\d,]+) samp
 def prediction_errors(log: Path, per: dict[str, Any]) -> dict[str, float | None]:
     """Per job: the adaptive sidecar's last prediction for the worker count the job ran in the
     scored window, vs what it measured there: ``|predicted / measured - 1|`` (None: no
-    prediction was logged for that count)."""
+    prediction was logged for that count). The last prediction for that count, not the last
+    one logged: when the other jobs leave at the end, the sidecar gives the last one more
+    workers, with a prediction for a count the scored window never ran."""
     names: dict[str, str] = {}
-    last: dict[str, tuple[int, float]] = {}
+    last: dict[str, dict[int, float]] = {}
     for line in log.read_text().splitlines():
         if m := _REGISTERED.search(line):
             names[m.group(1)] = m.group(2)
         elif m := _PREDICTED.search(line):
-            last[names.get(m.group(1), m.group(1))] = (
-                int(m.group(2)),
-                float(m.group(3).replace(",", "")),
-            )
+            job = names.get(m.group(1), m.group(1))
+            last.setdefault(job, {})[int(m.group(2))] = float(m.group(3).replace(",", ""))
     out: dict[str, float | None] = {}
     for job, p in per.items():
-        k, predicted = last.get(job, (None, 0.0))
-        ok = k == p["workers"] and p["samples_per_s"] > 0
-        out[job] = abs(predicted / p["samples_per_s"] - 1) if ok else None
+        predicted = last.get(job, {}).get(p["workers"])
+        measured = p["samples_per_s"]
+        out[job] = abs(predicted / measured - 1) if predicted and measured > 0 else None
     return out
 
 

@@ -75,3 +75,29 @@ def test_bench_sidecar_dynamic_small(tmp_path: Path, capsys: pytest.CaptureFixtu
     )
     assert (tmp_path / "bench_sidecar_dynamic.png").stat().st_size > 0
     assert "adaptive / the best static split" in capsys.readouterr().out
+
+
+def test_prediction_error_is_for_the_count_the_scored_window_ran(tmp_path: Path) -> None:
+    """The error compares the measured rate with the last prediction logged for the count the
+    job ran in the scored window, not with the last prediction logged: as the other jobs leave
+    at the end, the sidecar gives the last one more workers (a real run's log, shortened)."""
+    core = "INFO dloader.sidecar.core: job"
+    log = tmp_path / "sidecar.log"
+    log.write_text(
+        f"{core} d79961 (remote_read) registered: pids [19502], 4 workers\n"
+        f"{core} 4d0d7a (text_pack) registered: pids [19501], 4 workers\n"
+        f"{core} d79961: 8 workers (8 workers: predicted 742 samples/s) [model: 742 samples/s]\n"
+        f"{core} d79961: 9 workers (probing (4d0d7a=2, d79961=9)) [model: 698 samples/s]\n"
+        f"{core} 4d0d7a: 2 workers (2 workers: node sum 1.803) [model: 1,582 samples/s]\n"
+        f"{core} 4d0d7a (text_pack) deregistered\n"
+        f"{core} d79961: 12 workers (12 workers: predicted 868 samples/s) [model: 868 samples/s]\n"
+    )
+    per = {
+        "remote_read": {"workers": 9, "samples_per_s": 717.0},
+        "text_pack": {"workers": 2, "samples_per_s": 1768.0},
+        "image_jpeg": {"workers": 1, "samples_per_s": 416.0},  # no prediction logged
+    }
+    errors = bench_sidecar.prediction_errors(log, per)
+    assert errors["remote_read"] == pytest.approx(1 - 698 / 717)
+    assert errors["text_pack"] == pytest.approx(1 - 1582 / 1768)
+    assert errors["image_jpeg"] is None
