@@ -279,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"profile {name!r}: expected one of {', '.join(sorted(PROFILES))}")
     if any(len(p) != 2 for p in pairs):
         parser.error(f"--pairs={args.pairs!r}: expected a+b pairs")
+    if not profiles and not pairs:
+        parser.error("--profiles and --pairs are both empty: nothing to run")
     if not 0 <= args.warmup < min(args.fixed_seconds, args.auto_seconds):
         parser.error("--warmup must be shorter than the runs")
     if args.repeats < 1:

@@ -46,3 +46,6 @@ def test_bad_arguments_name_the_value(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         bench_autotune.main(["--counts", "0,2"])
     assert "counts must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_autotune.main(["--profiles", "", "--pairs", ""])
+    assert "nothing to run" in capsys.readouterr().err
