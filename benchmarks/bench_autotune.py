@@ -108,7 +108,7 @@ def alone(
         r = run([(name, "auto")], args.auto_seconds, folder, extra)[name]
         autos.append(_rate(r, args.warmup, args.auto_seconds))
         runs.append(r)
-    late = sum(autos[args.repeats :]) / args.repeats
+    late, best_again = sum(autos[args.repeats :]) / args.repeats, sum(again) / len(again)
     return {
         "fixed": mean,
         "fixed_runs": fixed,
@@ -117,9 +117,9 @@ def alone(
         "auto_runs": autos,
         "ratio": auto / mean[best],
         "best_again_runs": again,
-        "best_again": sum(again) / len(again),
+        "best_again": best_again,
         "auto_again": late,
-        "ratio_again": late / (sum(again) / len(again)),
+        "ratio_again": late / best_again,
         "settled_s": max(settled_at(r) for r in runs),
         "search_s": None
         if any(r.get("search_s") is None for r in runs)

@@ -148,7 +148,10 @@ def prediction_errors(log: Path, per: dict[str, Any]) -> dict[str, float | None]
     for job, p in per.items():
         predicted = last.get(job, {}).get(p["workers"])
         measured = p["samples_per_s"]
-        out[job] = abs(predicted / measured - 1) if predicted and measured > 0 else None
+        if predicted is None or measured <= 0:
+            out[job] = None  # no prediction logged for that count, or nothing measured
+        else:
+            out[job] = abs(predicted / measured - 1)
     return out
 
 
