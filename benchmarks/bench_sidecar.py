@@ -73,8 +73,10 @@ def coordinate_search(
     allowed: Callable[[Split], bool],
     ladder: Sequence[int] = LADDER,
     rounds: int = 3,
+    seeds: Sequence[Split] = (),
 ) -> tuple[float, Split]:
-    """The best split found by local search, and its score. Each round: each job in turn tries
+    """The best split found by local search, and its score. It starts from the best of
+    ``start`` and the (allowed) ``seeds``, each evaluated first. Each round: each job in turn tries
     every count of ``ladder`` that keeps the split ``allowed``, the others held, and the best
     is kept; then every pair of jobs tries transfers (one job one worker down, or one step
     down the ladder, the workers it frees to the other: the moves a tight budget needs, where
@@ -89,6 +91,9 @@ def coordinate_search(
         return seen[key]
 
     best, best_value = dict(start), value(start)
+    for seed in seeds:
+        if allowed(seed) and (v := value(seed)) > best_value:
+            best, best_value = dict(seed), v
     for _ in range(rounds):
         changed = False
         for job in list(best):
@@ -167,6 +172,18 @@ def converged_at(results: dict[str, Any], final: float, seconds: float) -> float
     return None
 
 
+def parse_split(text: str, jobs: Sequence[str]) -> Split:
+    """``"1/1/17"`` -> ``{jobs[0]: 1, jobs[1]: 1, jobs[2]: 17}``; ValueError naming the text
+    and what was expected."""
+    parts = text.split("/")
+    if len(parts) != len(jobs) or not all(x.strip().isdigit() and int(x) >= 1 for x in parts):
+        raise ValueError(
+            f"--seed {text!r}: expected {len(jobs)} worker counts >= 1 separated by '/', "
+            f"for {'/'.join(jobs)}"
+        )
+    return {j: int(x) for j, x in zip(jobs, parts, strict=True)}
+
+
 def static_best(
     budget: int,
     tmp: Path,
@@ -175,10 +192,12 @@ def static_best(
     extra: list[str],
     ladder: Sequence[int],
     rounds: int,
+    seeds: Sequence[Split] = (),
 ) -> tuple[str, float, dict[str, Any], dict[str, Any]]:
     """The best static split within ``budget`` by coordinate search from one worker each (from
-    the even split, a full budget leaves no single job room to grow), each split run for
-    ``seconds`` and scored over its last ``window``: (label, score, per job, results)."""
+    the even split, a full budget leaves no single job room to grow) or from the best of
+    ``seeds``, each split run for ``seconds`` and scored over its last ``window``: (label,
+    score, per job, results)."""
     tried: dict[tuple[int, ...], tuple[float, dict[str, Any], dict[str, Any]]] = {}
 
     def evaluate(split: Split) -> float:
@@ -199,6 +218,7 @@ def static_best(
         lambda s: sum(s.values()) <= budget,
         ladder,
         rounds,
+        seeds,
     )
     label = f"static best of {len(tried)}, budget {budget}: " + "/".join(
         str(split[j]) for j in JOBS
@@ -266,7 +286,13 @@ def first_decision_s(log: Path, name: str, nth: int) -> float | None:
     return None
 
 
-def dynamic(phase: float, ladder: Sequence[int], rounds: int, out_dir: Path | None) -> int:
+def dynamic(
+    phase: float,
+    ladder: Sequence[int],
+    rounds: int,
+    out_dir: Path | None,
+    seeds: Sequence[Split] = (),
+) -> int:
     """``--mix dynamic``: no sidecar, even, adaptive and the searched static split."""
     outs = (lambda name: out_dir / name) if out_dir else out_path
     if out_dir:
@@ -297,7 +323,9 @@ def dynamic(phase: float, ladder: Sequence[int], rounds: int, out_dir: Path | No
         first = k["io_a"] + k["cpu_heavy"] + k["gpu_bound"]
         return max(first, k["io_a"] + k["gpu_bound"] + k["io_b"]) <= DYNAMIC_BUDGET
 
-    _, split = coordinate_search(evaluate, dict.fromkeys(DYNAMIC_JOBS, 1), allowed, ladder, rounds)
+    _, split = coordinate_search(
+        evaluate, dict.fromkeys(DYNAMIC_JOBS, 1), allowed, ladder, rounds, seeds
+    )
     label = f"static best of {len(tried)}: " + "/".join(str(split[j]) for j in DYNAMIC_JOBS)
     runs[label] = tried[tuple(split[j] for j in DYNAMIC_JOBS)]
     scores = {name: scenario_score(res, length) for name, res in runs.items()}
@@ -436,9 +464,25 @@ def main(argv: list[str] | None = None) -> int:
         help=f"node worker budgets to run (default: {' '.join(map(str, BUDGETS))}; --quick: "
         f"{BUDGETS[0]})",
     )
+    p.add_argument(
+        "--seed",
+        action="append",
+        default=[],
+        metavar="SPLIT",
+        help="a split the static search also runs and may start from, as worker counts in "
+        "the mix's job order separated by '/' (emulated: io/cpu/gpu, e.g. 9/2/1; real: "
+        "image/text/remote, e.g. 1/1/17; dynamic: io_a/cpu/gpu/io_b); repeatable. A local "
+        "search from one worker each can miss the best split; seeding it with the best "
+        "split of an earlier run keeps the reference strong",
+    )
     args = p.parse_args(argv)
     global JOBS
     JOBS = REAL_MIX if args.mix == "real" else JOBS
+    order = DYNAMIC_JOBS if args.mix == "dynamic" else JOBS
+    try:
+        seeds = [parse_split(text, order) for text in args.seed]
+    except ValueError as exc:
+        p.error(str(exc))
     ladder = QUICK_LADDER if args.quick else LADDER
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     if rounds < 1:
@@ -447,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         phase = args.phase if args.phase is not None else (8.0 if args.quick else 20.0)
         if not phase >= 2:
             p.error(f"--phase {phase:g}: expected at least 2 seconds")
-        return dynamic(phase, ladder, rounds, args.out_dir)
+        return dynamic(phase, ladder, rounds, args.out_dir, seeds)
     budgets = args.budgets or (BUDGETS[:1] if args.quick else BUDGETS)
     if any(b < len(JOBS) for b in budgets):
         p.error(f"--budgets {budgets}: each must give every job a worker (>= {len(JOBS)})")
@@ -492,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
             extra,
             ladder,
             rounds,
+            [x for x in seeds if sum(x.values()) <= budget],
         )
         runs[label] = res
         rows.append((label, total, per))
@@ -519,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     summary = {}
     none = rows[0][1]
-    targets = {"emulated": (1.27, 1.00), "real": (1.15, 0.97)}[args.mix]
+    targets = {"emulated": (1.30, 1.00), "real": (1.15, 1.00)}[args.mix]
     for budget in budgets:
         even = next(t for n, t, _ in rows if n == f"even, budget {budget}")
         label = f"adaptive, budget {budget}"

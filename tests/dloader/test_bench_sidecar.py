@@ -55,6 +55,33 @@ def test_coordinate_search_finds_the_best_allowed_split(budget: int) -> None:
     assert len(calls[:-1]) == len(set(calls[:-1]))  # each split once
 
 
+def test_coordinate_search_starts_from_a_better_seed() -> None:
+    """Two peaks: a local search from one worker on a ladder that stops at 3 climbs the near
+    one (io 2, score -1); seeded with the far one (io 9, score 0, off its ladder), it keeps
+    that."""
+
+    def evaluate(split: dict[str, int]) -> float:
+        io = split["io"]
+        return -float(min(abs(io - 9), 1 + abs(io - 2)))
+
+    ladder = (1, 2, 3)
+    near, _ = bench_sidecar.coordinate_search(evaluate, {"io": 1}, lambda s: True, ladder, 3)
+    far, split = bench_sidecar.coordinate_search(
+        evaluate, {"io": 1}, lambda s: True, ladder, 3, seeds=[{"io": 9}]
+    )
+    assert near == -1.0 and far == 0.0 and split == {"io": 9}
+
+
+def test_seed_splits_are_parsed_or_refused_by_name() -> None:
+    jobs = ("image_jpeg", "text_pack", "remote_read")
+    assert bench_sidecar.parse_split("1/1/17", jobs) == dict(zip(jobs, (1, 1, 17), strict=True))
+    for bad in ("1/1", "1/x/17", "0/1/17", ""):
+        with pytest.raises(ValueError, match="image_jpeg/text_pack/remote_read"):
+            bench_sidecar.parse_split(bad, jobs)
+    with pytest.raises(SystemExit):
+        bench_sidecar.main(["--mix", "real", "--seed", "1/1"])
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(900)  # a static search of ~15 whole-scenario runs
