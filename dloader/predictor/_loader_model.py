@@ -13,7 +13,8 @@ time per batch; ``t_io`` from their wall time per batch less CPU, taken at the l
 observation. Without worker timings, ``t_io + t_cpu`` comes from loader-bound observations
 (``k / T``) and the CPU share is fitted with the shape. ``eta`` (the share of the cores the
 workers really get) and the knees' sharpness ``p`` and ``q`` are fitted by least squares on log
-throughput once there are two observations.
+throughput once there are two observations, with a weak prior towards sharp knees and most of
+the cores (``_PRIOR_WEIGHT``): it decides only where the observed counts leave the shape open.
 
 Learned part: a scikit-learn ``BayesianRidge`` fitted online to the log-residual
 ``log(measured / physical)`` over the features ``[x, x^2, k == 0]`` with ``x = log(L / A)`` (how
@@ -59,6 +60,13 @@ _GRID_SHARE = (0.05, 0.25, 0.5, 0.75, 0.95)  # ... CPU share of a sample's time
 _MAX_NFEV = 60  # residual evaluations of one shape fit
 _COLD_STD = 0.5  # relative uncertainty reported before there is anything to fit
 _MAX_UNFITTED = 5  # observations held back from the fit (said nothing new) before a refit anyway
+_PRIOR_WEIGHT = 0.02
+"""Weight of the shape fit's prior (log ``eta``, ``p``, ``q`` near their defaults), against an
+allocation's log-throughput residual weighted 1 per observation's square root. Small: where
+the observed allocations pin the shape, they decide. Where they do not (a job seen at one or
+two worker counts), many shapes fit them exactly, and the prior picks the one nearest sharp
+knees: a shortfall at the one count seen is read as the share of the cores the workers get
+(``eta``), not as a knee so round that it predicts half the throughput at fewer workers."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,8 @@ class LoaderObservation:
 
     num_workers: int
     cores: float
-    """CPU cores available to the job's loader (its CPU set or cgroup quota)."""
+    """CPU cores available to the job's loader: its CPU set or cgroup quota, or (the sidecar,
+    on a node shared with other jobs) the cores its workers could have used in the window."""
     batch_size: int
     samples_per_s: float
     """Achieved throughput."""
@@ -128,6 +137,9 @@ class _Physics:
     q: float = 6.0  # sharpness of the workers/CPU knee
 
 
+_PRIOR = _Physics()  # the shape fit's prior: sharp knees, most of the cores
+
+
 def _soft_min(a: np.ndarray, b: np.ndarray, p: float | np.ndarray) -> np.ndarray:
     lo, hi = np.minimum(a, b), np.maximum(a, b)
     return lo * (1.0 + (lo / hi) ** p) ** (-1.0 / p)
@@ -149,7 +161,7 @@ class LoaderModel:
         self._obs: deque[LoaderObservation] = deque(maxlen=_MAX_SAMPLES)
         self._phys = _Physics()
         self._ridge: BayesianRidge | None = None
-        self._shape_seen: set[tuple[int, float, int]] = set()
+        self._shape_seen: set[tuple[int, int]] = set()
         """Allocations the last shape fit saw."""
         self._added = 0  # observations ever added
         self._shape_at = 0  # ... when the shape was last fitted
@@ -242,7 +254,9 @@ class LoaderModel:
             else:  # nothing tells I/O from CPU: assume CPU (the cautious choice)
                 ph.t_cpu, ph.t_io = max(per_sample, 1e-7), 0.0
         if len(obs) >= 2:
-            allocations = {(o.num_workers, o.cores, o.batch_size) for o in obs}
+            # a new worker count or batch size is news for the shape; the cores a job could
+            # use move a little with its neighbours every window, and are not
+            allocations = {(o.num_workers, o.batch_size) for o in obs}
             new = not allocations <= self._shape_seen
             if new or self._added >= max(_SHAPE_REFIT_GROWTH * self._shape_at, 10):
                 # Refit the shape when an allocation is new, else on a geometric schedule of
@@ -288,16 +302,20 @@ class LoaderModel:
         per = ph.t_io + ph.t_cpu
         fixed_share = ph.t_cpu / per
 
+        prior = np.log([_PRIOR.eta, _PRIOR.p, _PRIOR.q])
+
         def resid(x: np.ndarray) -> np.ndarray:
             """Weighted residuals for parameters ``x`` (``[eta, p, q(, share)]``), or for a
-            stack of them (``(n, 3 or 4)`` -> ``(n, allocations)``)."""
-            x = np.asarray(x)[..., None]  # each parameter broadcasts over the allocations
-            share = x[..., 3, :] if fit_cpu_share else fixed_share
+            stack of them (``(n, 3 or 4)`` -> ``(n, allocations + 3)``): the allocations',
+            then the prior's on ``eta, p, q``."""
+            x = np.asarray(x)
+            share = x[..., 3, None] if fit_cpu_share else fixed_share
             t_cpu = per * share
-            tput = self._rates(
-                per - t_cpu, t_cpu, k, c, a, x[..., 0, :], x[..., 1, :], x[..., 2, :]
-            )
-            return weight * (np.log(tput[1]) - y)
+            e, sp, sq = (x[..., i, None] for i in range(3))  # each broadcasts over allocations
+            tput = self._rates(per - t_cpu, t_cpu, k, c, a, e, sp, sq)
+            data = weight * (np.log(tput[1]) - y)
+            pull = _PRIOR_WEIGHT * (np.log(x[..., :3]) - prior)
+            return np.concatenate([data, pull], axis=-1)
 
         lo, hi = [0.1, 1.0, 1.0], [1.5, 30.0, 30.0]
         if fit_cpu_share:

@@ -64,6 +64,21 @@ _MEMORY_CHANGE = 0.1  # a worker's peak memory grown by this much: re-decide
 _MEMORY_GROWTH = 0.02, 2**20  # (share, bytes) a peak must pass the last mark by to be growth
 _MEMORY_FLAT_S = 20.0  # a job's workers' memory has settled after this long without growth
 _EWMA = 0.3  # weight of a new measurement of a job's main-process CPU per sample
+_CORES_STEP = 0.05  # the cores an observation says a job's workers could use, rounded to this
+
+
+def _wait_per_batch(
+    share: float | None, fetch: float | None, cpu: float | None, worker_s_per_batch: float
+) -> float | None:
+    """A worker's run-queue wait per batch (None: unknown). ``share`` is the share of wall time
+    its workers waited, runnable, for a CPU; they wait only while they work on a batch, and
+    each delivers one every ``worker_s_per_batch`` seconds (workers x batch size / samples/s),
+    so each batch waited ``share * worker_s_per_batch``, not ``share * fetch`` (that would
+    undercount by the share of time the workers sit idle with their queues full). At most the
+    part of a batch's wall time that was not CPU work."""
+    if share is None or fetch is None:
+        return None
+    return min(share * worker_s_per_batch, max(fetch - (cpu or 0.0), 0.0))
 
 
 class CpuWeights(Protocol):
@@ -85,6 +100,7 @@ class Job:
     tree: ProcessTreeStats | None = None
     tree_at: float = 0.0  # when ``tree`` was measured (clock of the core)
     cpu_wait_share: float | None = None  # of its workers' time: waiting for a CPU (None: unknown)
+    worker_cores: float = 0.0  # cores its workers used in its last report's window
     decision: pol.WorkerDecision | None = None
     reports: int = 0
     directive_at: float = 0.0  # when the worker count last changed (clock of the core)
@@ -382,20 +398,18 @@ class NodeCore:
             return
         busy = [w for w in r.workers if w.batches > 0]
         fetch = sum(w.fetch_seconds for w in busy) / len(busy) if busy else None
+        cpu = sum(w.cpu_seconds for w in busy) / len(busy) if busy else None
+        job.worker_cores = tput * cpu / b if cpu is not None else 0.0
         obs = LoaderObservation(
             num_workers=k,
-            cores=float(self.settings.cpu_budget),
+            cores=self._available_cores(job) if cpu is not None else self.settings.cpu_budget,
             batch_size=b,
             samples_per_s=tput,
             idle_share=idle,
             step_s=step,
             fetch_s=fetch,
-            cpu_s=sum(w.cpu_seconds for w in busy) / len(busy) if busy else None,
-            cpu_wait_s=(
-                job.cpu_wait_share * fetch
-                if fetch is not None and job.cpu_wait_share is not None
-                else None
-            ),
+            cpu_s=cpu,
+            cpu_wait_s=_wait_per_batch(job.cpu_wait_share, fetch, cpu, len(busy) * b / tput),
         )
         self._measure(job, r, window, busy=len(busy))
         gate = pol.learning_gate(
@@ -422,6 +436,24 @@ class NodeCore:
             self._dirty = True
         if gate.redecide_now:
             self._wake.set()
+
+    def _available_cores(self, job: Job) -> float:
+        """The cores ``job``'s workers could have used in its last window: those they used,
+        and those no job used (the node's CPU budget less every job's workers and training
+        process, from their last reports). On a full node that is what the job's workers
+        got, not the node's cores: its model learns its own curve, how fast it loads given
+        the cores it gets, and the policy's CPU sharing says how many it will get at a split
+        (a model fitted as if each job had every core reads the others' contention as its
+        own limit, and a CPU-bound job's fewer workers as a loss they are not). Rounded to
+        ``_CORES_STEP``."""
+        budget = float(self.settings.cpu_budget)
+        taken = sum(
+            j.worker_cores + j.main_cpu_per_sample * j.last_report.samples_per_second
+            for j in self.jobs.values()
+            if j.last_report is not None
+        )
+        free = job.worker_cores + max(budget - taken, 0.0)
+        return min(max(round(free / _CORES_STEP) * _CORES_STEP, _CORES_STEP), budget)
 
     def _note_drift(self, job: Job, surprise: float) -> None:
         """``DRIFT_WINDOWS`` surprising windows in a row, all one way: the job's costs changed.

@@ -131,6 +131,22 @@ def test_run_queue_wait_is_not_taken_for_io() -> None:
     assert blind.predict(1, 2, 32).loader_limit < 0.8 / 0.003
 
 
+def test_one_count_seen_under_contention_predicts_fewer_workers() -> None:
+    # A CPU-bound pipeline on a busy node, seen only at 4 workers: its workers get 43% of the
+    # two cores and the job runs at 86% of its accelerator limit. Many shapes fit one count;
+    # the prior reads the shortfall as the workers' share of the cores (what it is), not as a
+    # knee so round that one worker would give half as much (what the fit read before it).
+    text = dict(t_io=0.0, t_cpu=0.0005, a0=0.0, a1=0.00053, eta=0.43)
+    seen = truth(4, 2, 32, **text)
+    assert seen.fetch_s is not None and seen.cpu_s is not None
+    waited = LoaderObservation(**{**seen.__dict__, "cpu_wait_s": seen.fetch_s - seen.cpu_s})
+    model = LoaderModel()
+    model.update(waited, waited, waited)
+    for k in (1, 2, 8):
+        want = truth(k, 2, 32, **text).samples_per_s
+        assert model.predict(k, 2, 32).samples_per_s == pytest.approx(want, rel=0.1)
+
+
 def test_exploration_plan_io_bound_then_stops() -> None:
     seen: list[LoaderObservation] = []
     tried = []

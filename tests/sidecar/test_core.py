@@ -15,7 +15,7 @@ from dloader._daemon.peer import CALLER, Caller, Role
 from dloader._node_messages import JobLimits, JobReport, Registration, WorkerReport
 from dloader.errors import InvalidArgument, ResourceExhausted
 from dloader.sidecar.config import PolicySettings
-from dloader.sidecar.core import Job, NodeCore
+from dloader.sidecar.core import Job, NodeCore, _wait_per_batch
 from dloader.sidecar.monitors import ProcessTreeStats, process_start
 from dloader.sidecar.store import SidecarStore
 
@@ -102,7 +102,34 @@ def test_observations_carry_the_workers_run_queue_wait(tmp_path: Path, wait_shar
     core.report(job, report(2, 300.0))
     obs = job.model.observations[-1]
     assert obs.fetch_s == pytest.approx(0.2)
-    assert obs.cpu_wait_s == pytest.approx(wait_share * 0.2)
+    # each of the 2 workers delivers a batch of 32 every 2 * 32 / 300 s, and waits only
+    # while it works on one: a batch waited the wait share of that time, not of its fetch
+    assert obs.cpu_wait_s == pytest.approx(wait_share * 2 * 32 / 300)
+
+
+def test_observations_carry_the_cores_a_jobs_workers_could_use(tmp_path: Path) -> None:
+    # a node of 2 cores; each report's workers spend 0.1 s of CPU per batch of 32
+    node = FakeNode(0.0)
+    core = node_core(tmp_path, PolicySettings("even", 4, 2, 1.0), node)
+    a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    b = core.register(Registration("b", pids=(101,), num_workers=2, batch_size=32))
+    node.now += 5.0
+    core.report(a, report(a.directive.num_workers, 320.0))  # 1 core; the other is free
+    assert a.model.observations[-1].cores == pytest.approx(2.0)
+    core.report(b, report(b.directive.num_workers, 480.0))  # 1.5 cores: the node is full
+    assert b.model.observations[-1].cores == pytest.approx(1.5)  # what it got, not 2
+    node.now += 2.0
+    core.report(a, report(a.directive.num_workers, 160.0))  # 0.5 core; 1.5 taken by b
+    assert a.model.observations[-1].cores == pytest.approx(0.5)
+
+
+def test_a_workers_run_queue_wait_is_per_batch_and_at_most_its_non_cpu_time() -> None:
+    # workers busy a quarter of the time (a batch every 0.8 s, 0.2 s of fetch): the wait
+    # share of wall time, 0.1, is 0.08 s per batch, 40% of its fetch
+    assert _wait_per_batch(0.1, 0.2, 0.05, 0.8) == pytest.approx(0.08)
+    assert _wait_per_batch(0.5, 0.2, 0.05, 0.8) == pytest.approx(0.15)  # capped
+    assert _wait_per_batch(None, 0.2, 0.05, 0.8) is None
+    assert _wait_per_batch(0.1, None, None, 0.8) is None
 
 
 def test_jobs_that_stop_reporting_expire_and_a_restart_gives_a_full_timeout(
