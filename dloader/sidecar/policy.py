@@ -46,8 +46,11 @@ steady, normalised by their accelerator limits. A proposal measured worse than t
 split is not taken; a split measured worse than the one left for it goes back to that one.
 Steady at a measured split, the node tries the neighbour (one worker added, removed or moved)
 the model ranks best among the near-ties it has not measured lately: where the model cannot
-tell, measuring can. A probe stays only if it measures better; each that does not doubles the
-wait before the next. Measurements are forgotten after ``MEASURE_STALE_S`` (costs change).
+tell, measuring can. On a node whose cores the model says are all taken, near-ties that give
+a CPU-bound job a worker less come first (more runnable threads than cores cost switching and
+the trainers' wait for a core, which the model's sharing does not see). A probe stays only if
+it measures better; each that does not doubles the wait before the next. Measurements are
+forgotten after ``MEASURE_STALE_S`` (costs change).
 """
 
 from __future__ import annotations
@@ -716,7 +719,7 @@ MEASURE_WINDOWS = 2
 """Steady report windows each job needs at a split before the split's measured score counts."""
 MEASURE_STALE_S = 90.0
 """A split's measurements older than this are forgotten: the jobs' costs may have changed."""
-PROBE_AFTER_S = 20.0
+PROBE_AFTER_S = 10.0
 """Steady this long at a measured split: try the untried neighbour the model ranks best."""
 PROBE_MAX_WAIT_S = 160.0
 """Probes that do not pay double the wait before the next, up to this."""
@@ -724,6 +727,9 @@ PROBE_LOSS = 0.05
 """Neighbours the model predicts worse than the current split by more than this are not tried
 (the model is the prior: only near-ties are worth measuring; its errors on this node are a few
 per cent, so a near-tie is within 5%)."""
+CPU_BOUND_WORKER = 0.5
+"""Cores one worker of a job demands (as the model predicts), at or above which the job's
+workers are CPU-bound: on a full node, a probe first tries one of them less."""
 PROBE_GAIN = 0.01
 """A probed split is kept only if it measures better than the split it left by this share."""
 MAX_SPLITS = 256
@@ -872,14 +878,24 @@ def probe(
     for t in np.flatnonzero(ok):  # not measured lately
         split = split_of(dict(zip(ids, trials[t].tolist(), strict=True)))
         ok[t] = measured.score(split, limits, now) is None
-    if not ok.any():
+    values = np.full(len(trials), -np.inf)
+    values[ok] = node.objective(trials[ok])
+    near = values >= base * (1 - PROBE_LOSS)
+    if not near.any():
         return None
-    values = node.objective(trials[ok])
-    i = int(np.argmax(values))  # the best predicted (the first of equals)
-    if values[i] < base * (1 - PROBE_LOSS):
-        return None
-    best = float(values[i]), dict(zip(ids, trials[ok][i].tolist(), strict=True))
+    # On a full node, a worker less for a CPU-bound job (one whose workers each compute half
+    # the time or more) comes first: the model shares the cores as if that were free, but a
+    # node with more runnable threads than cores also pays for their switching, and its
+    # trainers wait longer for a core, so the model overrates such workers where it matters.
+    demand, _ = node.shares(current[None])
+    bound = demand[0, :n] >= CPU_BOUND_WORKER * np.maximum(current, 1)
+    fewer = ((trials < current) & bound).any(axis=1) & ~((trials > current) & bound).any(axis=1)
+    release = near & fewer if demand.sum() > budget.cores else np.zeros_like(near)
+    pool = release if release.any() else near
+    i = int(np.argmax(np.where(pool, values, -np.inf)))  # the best predicted (first of equals)
+    best = float(values[i]), dict(zip(ids, trials[i].tolist(), strict=True))
     return split_of(best[1]), (
         f"probing {_show(split_of(best[1]))}: the model predicts {best[0]:.3f} there vs "
         f"{base:.3f} here, too close to call without measuring"
+        + (" (a CPU-bound worker less on a full node)" if release.any() else "")
     )

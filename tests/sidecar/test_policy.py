@@ -385,6 +385,23 @@ def test_probing_tries_the_best_untried_near_tie() -> None:
     assert set(tried) == {split_of({"io": 15, "cpu": 2}), split_of({"io": 15, "cpu": 3})}
 
 
+def test_on_a_full_node_a_probe_first_tries_a_cpu_bound_worker_less() -> None:
+    """Two CPU-bound jobs at 3 workers each and an I/O-bound one: on 2 cores the node is
+    full, and the first probe takes a worker from a CPU-bound job (the model's sharing
+    overrates them there); on 16 cores it is not full, and the probe is the best near-tie."""
+    jobs = [
+        JobView("c1", 32, 3, model=fitted(CPU_HEAVY)),
+        JobView("c2", 32, 3, model=fitted(CPU_HEAVY)),
+        JobView("io", 32, 8, model=fitted(IO_HEAVY)),
+    ]
+    limits = dict.fromkeys(["c1", "c2", "io"], 1.0)
+    split, why = probe(jobs, Budget(workers=20, cores=2), Measurements(), limits, 0.0) or ((), "")
+    counts = dict(split)
+    assert counts["c1"] + counts["c2"] == 5 and "a CPU-bound worker less on a full node" in why
+    roomy = probe(jobs, Budget(workers=20, cores=16), Measurements(), limits, 0.0)
+    assert roomy is not None and "full node" not in roomy[1]
+
+
 def test_a_probe_must_measure_better_to_stay() -> None:
     """A model's move stays unless measured worse by the margin; a probe goes back unless it
     measured better than the split it left by PROBE_GAIN."""
