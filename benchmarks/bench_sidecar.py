@@ -247,6 +247,19 @@ def scenario_score(results: dict[str, Any], length: float) -> tuple[float, dict[
     return sum(per.values()), per
 
 
+def phase_scores(results: dict[str, Any], phase: float, phases: int = 3) -> list[float]:
+    """Per phase of the scenario (``phase`` seconds each, from the first job's start): the sum
+    over jobs of samples / accelerator limit in it, per second of it."""
+    t0 = min(r["started"] for r in results.values())
+    out = [0.0] * phases
+    for r in results.values():
+        at = r["started"] - t0
+        for point in r["timeline"]:
+            i = min(max(int((at + point[0]) // phase), 0), phases - 1)
+            out[i] += point[1] / r["limit"] / phase
+    return out
+
+
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)")
 
 
@@ -330,16 +343,29 @@ def dynamic(
     runs[label] = tried[tuple(split[j] for j in DYNAMIC_JOBS)]
     scores = {name: scenario_score(res, length) for name, res in runs.items()}
     best = scores[label][0]
+    by_phase = {name: phase_scores(res, phase) for name, res in runs.items()}
+    # The most any switching policy could get from the splits tried: in each phase, the one
+    # that measured best in that phase, switched to at once (no ramp, no measuring).
+    tried_phases = [phase_scores(res, phase) for res in tried.values()]
+    oracle = [max(p[i] for p in tried_phases) for i in range(3)]
     print(
         table(
-            ["run", "sum samples/limit per s", "vs static best", *DYNAMIC_JOBS],
+            ["run", "sum samples/limit per s", "vs static best", "phases 1 / 2 / 3", *DYNAMIC_JOBS],
             [
-                [name, total, total / best, *(f"{per.get(j, 0.0):.3f}" for j in DYNAMIC_JOBS)]
+                [name, total, total / best, " / ".join(f"{x:.2f}" for x in by_phase[name])]
+                + [f"{per.get(j, 0.0):.3f}" for j in DYNAMIC_JOBS]
                 for name, (total, per) in scores.items()
             ],
         )
     )
     adaptive = scores["adaptive"][0]
+    print(
+        f"an oracle that runs in each phase the split that measured best in it (of the "
+        f"{len(tried)} tried), switching at once: {sum(oracle) / 3:.3f} ("
+        + " / ".join(f"{x:.2f}" for x in oracle)
+        + f"), {sum(oracle) / 3 / best:.2f}x the best static split; adaptive / oracle = "
+        f"{adaptive / (sum(oracle) / 3):.2f}"
+    )
     better = max(scores["even"][0], scores[f"no sidecar ({START_WORKERS} each)"][0])
     print(
         f"dynamic, budget {DYNAMIC_BUDGET}: adaptive / the best static split = "
@@ -363,6 +389,9 @@ def dynamic(
                     "static_runs": len(tried),
                     "first_decision_s": decided,
                     "placed_after_s": placed,
+                    "phases": by_phase,
+                    "oracle_phases": oracle,
+                    "adaptive_vs_oracle": adaptive / (sum(oracle) / 3),
                 },
             },
             indent=1,

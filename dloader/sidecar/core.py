@@ -544,6 +544,11 @@ class NodeCore:
             trial=current == self._probed,
         )
         known = self._measured.score(current, limits, now) is not None
+        held = now - self._changed_at < pol.PROBE_HOLD_S
+        if current == self._probed and not known and proposed != current and held:
+            # a probe runs until it is measured (within PROBE_HOLD_S): the model's next
+            # proposal (a probe is never its choice) would end it before anything was learnt
+            chosen, why = current, f"probing {pol.show_split(current)}: measuring it"
         if current == self._probed and known:  # the probe is judged
             paid = chosen == current
             self._probed = None
@@ -646,6 +651,12 @@ class NodeCore:
         if self.settings.name == "adaptive":
             decisions = self._measured_truth(jobs, views, budget, decisions)
         self._enforce_cpu(jobs, decisions)
+        changed = [j for j in jobs if decisions[j.job_id].num_workers != j.directive.num_workers]
+        expect = (
+            pol.expected(views, budget, {j: d.num_workers for j, d in decisions.items()})
+            if changed and self.settings.name == "adaptive"
+            else {}
+        )
         for job in jobs:
             d = decisions[job.job_id]
             job.decision = d
@@ -675,14 +686,14 @@ class NodeCore:
                     list(job.directive.cpus),
                     d.reason,
                 )
-                known = d.num_workers < len(d.candidates)  # what the model says of the count
+                # what the model expects of the job at this split, the node's cores shared
                 log.info(
                     "job %s: %d workers (%s)%s",
                     job.job_id,
                     d.num_workers,
                     d.reason,
-                    f" [model: {d.candidates[d.num_workers].predicted:,.0f} samples/s]"
-                    if known
+                    f" [model: {expect[job.job_id]:,.0f} samples/s]"
+                    if job.job_id in expect
                     else "",
                 )
                 for q in job.watchers:

@@ -79,11 +79,13 @@ __all__ = [
     "cpu_shares",
     "curve_moved",
     "decide",
+    "expected",
     "fits",
     "learning_gate",
     "measured_guard",
     "probe",
     "same_jobs",
+    "show_split",
     "split_of",
     "steady_window",
 ]
@@ -721,6 +723,8 @@ MEASURE_STALE_S = 90.0
 """A split's measurements older than this are forgotten: the jobs' costs may have changed."""
 PROBE_AFTER_S = 10.0
 """Steady this long at a measured split: try the untried neighbour the model ranks best."""
+PROBE_HOLD_S = 15.0
+"""A probe is held against the model's proposals until it is measured, at most this long."""
 PROBE_MAX_WAIT_S = 160.0
 """Probes that do not pay double the wait before the next, up to this."""
 PROBE_LOSS = 0.05
@@ -811,7 +815,7 @@ def measured_guard(
         if here is not None and there is not None and there < here * (1 - MEASURE_MARGIN):
             return current, (
                 f"kept: measured {here:.3f} (sum of throughput / limit) at this split, "
-                f"{there:.3f} at the model's choice {_show(proposed)}"
+                f"{there:.3f} at the model's choice {show_split(proposed)}"
             )
         return proposed, ""
     if previous is not None and previous != current and same_jobs(previous, current):
@@ -821,13 +825,13 @@ def measured_guard(
             need = before * (1 + PROBE_GAIN) if trial else before / (1 + MEASURE_MARGIN)
             if here < need:
                 return previous, (
-                    f"back to {_show(previous)}: measured {before:.3f} there, {here:.3f} at "
-                    f"{_show(current)}" + (" (a probe that did not pay)" if trial else "")
+                    f"back to {show_split(previous)}: measured {before:.3f} there, {here:.3f} at "
+                    f"{show_split(current)}" + (" (a probe that did not pay)" if trial else "")
                 )
     return current, ""
 
 
-def _show(split: Split) -> str:
+def show_split(split: Split) -> str:
     """``job=k`` for each job (the job ids' first 6 characters: enough to tell them apart)."""
     return "(" + ", ".join(f"{j[:6]}={k}" for j, k in split) + ")"
 
@@ -841,6 +845,33 @@ def fits(jobs: Sequence[JobView], budget: Budget, counts: dict[str, int]) -> boo
         and sum(counts.values()) <= budget.workers
         and _Memory.of(jobs).total(counts) <= budget.memory_bytes
     )
+
+
+def expected(jobs: Sequence[JobView], budget: Budget, counts: dict[str, int]) -> dict[str, float]:
+    """Samples/s the model expects of each job with a model at ``counts``, the node's cores
+    shared as :func:`decide` shares them (a job's curve is what it does on all the cores; on a
+    full node it gets less). Jobs without observations, or at a count past their curve, are
+    left out."""
+    known = [j for j in jobs if j.model is not None and j.model.observations]
+    curves = {j.job_id: _curve(j, budget, _bounds(j, budget)[1]) for j in known}
+    known = [j for j in known if 0 <= counts[j.job_id] < len(curves[j.job_id])]
+    if not known:
+        return {}
+    ids = [j.job_id for j in known]
+    node = _Node(
+        ids,
+        curves,
+        {j.job_id: j.main_cpu_per_sample for j in known},
+        budget.cores,
+        _Memory.of(known),
+    )
+    row = node.row(counts)[None]
+    demand, got = node.shares(row)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(demand > 0, got / demand, 1.0)[0]
+    n = len(ids)
+    scale = np.minimum(np.minimum(ratio[:n], ratio[n:]), 1.0)
+    return {j: float(node.predicted[i, row[0, i]] * scale[i]) for i, j in enumerate(ids)}
 
 
 def probe(
@@ -895,7 +926,7 @@ def probe(
     i = int(np.argmax(np.where(pool, values, -np.inf)))  # the best predicted (first of equals)
     best = float(values[i]), dict(zip(ids, trials[i].tolist(), strict=True))
     return split_of(best[1]), (
-        f"probing {_show(split_of(best[1]))}: the model predicts {best[0]:.3f} there vs "
+        f"probing {show_split(split_of(best[1]))}: the model predicts {best[0]:.3f} there vs "
         f"{base:.3f} here, too close to call without measuring"
         + (" (a CPU-bound worker less on a full node)" if release.any() else "")
     )

@@ -72,6 +72,14 @@ def test_coordinate_search_starts_from_a_better_seed() -> None:
     assert near == -1.0 and far == 0.0 and split == {"io": 9}
 
 
+def test_phase_scores_split_a_scenario_by_its_jobs_start() -> None:
+    """Two jobs of limit 10: ``a`` from 0 s, 10 samples a second; ``b`` from 2 s on (its own
+    clock starts there), 20 a second; phases of 2 s: a alone, then both."""
+    a = {"started": 100.0, "limit": 10.0, "timeline": [[t + 0.5, 10, 0.0, 1] for t in range(4)]}
+    b = {"started": 102.0, "limit": 10.0, "timeline": [[t + 0.5, 20, 0.0, 1] for t in range(2)]}
+    assert bench_sidecar.phase_scores({"a": a, "b": b}, 2.0, phases=2) == pytest.approx([1.0, 3.0])
+
+
 def test_seed_splits_are_parsed_or_refused_by_name() -> None:
     jobs = ("image_jpeg", "text_pack", "remote_read")
     assert bench_sidecar.parse_split("1/1/17", jobs) == dict(zip(jobs, (1, 1, 17), strict=True))

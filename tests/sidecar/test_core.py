@@ -529,6 +529,36 @@ def test_a_probe_that_does_not_pay_is_undone_and_the_next_waits_longer(
     assert core._probe_wait == 2 * pol.PROBE_AFTER_S
 
 
+def test_a_probe_is_held_against_the_models_proposal_until_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = FakeNode(0.0)
+    core = node_core(tmp_path, PolicySettings("adaptive", 8, 2, 1.0), node, job_timeout_s=0)
+
+    def two_each(policy: str, views: list[pol.JobView], budget: pol.Budget, **kw: Any) -> Any:
+        return {v.job_id: pol.WorkerDecision(v.job_id, 2, "m") for v in views}
+
+    monkeypatch.setattr(core_mod.pol, "decide", two_each)
+    a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    b = core.register(Registration("b", pids=(100,), num_workers=2, batch_size=32))
+    probed = pol.split_of({a.job_id: 3, b.job_id: 1})
+    monkeypatch.setattr(core_mod.pol, "probe", lambda *args: (probed, "probing"))
+
+    def run(seconds: int) -> None:
+        report_each_second(core, node, (a, b), seconds, {"a": 300.0, "b": 300.0})
+
+    run(int(pol.PROBE_AFTER_S) + 2)
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
+    run(2)  # one window each at the probe: not measured yet; the model proposes 2/2 again
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
+    assert "measuring it" in a.decision.reason  # type: ignore[union-attr]
+    run(6)  # measured, the same as 2/2: it did not pay
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
+
+
 def test_metrics_are_read_from_the_core_when_scraped(tmp_path: Path) -> None:
     """/metrics shows the jobs as the core has them at the scrape (no refresh loop)."""
     from prometheus_client import generate_latest

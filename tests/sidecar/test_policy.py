@@ -19,6 +19,7 @@ from dloader.sidecar.policy import (
     cpu_shares,
     curve_moved,
     decide,
+    expected,
     measured_guard,
     probe,
     split_of,
@@ -400,6 +401,19 @@ def test_on_a_full_node_a_probe_first_tries_a_cpu_bound_worker_less() -> None:
     assert counts["c1"] + counts["c2"] == 5 and "a CPU-bound worker less on a full node" in why
     roomy = probe(jobs, Budget(workers=20, cores=16), Measurements(), limits, 0.0)
     assert roomy is not None and "full node" not in roomy[1]
+
+
+def test_what_the_model_expects_of_a_split_shares_the_cores() -> None:
+    """Two CPU-bound jobs at 4 workers each: on 16 cores each gets its curve; on 2 cores they
+    share them, and each is expected to reach less (and not a job left out: none is)."""
+    jobs = [JobView(j, 32, 4, model=fitted(CPU_HEAVY)) for j in ("c1", "c2")]
+    counts = {"c1": 4, "c2": 4}
+    roomy = expected(jobs, Budget(workers=8, cores=16), counts)
+    full = expected(jobs, Budget(workers=8, cores=2), counts)
+    curve = jobs[0].model.predict(4, 16, 32).samples_per_s  # type: ignore[union-attr]
+    assert roomy == pytest.approx({"c1": curve, "c2": curve})
+    assert set(full) == {"c1", "c2"} and all(full[j] < 0.7 * roomy[j] for j in full)
+    assert expected([JobView("new", 32, 4)], Budget(workers=8, cores=2), {"new": 4}) == {}
 
 
 def test_a_probe_must_measure_better_to_stay() -> None:
