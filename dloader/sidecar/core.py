@@ -651,7 +651,7 @@ class NodeCore:
         if self.settings.name == "adaptive":
             decisions = self._measured_truth(jobs, views, budget, decisions)
         self._enforce_cpu(jobs, decisions)
-        changed = [j for j in jobs if decisions[j.job_id].num_workers != j.directive.num_workers]
+        changed = any(decisions[j.job_id].num_workers != j.directive.num_workers for j in jobs)
         expect = (
             pol.expected(views, budget, {j: d.num_workers for j, d in decisions.items()})
             if changed and self.settings.name == "adaptive"

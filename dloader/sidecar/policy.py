@@ -409,6 +409,24 @@ class _Node:
         self._rows = np.arange(len(ids))
         self._both = np.arange(2 * len(ids))
 
+    @classmethod
+    def of(
+        cls,
+        jobs: Sequence[JobView],
+        curves: dict[str, tuple[Candidate, ...]],
+        cores: float,
+        memory: _Memory | None = None,
+    ) -> _Node:
+        """The node of ``jobs`` (in their order), their training processes' CPU from their
+        views; ``memory``: what their workers cost (default: from these views)."""
+        return cls(
+            [j.job_id for j in jobs],
+            curves,
+            {j.job_id: j.main_cpu_per_sample for j in jobs},
+            cores,
+            memory if memory is not None else _Memory.of(jobs),
+        )
+
     def row(self, alloc: dict[str, int]) -> np.ndarray:
         return np.array([alloc[j] for j in self.ids], dtype=int)
 
@@ -428,14 +446,18 @@ class _Node:
         weights = np.where(self._both < len(self.ids), np.maximum(twice, 1), 1).astype(float)
         return demand, _water_fill(demand, weights, self.cores)
 
-    def objective(self, allocs: np.ndarray) -> np.ndarray:
-        """The node's objective for each (valid) row."""
+    def scale(self, allocs: np.ndarray) -> np.ndarray:
+        """Per (valid) row and job: the share of its prediction it reaches under the sharing
+        (the smaller fraction of demand its workers or its training process get)."""
         demand, got = self.shares(allocs)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(demand > 0, got / demand, 1.0)
         n = len(self.ids)
-        ratio = np.minimum(np.minimum(ratio[:, :n], ratio[:, n:]), 1.0)
-        return _row_sums(self.normalized[self._rows, allocs] * ratio)
+        return np.minimum(np.minimum(ratio[:, :n], ratio[:, n:]), 1.0)
+
+    def objective(self, allocs: np.ndarray) -> np.ndarray:
+        """The node's objective for each (valid) row."""
+        return _row_sums(self.normalized[self._rows, allocs] * self.scale(allocs))
 
 
 def _row_sums(values: np.ndarray) -> np.ndarray:
@@ -517,13 +539,7 @@ def decide(
     if not planned:
         return out
     curves = {j.job_id: _curve(j, budget, _bounds(j, budget)[1]) for j in planned}
-    node = _Node(
-        [j.job_id for j in planned],
-        curves,
-        {j.job_id: j.main_cpu_per_sample for j in planned},
-        budget.cores,
-        memory,
-    )
+    node = _Node.of(planned, curves, budget.cores, memory)
     n = len(planned)
     lowest = node.row(floors)
 
@@ -857,21 +873,10 @@ def expected(jobs: Sequence[JobView], budget: Budget, counts: dict[str, int]) ->
     known = [j for j in known if 0 <= counts[j.job_id] < len(curves[j.job_id])]
     if not known:
         return {}
-    ids = [j.job_id for j in known]
-    node = _Node(
-        ids,
-        curves,
-        {j.job_id: j.main_cpu_per_sample for j in known},
-        budget.cores,
-        _Memory.of(known),
-    )
-    row = node.row(counts)[None]
-    demand, got = node.shares(row)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(demand > 0, got / demand, 1.0)[0]
-    n = len(ids)
-    scale = np.minimum(np.minimum(ratio[:n], ratio[n:]), 1.0)
-    return {j: float(node.predicted[i, row[0, i]] * scale[i]) for i, j in enumerate(ids)}
+    node = _Node.of(known, curves, budget.cores)
+    row = node.row(counts)
+    scale = node.scale(row[None])[0]
+    return {j: float(node.predicted[i, row[i]] * scale[i]) for i, j in enumerate(node.ids)}
 
 
 def probe(
@@ -888,9 +893,7 @@ def probe(
         return None
     ids = [j.job_id for j in jobs]
     curves = {j.job_id: _curve(j, budget, _bounds(j, budget)[1]) for j in jobs}
-    node = _Node(
-        ids, curves, {j.job_id: j.main_cpu_per_sample for j in jobs}, budget.cores, _Memory.of(jobs)
-    )
+    node = _Node.of(jobs, curves, budget.cores)
     current = node.row({j.job_id: j.current_workers for j in jobs})
     if not node.valid(current[None])[0]:
         return None

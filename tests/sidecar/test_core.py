@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -498,27 +499,35 @@ def test_the_log_says_when_a_job_is_placed_by_its_model(
     assert f"job {job.job_id}: placed by its model 2.0 s after registering" in caplog.text
 
 
-def test_a_probe_that_does_not_pay_is_undone_and_the_next_waits_longer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def probing_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_count: Callable[[pol.JobView], int]
+) -> tuple[NodeCore, Job, Job, Callable[[int], None]]:
+    """Jobs ``a`` and ``b`` at 2 workers each on an adaptive node whose model proposes
+    ``model_count`` workers for each job and whose probe is always a=3, b=1; and ``run(n)``:
+    both report for ``n`` seconds at 300 samples/s."""
     node = FakeNode(0.0)
     core = node_core(tmp_path, PolicySettings("adaptive", 8, 2, 1.0), node, job_timeout_s=0)
 
-    def keep(policy: str, views: list[pol.JobView], budget: pol.Budget, **kw: Any) -> Any:
-        return {v.job_id: pol.WorkerDecision(v.job_id, v.current_workers, "m") for v in views}
+    def model(policy: str, views: list[pol.JobView], budget: pol.Budget, **kw: Any) -> Any:
+        return {v.job_id: pol.WorkerDecision(v.job_id, model_count(v), "m") for v in views}
 
-    monkeypatch.setattr(core_mod.pol, "decide", keep)
+    monkeypatch.setattr(core_mod.pol, "decide", model)
     a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
     b = core.register(Registration("b", pids=(100,), num_workers=2, batch_size=32))
-    monkeypatch.setattr(
-        core_mod.pol,
-        "probe",
-        lambda *args: (pol.split_of({a.job_id: 3, b.job_id: 1}), "probing"),
-    )
+    probed = pol.split_of({a.job_id: 3, b.job_id: 1})
+    monkeypatch.setattr(core_mod.pol, "probe", lambda *args: (probed, "probing"))
 
     def run(seconds: int) -> None:
         report_each_second(core, node, (a, b), seconds, {"a": 300.0, "b": 300.0})
 
+    return core, a, b, run
+
+
+def test_a_probe_that_does_not_pay_is_undone_and_the_next_waits_longer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the model keeps whatever each job runs
+    core, a, b, run = probing_node(tmp_path, monkeypatch, lambda v: v.current_workers)
     run(int(pol.PROBE_AFTER_S) + 2)  # 2/2 measured and steady
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
@@ -532,21 +541,8 @@ def test_a_probe_that_does_not_pay_is_undone_and_the_next_waits_longer(
 def test_a_probe_is_held_against_the_models_proposal_until_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    node = FakeNode(0.0)
-    core = node_core(tmp_path, PolicySettings("adaptive", 8, 2, 1.0), node, job_timeout_s=0)
-
-    def two_each(policy: str, views: list[pol.JobView], budget: pol.Budget, **kw: Any) -> Any:
-        return {v.job_id: pol.WorkerDecision(v.job_id, 2, "m") for v in views}
-
-    monkeypatch.setattr(core_mod.pol, "decide", two_each)
-    a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
-    b = core.register(Registration("b", pids=(100,), num_workers=2, batch_size=32))
-    probed = pol.split_of({a.job_id: 3, b.job_id: 1})
-    monkeypatch.setattr(core_mod.pol, "probe", lambda *args: (probed, "probing"))
-
-    def run(seconds: int) -> None:
-        report_each_second(core, node, (a, b), seconds, {"a": 300.0, "b": 300.0})
-
+    # the model proposes 2/2 whatever runs
+    core, a, b, run = probing_node(tmp_path, monkeypatch, lambda v: 2)
     run(int(pol.PROBE_AFTER_S) + 2)
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
