@@ -176,6 +176,7 @@ class NodeCore:
         self._measured = pol.Measurements()  # what each split of the node measured
         self._previous: pol.Split | None = None  # the split left for the current one
         self._probed: pol.Split | None = None  # the split the last probe moved to
+        self._paid: dict[str, int] | None = None  # the move of the last probe, if it paid
         self._probe_wait = pol.PROBE_AFTER_S  # steady seconds before the next probe
         self._decided_at = -math.inf  # when the policy last ran
         self._wake = asyncio.Event()
@@ -533,6 +534,7 @@ class NodeCore:
         if self._previous is not None and not pol.same_jobs(self._previous, current):
             # a job came or went: a new node
             self._previous, self._probed, self._probe_wait = None, None, pol.PROBE_AFTER_S
+            self._paid = None
         proposed = pol.split_of({j: d.num_workers for j, d in decisions.items()})
         chosen, why = pol.measured_guard(
             current,
@@ -551,13 +553,16 @@ class NodeCore:
             chosen, why = current, f"probing {pol.show_split(current)}: measuring it"
         if current == self._probed and known:  # the probe is judged
             paid = chosen == current
+            left = dict(self._previous or ())
+            self._paid = {j: k - left.get(j, k) for j, k in current} if paid else None
             self._probed = None
             self._probe_wait = (
                 pol.PROBE_AFTER_S if paid else min(2 * self._probe_wait, pol.PROBE_MAX_WAIT_S)
             )
         steady = now - self._changed_at >= self._probe_wait
         if chosen == current == proposed and steady and known:
-            tried = pol.probe(views, budget, self._measured, limits, now)
+            tried = pol.probe(views, budget, self._measured, limits, now, again=self._paid)
+            self._paid = None
             if tried is not None:
                 chosen, why = tried
                 self._probed = chosen

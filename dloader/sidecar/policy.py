@@ -46,10 +46,12 @@ steady, normalised by their accelerator limits. A proposal measured worse than t
 split is not taken; a split measured worse than the one left for it goes back to that one.
 Steady at a measured split, the node tries the neighbour (one worker added, removed or moved)
 the model ranks best among the near-ties it has not measured lately: where the model cannot
-tell, measuring can. On a node whose cores the model says are all taken, near-ties that give
-a CPU-bound job a worker less come first (more runnable threads than cores cost switching and
-the trainers' wait for a core, which the model's sharing does not see). A probe stays only if
-it measures better; each that does not doubles the wait before the next. Measurements are
+tell, measuring can. A probe that pays is followed by the same move once more (a local
+search that follows a slope measured to pay, one worker at a time). On a node whose cores
+the model says are all taken, near-ties that give a CPU-bound job a worker less come first
+(more runnable threads than cores cost switching and the trainers' wait for a core, which the
+model's sharing does not see). A probe stays only if it measures better; each that does not
+doubles the wait before the next. Measurements are
 forgotten after ``MEASURE_STALE_S`` (costs change).
 """
 
@@ -737,8 +739,9 @@ MEASURE_WINDOWS = 2
 """Steady report windows each job needs at a split before the split's measured score counts."""
 MEASURE_STALE_S = 90.0
 """A split's measurements older than this are forgotten: the jobs' costs may have changed."""
-PROBE_AFTER_S = 10.0
-"""Steady this long at a measured split: try the untried neighbour the model ranks best."""
+PROBE_AFTER_S = 5.0
+"""Steady this long at a measured split: try the untried neighbour the model ranks best (a
+split is measured about 4 s after a change: ``SETTLE_S`` and ``MEASURE_WINDOWS`` windows)."""
 PROBE_HOLD_S = 15.0
 """A probe is held against the model's proposals until it is measured, at most this long."""
 PROBE_MAX_WAIT_S = 160.0
@@ -885,10 +888,14 @@ def probe(
     measured: Measurements,
     limits: dict[str, float],
     now: float,
+    again: dict[str, int] | None = None,
 ) -> tuple[Split, str] | None:
     """A neighbour of the current split worth measuring: one worker added to, removed from or
     moved between jobs, within the budgets, not measured lately, predicted by the model within
-    ``PROBE_LOSS`` of the current split; the best predicted first. None: none is."""
+    ``PROBE_LOSS`` of the current split; the best predicted first. ``again``: the move (job id
+    -> workers added) of a probe that just paid: made once more first, if it is such a
+    neighbour (a slope measured to pay is followed before the model's next guess). None: no
+    neighbour is worth measuring."""
     if any(j.model is None or not j.model.observations for j in jobs):
         return None
     ids = [j.job_id for j in jobs]
@@ -926,10 +933,17 @@ def probe(
     fewer = ((trials < current) & bound).any(axis=1) & ~((trials > current) & bound).any(axis=1)
     release = near & fewer if demand.sum() > budget.cores else np.zeros_like(near)
     pool = release if release.any() else near
+    follow = np.zeros_like(near)
+    if again:
+        step = np.array([again.get(j, 0) for j in ids])
+        follow = near & (trials == current + step).all(axis=1)
+    if follow.any():
+        pool, why = follow, " (the move that just paid, once more)"
+    else:
+        why = " (a CPU-bound worker less on a full node)" if release.any() else ""
     i = int(np.argmax(np.where(pool, values, -np.inf)))  # the best predicted (first of equals)
     best = float(values[i]), dict(zip(ids, trials[i].tolist(), strict=True))
     return split_of(best[1]), (
         f"probing {show_split(split_of(best[1]))}: the model predicts {best[0]:.3f} there vs "
-        f"{base:.3f} here, too close to call without measuring"
-        + (" (a CPU-bound worker less on a full node)" if release.any() else "")
+        f"{base:.3f} here, too close to call without measuring{why}"
     )

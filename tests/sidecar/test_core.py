@@ -515,10 +515,16 @@ def probing_node(
     a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
     b = core.register(Registration("b", pids=(100,), num_workers=2, batch_size=32))
     probed = pol.split_of({a.job_id: 3, b.job_id: 1})
-    monkeypatch.setattr(core_mod.pol, "probe", lambda *args: (probed, "probing"))
+    moves = core.probe_moves = []  # type: ignore[attr-defined]
 
-    def run(seconds: int) -> None:
-        report_each_second(core, node, (a, b), seconds, {"a": 300.0, "b": 300.0})
+    def probe(*args: Any, again: dict[str, int] | None = None) -> Any:
+        moves.append(again)
+        return probed, "probing"
+
+    monkeypatch.setattr(core_mod.pol, "probe", probe)
+
+    def run(seconds: int, tput: float = 300.0) -> None:
+        report_each_second(core, node, (a, b), seconds, {"a": tput, "b": tput})
 
     return core, a, b, run
 
@@ -528,7 +534,7 @@ def test_a_probe_that_does_not_pay_is_undone_and_the_next_waits_longer(
 ) -> None:
     # the model keeps whatever each job runs
     core, a, b, run = probing_node(tmp_path, monkeypatch, lambda v: v.current_workers)
-    run(int(pol.PROBE_AFTER_S) + 2)  # 2/2 measured and steady
+    run(12)  # 2/2 measured and steady
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
     run(6)  # the probe measures the same: it did not pay
@@ -536,6 +542,24 @@ def test_a_probe_that_does_not_pay_is_undone_and_the_next_waits_longer(
     assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
     assert a.directive.reason.endswith("(a probe that did not pay)")
     assert core._probe_wait == 2 * pol.PROBE_AFTER_S
+    assert core.probe_moves == [None]  # type: ignore[attr-defined]
+
+
+def test_a_probe_that_pays_is_followed_by_the_same_move(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    core, a, b, run = probing_node(tmp_path, monkeypatch, lambda v: v.current_workers)
+    run(12)
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
+    run(6, 330.0)  # the probe measures 10% better: it stays, and the wait is not doubled
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
+    assert core._probe_wait == pol.PROBE_AFTER_S
+    run(int(pol.PROBE_AFTER_S), 330.0)
+    core.decide()  # steady again: the next probe is asked to make that move once more first
+    moves = core.probe_moves[:2]  # type: ignore[attr-defined]
+    assert moves == [None, {a.job_id: 1, b.job_id: -1}]
 
 
 def test_a_probe_is_held_against_the_models_proposal_until_measured(
@@ -543,7 +567,7 @@ def test_a_probe_is_held_against_the_models_proposal_until_measured(
 ) -> None:
     # the model proposes 2/2 whatever runs
     core, a, b, run = probing_node(tmp_path, monkeypatch, lambda v: 2)
-    run(int(pol.PROBE_AFTER_S) + 2)
+    run(12)
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
     run(2)  # one window each at the probe: not measured yet; the model proposes 2/2 again

@@ -403,6 +403,26 @@ def test_on_a_full_node_a_probe_first_tries_a_cpu_bound_worker_less() -> None:
     assert roomy is not None and "full node" not in roomy[1]
 
 
+def test_a_move_that_paid_is_probed_again_first() -> None:
+    """After a probe that paid, the same move from the new split is tried first if it is a
+    near-tie; a move the model ranks far worse is not (the best near-tie is, as without)."""
+    jobs = [
+        JobView("io", 32, 16, model=fitted(IO_HEAVY)),
+        JobView("cpu", 32, 2, model=fitted(CPU_HEAVY)),
+    ]
+    budget = Budget(workers=18, cores=2)
+    limits = {"io": 1.0, "cpu": 1.0}
+
+    def probed(again: dict[str, int] | None) -> tuple[dict[str, int], str]:
+        split, why = probe(jobs, budget, Measurements(), limits, 0.0, again=again) or ((), "")
+        return dict(split), why
+
+    assert probed(None)[0] == {"io": 15, "cpu": 2}  # the best near-tie
+    counts, why = probed({"io": -1, "cpu": 1})  # the other near-tie (see above)
+    assert counts == {"io": 15, "cpu": 3} and why.endswith("(the move that just paid, once more)")
+    assert probed({"cpu": -1}) == probed(None)  # cpu 1: a 14% predicted loss, not near
+
+
 def test_what_the_model_expects_of_a_split_shares_the_cores() -> None:
     """Two CPU-bound jobs at 4 workers each: on 16 cores each gets its curve; on 2 cores they
     share them, and each is expected to reach less (and not a job left out: none is)."""
