@@ -14,8 +14,12 @@ which nobody does.
 
 Score: the sum over jobs of samples/s divided by the job's accelerator limit, over the last
 ``--window`` seconds of each run (the adaptive sidecar needs the first part to explore).
-Also: each job's accelerator idle share, and when the adaptive run reached 95% of its final
-score. A PNG shows per-job throughput and worker counts over time.
+Then (``--again N``, default 1) the best static split and the adaptive sidecar run N more
+times each, alternating, at the sidecar runs' length and window: the search's best is the
+largest of many short, noisy runs and leans high, so the mean of the adaptive runs is also
+compared with the mean of that split's reruns. Also: each job's accelerator idle share, and
+when the adaptive run reached 95% of its final score. A PNG shows per-job throughput and
+worker counts over time.
 
     python -m benchmarks.bench_sidecar              # ~13 min
     python -m benchmarks.bench_sidecar --quick      # ~9 min, budget 12 only, shorter runs
@@ -122,9 +126,11 @@ def coordinate_search(
 
 
 def with_sidecar(
-    policy: str, budget: int, seconds: float, tmp: Path, extra: list[str]
+    policy: str, budget: int, seconds: float, tmp: Path, extra: list[str], name: str = ""
 ) -> dict[str, Any]:
-    folder = tmp / f"{policy}-{budget}"
+    """The mix under a sidecar with ``policy``; its files in ``tmp / name`` (default:
+    ``policy-budget``)."""
+    folder = tmp / (name or f"{policy}-{budget}")
     with sidecar_process(folder, policy=policy, worker_budget=budget) as sc:
         return run_jobs(
             specs(START_WORKERS), folder, seconds=seconds, sidecar=sc.target, extra=extra
@@ -193,11 +199,11 @@ def static_best(
     ladder: Sequence[int],
     rounds: int,
     seeds: Sequence[Split] = (),
-) -> tuple[str, float, dict[str, Any], dict[str, Any]]:
+) -> tuple[str, Split, float, dict[str, Any], dict[str, Any]]:
     """The best static split within ``budget`` by coordinate search from one worker each (from
     the even split, a full budget leaves no single job room to grow) or from the best of
     ``seeds``, each split run for ``seconds`` and scored over its last ``window``: (label,
-    score, per job, results)."""
+    split, score, per job, results)."""
     tried: dict[tuple[int, ...], tuple[float, dict[str, Any], dict[str, Any]]] = {}
 
     def evaluate(split: Split) -> float:
@@ -223,7 +229,7 @@ def static_best(
     label = f"static best of {len(tried)}, budget {budget}: " + "/".join(
         str(split[j]) for j in JOBS
     )
-    return (label, *tried[tuple(split[j] for j in JOBS)])
+    return (label, split, *tried[tuple(split[j] for j in JOBS)])
 
 
 def dynamic_plans(phase: float, split: Split | None = None) -> list[Arrival]:
@@ -461,6 +467,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="shorter runs, a smaller search")
     p.add_argument(
+        "--again",
+        type=int,
+        default=1,
+        help="emulated and real mixes: after the search, the best static split and the "
+        "adaptive sidecar run N more times each, alternating, at the sidecar runs' length and "
+        "window (the best of the search's many short, noisy runs leans high; its rerun does "
+        "not); 0: none (default: 1)",
+    )
+    p.add_argument(
         "--jpegs",
         type=int,
         default=3000,
@@ -535,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--window {args.window:g} must be shorter than --seconds {args.seconds:g}")
     if args.jpegs < 1:
         p.error(f"--jpegs {args.jpegs}: expected at least 1")
+    if args.again < 0:
+        p.error(f"--again {args.again}: expected 0 or more")
     extra = ["--jpegs", str(args.jpegs)]
     outs = (lambda name: args.out_dir / name) if args.out_dir else out_path
     if args.out_dir:
@@ -543,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-"))
     runs, rows = {}, []
     best: dict[int, tuple[float, str]] = {}
+    again: dict[int, tuple[list[float], list[float]]] = {}  # budget: (static, adaptive) reruns
     if args.mix == "real":  # generate the JPEGs first: not inside the first run's time
         make_dataset(PROFILES["image_jpeg"], 1, args.jpegs)
     print(f"  no sidecar: 3 jobs x {args.seconds:g} s ...", file=sys.stderr, flush=True)
@@ -557,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[label] = res
             total, per = score(res, args.seconds - args.window, args.seconds)
             rows.append((label, total, per))
-        label, total, per, res = static_best(
+        label, split, total, per, res = static_best(
             budget,
             tmp,
             args.static_seconds,
@@ -570,6 +588,22 @@ def main(argv: list[str] | None = None) -> int:
         runs[label] = res
         rows.append((label, total, per))
         best[budget] = (total, label)
+        again[budget] = ([], [])
+        shown = "/".join(str(split[j]) for j in JOBS)
+        for i in range(args.again):
+            for kind, name in (("static", f"static {shown}"), ("adaptive", "adaptive")):
+                label = f"{name} again ({i + 1}), budget {budget}"
+                print(f"  {label}: 3 jobs x {args.seconds:g} s ...", file=sys.stderr, flush=True)
+                if kind == "static":
+                    folder = tmp / f"again-static-{budget}-{i}"
+                    res = run_jobs(specs(split), folder, seconds=args.seconds, extra=extra)
+                else:
+                    res = with_sidecar(
+                        "adaptive", budget, args.seconds, tmp, extra, f"again-adaptive-{budget}-{i}"
+                    )
+                total, per = score(res, args.seconds - args.window, args.seconds)
+                rows.append((label, total, per))
+                again[budget][kind == "adaptive"].append(total)
     first = budgets[0]
     base = next(t for n, t, _ in rows if n == f"even, budget {first}")
     headers = [
@@ -601,11 +635,22 @@ def main(argv: list[str] | None = None) -> int:
         conv = converged_at(runs[label], adaptive, args.seconds)
         errors = prediction_errors(tmp / f"adaptive-{budget}" / "sidecar.log", per)
         better = max(even, none)
+        statics, adaptives = again[budget]
+        # the mean of every adaptive run against the mean of the static split's reruns: runs
+        # of one length and window (the search's value is the best of many shorter runs)
+        vs_again = (
+            (adaptive + sum(adaptives)) / (1 + len(adaptives)) / (sum(statics) / len(statics))
+            if statics
+            else None
+        )
         summary[budget] = {
             "adaptive_vs_better_baseline": adaptive / better,
             "adaptive_vs_even_same_budget": adaptive / even,
             "adaptive_vs_no_sidecar": adaptive / none,
             "adaptive_vs_static_best_same_budget": adaptive / best[budget][0],
+            "adaptive_vs_static_again": vs_again,
+            "static_again": statics,
+            "adaptive_again": adaptives,
             "converged_s": conv,
             "prediction_error": errors,
         }
@@ -613,7 +658,14 @@ def main(argv: list[str] | None = None) -> int:
             f"budget {budget}: adaptive / the better of (no sidecar, even at this budget) = "
             f"{adaptive / better:.2f} (target >= {targets[0]:.2f}); adaptive / the best static "
             f"split within this budget = {adaptive / best[budget][0]:.2f} (target >= "
-            f"{targets[1]:.2f}); reached 95% of its final score after "
+            f"{targets[1]:.2f})"
+            + (
+                f", mean of {1 + len(adaptives)} adaptive runs / that split run again "
+                f"(mean of {len(statics)}) = {vs_again:.2f}"
+                if vs_again is not None
+                else ""
+            )
+            + "; reached 95% of its final score after "
             f"{conv if conv is not None else 'n/a'} s; the model's error on the final worker "
             "counts: "
             + ", ".join(f"{j} {e:.0%}" if e is not None else f"{j} n/a" for j, e in errors.items())

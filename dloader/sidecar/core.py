@@ -176,6 +176,7 @@ class NodeCore:
         self._measured = pol.Measurements()  # what each split of the node measured
         self._previous: pol.Split | None = None  # the split left for the current one
         self._probed: pol.Split | None = None  # the split the last probe moved to
+        self._lighter = False  # that probe took a CPU-bound worker on a full node
         self._paid: dict[str, int] | None = None  # the move of the last probe, if it paid
         self._probe_wait = pol.PROBE_AFTER_S  # steady seconds before the next probe
         self._decided_at = -math.inf  # when the policy last ran
@@ -544,6 +545,7 @@ class NodeCore:
             limits,
             now,
             trial=current == self._probed,
+            lighter=self._lighter,
         )
         known = self._measured.score(current, limits, now) is not None
         held = now - self._changed_at < pol.PROBE_HOLD_S
@@ -564,7 +566,7 @@ class NodeCore:
             tried = pol.probe(views, budget, self._measured, limits, now, again=self._paid)
             self._paid = None
             if tried is not None:
-                chosen, why = tried
+                chosen, why, self._lighter = tried
                 self._probed = chosen
         if chosen != proposed and not pol.fits(views, budget, dict(chosen)):
             return decisions  # e.g. memory grew since that split was run

@@ -50,8 +50,9 @@ tell, measuring can. A probe that pays is followed by the same move once more (a
 search that follows a slope measured to pay, one worker at a time). On a node whose cores
 the model says are all taken, near-ties that give a CPU-bound job a worker less come first
 (more runnable threads than cores cost switching and the trainers' wait for a core, which the
-model's sharing does not see). A probe stays only if it measures better; each that does not
-doubles the wait before the next. Measurements are
+model's sharing does not see). A probe stays only if it measures better (such a lighter one:
+if it measures no worse; a tie goes to fewer threads); each that does not doubles the wait
+before the next. Measurements are
 forgotten after ``MEASURE_STALE_S`` (costs change).
 """
 
@@ -74,6 +75,7 @@ __all__ = [
     "JobView",
     "Learning",
     "Measurements",
+    "Probe",
     "Split",
     "WorkerDecision",
     "check_policy",
@@ -822,12 +824,15 @@ def measured_guard(
     now: float,
     *,
     trial: bool = False,
+    lighter: bool = False,
 ) -> tuple[Split, str]:
     """The split to run, and why when it is not the model's ``proposed``: the model proposes,
     measurements decide. A proposal measured worse than the current split (by
     ``MEASURE_MARGIN``) is not taken; a current split measured worse than the ``previous`` one
     (the split left for it) goes back to that. A ``trial`` split (a probe's) must earn its
-    place: it is kept only if measured better than the previous one by ``PROBE_GAIN``."""
+    place: it is kept only if measured better than the previous one by ``PROBE_GAIN``; a
+    ``lighter`` trial (a CPU-bound worker less on a full node) only if not measured worse by
+    that much: a tie goes to the split with fewer threads competing for the cores."""
     here = measured.score(current, limits, now)
     if proposed != current:
         there = measured.score(proposed, limits, now)
@@ -840,8 +845,12 @@ def measured_guard(
     if previous is not None and previous != current and same_jobs(previous, current):
         before = measured.score(previous, limits, now)
         if here is not None and before is not None:
-            # a probe must measure better; a model's move, not measurably worse
-            need = before * (1 + PROBE_GAIN) if trial else before / (1 + MEASURE_MARGIN)
+            # a probe must measure better (a lighter one, no worse); a model's move, not
+            # measurably worse
+            if trial:
+                need = before / (1 + PROBE_GAIN) if lighter else before * (1 + PROBE_GAIN)
+            else:
+                need = before / (1 + MEASURE_MARGIN)
             if here < need:
                 return previous, (
                     f"back to {show_split(previous)}: measured {before:.3f} there, {here:.3f} at "
@@ -882,6 +891,16 @@ def expected(jobs: Sequence[JobView], budget: Budget, counts: dict[str, int]) ->
     return {j: float(node.predicted[i, row[i]] * scale[i]) for i, j in enumerate(node.ids)}
 
 
+class Probe(NamedTuple):
+    """A split worth measuring (:func:`probe`)."""
+
+    split: Split
+    why: str
+    lighter: bool
+    """It gives a CPU-bound job a worker less on a full node (and none more): it stays unless
+    it measures worse than the split it left (:func:`measured_guard`)."""
+
+
 def probe(
     jobs: Sequence[JobView],
     budget: Budget,
@@ -889,7 +908,7 @@ def probe(
     limits: dict[str, float],
     now: float,
     again: dict[str, int] | None = None,
-) -> tuple[Split, str] | None:
+) -> Probe | None:
     """A neighbour of the current split worth measuring: one worker added to, removed from or
     moved between jobs, within the budgets, not measured lately, predicted by the model within
     ``PROBE_LOSS`` of the current split; the best predicted first. ``again``: the move (job id
@@ -942,8 +961,10 @@ def probe(
     else:
         why = " (a CPU-bound worker less on a full node)" if release.any() else ""
     i = int(np.argmax(np.where(pool, values, -np.inf)))  # the best predicted (first of equals)
-    best = float(values[i]), dict(zip(ids, trials[i].tolist(), strict=True))
-    return split_of(best[1]), (
-        f"probing {show_split(split_of(best[1]))}: the model predicts {best[0]:.3f} there vs "
-        f"{base:.3f} here, too close to call without measuring{why}"
+    split = split_of(dict(zip(ids, trials[i].tolist(), strict=True)))
+    return Probe(
+        split,
+        f"probing {show_split(split)}: the model predicts {values[i]:.3f} there vs "
+        f"{base:.3f} here, too close to call without measuring{why}",
+        bool(fewer[i]) and demand.sum() > budget.cores,
     )

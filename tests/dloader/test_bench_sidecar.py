@@ -23,6 +23,8 @@ def test_bench_sidecar_real_mix_small(tmp_path: Path, capsys: pytest.CaptureFixt
     names = [row[0] for row in data["rows"]]
     assert names[:3] == ["no sidecar (4 each)", "even, budget 12", "adaptive, budget 12"]
     assert names[3].startswith("static best of ") and ", budget 12: " in names[3]
+    split = names[3].rsplit(": ", 1)[1]  # the searched split is run again, then the sidecar
+    assert names[4:] == [f"static {split} again (1), budget 12", "adaptive again (1), budget 12"]
     for name, total, per in data["rows"]:
         assert set(per) == {"image_jpeg", "text_pack", "remote_read"}, name
         assert all(p["samples_per_s"] > 0 for p in per.values()), (name, per)
@@ -30,6 +32,9 @@ def test_bench_sidecar_real_mix_small(tmp_path: Path, capsys: pytest.CaptureFixt
     summary = data["summary"]["12"]
     assert set(summary["prediction_error"]) == {"image_jpeg", "text_pack", "remote_read"}
     assert summary["adaptive_vs_even_same_budget"] > 0
+    assert len(summary["static_again"]) == len(summary["adaptive_again"]) == 1
+    adaptive = (data["rows"][2][1] + data["rows"][5][1]) / 2
+    assert summary["adaptive_vs_static_again"] == pytest.approx(adaptive / data["rows"][4][1])
     assert (tmp_path / "bench_sidecar_real.png").stat().st_size > 0
     out = capsys.readouterr().out
     assert "adaptive / the better of" in out and "machine:" in out

@@ -519,7 +519,7 @@ def probing_node(
 
     def probe(*args: Any, again: dict[str, int] | None = None) -> Any:
         moves.append(again)
-        return probed, "probing"
+        return pol.Probe(probed, "probing", lighter=False)
 
     monkeypatch.setattr(core_mod.pol, "probe", probe)
 

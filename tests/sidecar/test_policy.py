@@ -374,7 +374,7 @@ def test_probing_tries_the_best_untried_near_tie() -> None:
     m = Measurements()
     tried = []
     while (p := probe(jobs, budget, m, limits, 0.0)) is not None:
-        split, why = p
+        split, why = p.split, p.why
         assert split not in tried and "probing" in why
         counts = dict(split)
         assert sum(counts.values()) <= 18 and min(counts.values()) >= 1
@@ -396,11 +396,12 @@ def test_on_a_full_node_a_probe_first_tries_a_cpu_bound_worker_less() -> None:
         JobView("io", 32, 8, model=fitted(IO_HEAVY)),
     ]
     limits = dict.fromkeys(["c1", "c2", "io"], 1.0)
-    split, why = probe(jobs, Budget(workers=20, cores=2), Measurements(), limits, 0.0) or ((), "")
-    counts = dict(split)
-    assert counts["c1"] + counts["c2"] == 5 and "a CPU-bound worker less on a full node" in why
+    full = probe(jobs, Budget(workers=20, cores=2), Measurements(), limits, 0.0)
+    assert full is not None and full.lighter
+    counts = dict(full.split)
+    assert counts["c1"] + counts["c2"] == 5 and "a CPU-bound worker less on a full node" in full.why
     roomy = probe(jobs, Budget(workers=20, cores=16), Measurements(), limits, 0.0)
-    assert roomy is not None and "full node" not in roomy[1]
+    assert roomy is not None and "full node" not in roomy.why and not roomy.lighter
 
 
 def test_a_move_that_paid_is_probed_again_first() -> None:
@@ -414,8 +415,9 @@ def test_a_move_that_paid_is_probed_again_first() -> None:
     limits = {"io": 1.0, "cpu": 1.0}
 
     def probed(again: dict[str, int] | None) -> tuple[dict[str, int], str]:
-        split, why = probe(jobs, budget, Measurements(), limits, 0.0, again=again) or ((), "")
-        return dict(split), why
+        p = probe(jobs, budget, Measurements(), limits, 0.0, again=again)
+        assert p is not None
+        return dict(p.split), p.why
 
     assert probed(None)[0] == {"io": 15, "cpu": 2}  # the best near-tie
     counts, why = probed({"io": -1, "cpu": 1})  # the other near-tie (see above)
@@ -447,3 +449,11 @@ def test_a_probe_must_measure_better_to_stay() -> None:
     assert chosen == before and why.endswith("(a probe that did not pay)")
     better = measured({before: 1.0, probed: 1.02})
     assert measured_guard(probed, probed, before, better, limits, 0.0, trial=True)[0] == probed
+    # a lighter probe (a CPU-bound worker less on a full node) stays on a tie, not on a loss
+    tie = measured_guard(probed, probed, before, level, limits, 0.0, trial=True, lighter=True)
+    assert tie == (probed, "")
+    worse = measured({before: 1.0, probed: 0.98})
+    chosen, why = measured_guard(
+        probed, probed, before, worse, limits, 0.0, trial=True, lighter=True
+    )
+    assert chosen == before and why.endswith("(a probe that did not pay)")
