@@ -524,6 +524,8 @@ class NodeCore:
         for ``PROBE_AFTER_S`` at a measured split, a near-tie neighbour is tried
         (:func:`~.policy.probe`). A probe that does not pay doubles the wait before the next
         (up to ``PROBE_MAX_WAIT_S``); one that pays, or a job arriving or leaving, resets it.
+        The model's own move that gives a CPU-bound job a worker more on a full node
+        (:func:`~.policy.heavier`) is on trial like a probe: it stays only if it measures better.
         Only once every job is placed by its model."""
         if any(not j.model.observations for j in jobs) or not all(
             d.placed for d in decisions.values()
@@ -537,6 +539,7 @@ class NodeCore:
             self._previous, self._probed, self._probe_wait = None, None, pol.PROBE_AFTER_S
             self._paid = None
         proposed = pol.split_of({j: d.num_workers for j, d in decisions.items()})
+        heavier = proposed != current and pol.heavier(views, budget, dict(current), dict(proposed))
         chosen, why = pol.measured_guard(
             current,
             proposed,
@@ -546,6 +549,7 @@ class NodeCore:
             now,
             trial=current == self._probed,
             lighter=self._lighter,
+            heavier=heavier,
         )
         known = self._measured.score(current, limits, now) is not None
         held = now - self._changed_at < pol.PROBE_HOLD_S
@@ -568,6 +572,9 @@ class NodeCore:
             if tried is not None:
                 chosen, why, self._lighter = tried
                 self._probed = chosen
+        if chosen == proposed != current and heavier:
+            # the model overrates a CPU-bound worker more on a full node: on trial, as a probe
+            self._probed, self._lighter = proposed, False
         if chosen != proposed and not pol.fits(views, budget, dict(chosen)):
             return decisions  # e.g. memory grew since that split was run
         if chosen != current:

@@ -85,6 +85,7 @@ __all__ = [
     "decide",
     "expected",
     "fits",
+    "heavier",
     "learning_gate",
     "measured_guard",
     "probe",
@@ -825,6 +826,7 @@ def measured_guard(
     *,
     trial: bool = False,
     lighter: bool = False,
+    heavier: bool = False,
 ) -> tuple[Split, str]:
     """The split to run, and why when it is not the model's ``proposed``: the model proposes,
     measurements decide. A proposal measured worse than the current split (by
@@ -832,11 +834,17 @@ def measured_guard(
     (the split left for it) goes back to that. A ``trial`` split (a probe's) must earn its
     place: it is kept only if measured better than the previous one by ``PROBE_GAIN``; a
     ``lighter`` trial (a CPU-bound worker less on a full node) only if not measured worse by
-    that much: a tie goes to the split with fewer threads competing for the cores."""
+    that much: a tie goes to the split with fewer threads competing for the cores. A
+    ``heavier`` proposal (a CPU-bound worker more on a full node: :func:`heavier`) measured
+    already is taken only if it measured better by ``PROBE_GAIN``."""
     here = measured.score(current, limits, now)
     if proposed != current:
         there = measured.score(proposed, limits, now)
-        if here is not None and there is not None and there < here * (1 - MEASURE_MARGIN):
+        if (
+            here is not None
+            and there is not None
+            and there < here * ((1 + PROBE_GAIN) if heavier else (1 - MEASURE_MARGIN))
+        ):
             return current, (
                 f"kept: measured {here:.3f} (sum of throughput / limit) at this split, "
                 f"{there:.3f} at the model's choice {show_split(proposed)}"
@@ -947,10 +955,9 @@ def probe(
     # the time or more) comes first: the model shares the cores as if that were free, but a
     # node with more runnable threads than cores also pays for their switching, and its
     # trainers wait longer for a core, so the model overrates such workers where it matters.
-    demand, _ = node.shares(current[None])
-    bound = demand[0, :n] >= CPU_BOUND_WORKER * np.maximum(current, 1)
+    bound, full = _cpu_bound(node, current, budget)
     fewer = ((trials < current) & bound).any(axis=1) & ~((trials > current) & bound).any(axis=1)
-    release = near & fewer if demand.sum() > budget.cores else np.zeros_like(near)
+    release = near & fewer if full else np.zeros_like(near)
     pool = release if release.any() else near
     follow = np.zeros_like(near)
     if again:
@@ -966,5 +973,35 @@ def probe(
         split,
         f"probing {show_split(split)}: the model predicts {values[i]:.3f} there vs "
         f"{base:.3f} here, too close to call without measuring{why}",
-        bool(fewer[i]) and demand.sum() > budget.cores,
+        bool(fewer[i]) and full,
     )
+
+
+def _cpu_bound(node: _Node, row: np.ndarray, budget: Budget) -> tuple[np.ndarray, bool]:
+    """At the allocation ``row``: which jobs' workers are CPU-bound (each demands
+    ``CPU_BOUND_WORKER`` cores or more), and whether the node's predicted CPU demand exceeds
+    its cores."""
+    demand, _ = node.shares(row[None])
+    n = len(node.ids)
+    cpu_bound = demand[0, :n] >= CPU_BOUND_WORKER * np.maximum(row, 1)
+    return cpu_bound, bool(demand.sum() > budget.cores)
+
+
+def heavier(
+    jobs: Sequence[JobView], budget: Budget, current: dict[str, int], proposed: dict[str, int]
+) -> bool:
+    """Whether ``proposed`` gives a CPU-bound job a worker more than ``current`` on a node whose
+    cores the model says ``current`` already takes: the move the model's CPU sharing overrates
+    (it counts the cores the worker takes from the others as free), so it stays only if it
+    measures better (:func:`measured_guard`). False if a job has no model yet."""
+    if any(j.model is None or not j.model.observations for j in jobs) or set(current) != set(
+        proposed
+    ):
+        return False
+    curves = {j.job_id: _curve(j, budget, _bounds(j, budget)[1]) for j in jobs}
+    node = _Node.of(jobs, curves, budget.cores)
+    row = node.row(current)
+    if not node.valid(row[None])[0]:
+        return False
+    bound, full = _cpu_bound(node, row, budget)
+    return full and bool(((node.row(proposed) > row) & bound).any())

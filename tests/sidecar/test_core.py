@@ -562,6 +562,33 @@ def test_a_probe_that_pays_is_followed_by_the_same_move(
     assert moves == [None, {a.job_id: 1, b.job_id: -1}]
 
 
+def test_the_models_cpu_bound_worker_more_on_a_full_node_is_on_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model's move to 3/1 gives a CPU-bound job a worker more on a full node (heavier,
+    scripted here): taken, then judged like a probe; measured no better, the node goes back
+    to 2/2, and the model's next proposal of 3/1 is not taken (it measured no better)."""
+    proposal: dict[str, int] = {}
+    core, a, b, run = probing_node(
+        tmp_path, monkeypatch, lambda v: proposal.get(v.job_id, v.current_workers)
+    )
+    monkeypatch.setattr(core_mod.pol, "probe", lambda *args, **kw: None)
+    monkeypatch.setattr(core_mod.pol, "heavier", lambda *args: True)
+    run(12)  # 2/2 measured
+    proposal.update({a.job_id: 3, b.job_id: 1})
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
+    assert core._probed == pol.split_of({a.job_id: 3, b.job_id: 1})
+    run(6)  # measured the same as 2/2: a probe would not have paid
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
+    assert a.directive.reason.endswith("(a probe that did not pay)")
+    run(4)
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
+    assert a.decision is not None and a.decision.reason.startswith("kept: measured")
+
+
 def test_a_probe_is_held_against_the_models_proposal_until_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

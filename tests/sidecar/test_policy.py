@@ -20,6 +20,7 @@ from dloader.sidecar.policy import (
     curve_moved,
     decide,
     expected,
+    heavier,
     measured_guard,
     probe,
     split_of,
@@ -402,6 +403,31 @@ def test_on_a_full_node_a_probe_first_tries_a_cpu_bound_worker_less() -> None:
     assert counts["c1"] + counts["c2"] == 5 and "a CPU-bound worker less on a full node" in full.why
     roomy = probe(jobs, Budget(workers=20, cores=16), Measurements(), limits, 0.0)
     assert roomy is not None and "full node" not in roomy.why and not roomy.lighter
+
+
+def test_a_cpu_bound_worker_more_on_a_full_node_must_measure_better() -> None:
+    """heavier(): a move that gives a CPU-bound job a worker more where the node's cores are
+    taken (not on 16 cores, not an I/O-bound worker more); such a proposal, once measured, is
+    taken only if it measured better by PROBE_GAIN (another, within MEASURE_MARGIN)."""
+    jobs = [
+        JobView("c1", 32, 3, model=fitted(CPU_HEAVY)),
+        JobView("c2", 32, 3, model=fitted(CPU_HEAVY)),
+        JobView("io", 32, 8, model=fitted(IO_HEAVY)),
+    ]
+    now = {"c1": 3, "c2": 3, "io": 8}
+    full, roomy = Budget(workers=20, cores=2), Budget(workers=20, cores=16)
+    assert heavier(jobs, full, now, {**now, "c1": 4, "io": 7})
+    assert not heavier(jobs, roomy, now, {**now, "c1": 4, "io": 7})
+    assert not heavier(jobs, full, now, {**now, "c1": 2, "io": 9})
+    assert not heavier([JobView("new", 32, 3), *jobs[1:]], full, now, {**now, "c1": 4})
+    here, there = split_of(now), split_of({**now, "c1": 4, "io": 7})
+    limits = dict.fromkeys(now, 1.0)
+    slightly = measured({here: 1.0, there: 1.005})
+    chosen, why = measured_guard(here, there, None, slightly, limits, 0.0, heavier=True)
+    assert chosen == here and why.startswith("kept: measured 1.000")
+    assert measured_guard(here, there, None, slightly, limits, 0.0) == (there, "")
+    clearly = measured({here: 1.0, there: 1.02})
+    assert measured_guard(here, there, None, clearly, limits, 0.0, heavier=True) == (there, "")
 
 
 def test_a_move_that_paid_is_probed_again_first() -> None:
