@@ -526,6 +526,8 @@ class NodeCore:
         (up to ``PROBE_MAX_WAIT_S``); one that pays, or a job arriving or leaving, resets it.
         The model's own move that gives a CPU-bound job a worker more on a full node
         (:func:`~.policy.heavier`) is on trial like a probe: it stays only if it measures better.
+        A split moved to (by a probe or the model, the jobs the same) is held until it is
+        measured, at most ``PROBE_HOLD_S``, unless it no longer fits the budgets.
         Only once every job is placed by its model."""
         if any(not j.model.observations for j in jobs) or not all(
             d.placed for d in decisions.values()
@@ -553,10 +555,14 @@ class NodeCore:
         )
         known = self._measured.score(current, limits, now) is not None
         held = now - self._changed_at < pol.PROBE_HOLD_S
-        if current == self._probed and not known and proposed != current and held:
-            # a probe runs until it is measured (within PROBE_HOLD_S): the model's next
-            # proposal (a probe is never its choice) would end it before anything was learnt
-            chosen, why = current, f"probing {pol.show_split(current)}: measuring it"
+        moved = self._previous is not None and pol.same_jobs(self._previous, current)
+        if moved and not known and proposed != current and held:
+            # a split moved to (by a probe or the model) runs until it is measured (within
+            # PROBE_HOLD_S): the model's next proposal, on a fit of the move's first noisy
+            # windows, would end it before anything was learnt
+            chosen, why = current, f"measuring {pol.show_split(current)} before the next move"
+            if current == self._probed:
+                chosen, why = current, f"probing {pol.show_split(current)}: measuring it"
         if current == self._probed and known:  # the probe is judged
             paid = chosen == current
             left = dict(self._previous or ())

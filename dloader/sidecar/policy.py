@@ -40,7 +40,8 @@ predicted objective is higher by ``hysteresis`` (no thrashing), or if it only re
 at no predicted loss.
 
 Measured truth over the model (:func:`measured_guard`, :func:`probe`; the core keeps the
-:class:`Measurements`): the model proposes, windows measured under the same neighbours decide.
+:class:`Measurements`): the model proposes, windows measured under the same neighbours decide;
+a split moved to is measured before the next move.
 Each split of the node (every job's worker count) is scored by what its jobs measured there,
 steady, normalised by their accelerator limits. A proposal measured worse than the current
 split is not taken; a split measured worse than the one left for it goes back to that one.
@@ -746,7 +747,8 @@ PROBE_AFTER_S = 5.0
 """Steady this long at a measured split: try the untried neighbour the model ranks best (a
 split is measured about 4 s after a change: ``SETTLE_S`` and ``MEASURE_WINDOWS`` windows)."""
 PROBE_HOLD_S = 15.0
-"""A probe is held against the model's proposals until it is measured, at most this long."""
+"""A split moved to (a probe, or the model's move) is held against the model's next proposals
+until it is measured, at most this long."""
 PROBE_MAX_WAIT_S = 160.0
 """Probes that do not pay double the wait before the next, up to this."""
 PROBE_LOSS = 0.05

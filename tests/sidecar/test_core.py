@@ -589,6 +589,28 @@ def test_the_models_cpu_bound_worker_more_on_a_full_node_is_on_trial(
     assert a.decision is not None and a.decision.reason.startswith("kept: measured")
 
 
+def test_a_split_the_model_moved_to_is_measured_before_its_next_move(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proposal: dict[str, int] = {}
+    core, a, b, run = probing_node(
+        tmp_path, monkeypatch, lambda v: proposal.get(v.job_id, v.current_workers)
+    )
+    monkeypatch.setattr(core_mod.pol, "probe", lambda *args, **kw: None)
+    run(12)
+    proposal.update({a.job_id: 3, b.job_id: 1})
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
+    proposal.update({a.job_id: 1, b.job_id: 3})
+    run(2)  # 3/1 not measured yet: held
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
+    assert a.decision is not None and "before the next move" in a.decision.reason
+    run(6)  # measured: the model's move is taken
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (1, 3)
+
+
 def test_a_probe_is_held_against_the_models_proposal_until_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
