@@ -365,7 +365,8 @@ def test_the_model_proposes_measurements_decide() -> None:
 
 def test_probing_tries_the_best_untried_near_tie() -> None:
     """Steady at a split: the neighbour the model ranks best among those not measured lately
-    and predicted within PROBE_LOSS; none when every such neighbour was measured."""
+    and predicted within PROBE_LOSS (on this full node, a CPU-bound worker less first, within
+    RELEASE_LOSS); none when every such neighbour was measured."""
     jobs = [
         JobView("io", 32, 16, model=fitted(IO_HEAVY)),  # near its curve's flat part
         JobView("cpu", 32, 2, model=fitted(CPU_HEAVY)),
@@ -382,9 +383,15 @@ def test_probing_tries_the_best_untried_near_tie() -> None:
         assert sum(abs(counts[j.job_id] - j.current_workers) for j in jobs) <= 2
         tried.append(split)
         m = measured({s: 1.0 for s in tried})
-    # one io worker fewer, kept or moved to cpu: < 1% predicted loss; not 17 (over the budget)
-    # nor cpu 1 (14% predicted loss)
-    assert set(tried) == {split_of({"io": 15, "cpu": 2}), split_of({"io": 15, "cpu": 3})}
+    # first, the node being full (2 cores), cpu's worker less, kept or moved to io (14%
+    # predicted loss: within RELEASE_LOSS); then one io worker fewer, kept or moved to cpu
+    # (< 1% predicted loss); not io 17 with cpu 2 (over the budget)
+    assert tried == [
+        split_of({"io": 17, "cpu": 1}),
+        split_of({"io": 16, "cpu": 1}),
+        split_of({"io": 15, "cpu": 2}),
+        split_of({"io": 15, "cpu": 3}),
+    ]
 
 
 def test_on_a_full_node_a_probe_first_tries_a_cpu_bound_worker_less() -> None:
@@ -432,7 +439,7 @@ def test_a_cpu_bound_worker_more_on_a_full_node_must_measure_better() -> None:
 
 def test_a_move_that_paid_is_probed_again_first() -> None:
     """After a probe that paid, the same move from the new split is tried first if it is a
-    near-tie; a move the model ranks far worse is not (the best near-tie is, as without)."""
+    near-tie; one that no longer fits is not (the probe is the one made without)."""
     jobs = [
         JobView("io", 32, 16, model=fitted(IO_HEAVY)),
         JobView("cpu", 32, 2, model=fitted(CPU_HEAVY)),
@@ -445,10 +452,10 @@ def test_a_move_that_paid_is_probed_again_first() -> None:
         assert p is not None
         return dict(p.split), p.why
 
-    assert probed(None)[0] == {"io": 15, "cpu": 2}  # the best near-tie
-    counts, why = probed({"io": -1, "cpu": 1})  # the other near-tie (see above)
+    assert probed(None)[0] == {"io": 17, "cpu": 1}  # a CPU-bound worker less first (see above)
+    counts, why = probed({"io": -1, "cpu": 1})  # a near-tie (see above)
     assert counts == {"io": 15, "cpu": 3} and why.endswith("(the move that just paid, once more)")
-    assert probed({"cpu": -1}) == probed(None)  # cpu 1: a 14% predicted loss, not near
+    assert probed({"io": 1, "cpu": 1}) == probed(None)  # 17 + 3: over the budget
 
 
 def test_what_the_model_expects_of_a_split_shares_the_cores() -> None:
