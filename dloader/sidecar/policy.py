@@ -53,8 +53,7 @@ the model says are all taken, near-ties that give a CPU-bound job a worker less 
 (more runnable threads than cores cost switching and the trainers' wait for a core, which the
 model's sharing does not see). A probe stays only if it measures better (such a lighter one:
 if it measures no worse; a tie goes to fewer threads); each that does not doubles the wait
-before the next. Measurements are
-forgotten after ``MEASURE_STALE_S`` (costs change).
+before the next. Measurements are forgotten after ``MEASURE_STALE_S`` (costs change).
 """
 
 from __future__ import annotations
@@ -928,15 +927,13 @@ def probe(
     moved between jobs, within the budgets, not measured lately, predicted by the model within
     ``PROBE_LOSS`` of the current split; the best predicted first. On a full node, those that
     give a CPU-bound job a worker less (and none more) come first, within ``RELEASE_LOSS``.
-    ``again``: the move (job id
-    -> workers added) of a probe that just paid: made once more first, if it is such a
-    neighbour (a slope measured to pay is followed before the model's next guess). None: no
-    neighbour is worth measuring."""
+    ``again``: the move (job id -> workers added) of a probe that just paid: made once more
+    first, if it is such a neighbour (a slope measured to pay is followed before the model's
+    next guess). None: no neighbour is worth measuring."""
     if any(j.model is None or not j.model.observations for j in jobs):
         return None
     ids = [j.job_id for j in jobs]
-    curves = {j.job_id: _curve(j, budget, _bounds(j, budget)[1]) for j in jobs}
-    node = _Node.of(jobs, curves, budget.cores)
+    node = _modelled(jobs, budget)
     current = node.row({j.job_id: j.current_workers for j in jobs})
     if not node.valid(current[None])[0]:
         return None
@@ -986,6 +983,12 @@ def probe(
     )
 
 
+def _modelled(jobs: Sequence[JobView], budget: Budget) -> _Node:
+    """The node of ``jobs`` (each with a model), every count within its bounds predicted."""
+    curves = {j.job_id: _curve(j, budget, _bounds(j, budget)[1]) for j in jobs}
+    return _Node.of(jobs, curves, budget.cores)
+
+
 def _cpu_bound(node: _Node, row: np.ndarray, budget: Budget) -> tuple[np.ndarray, bool]:
     """At the allocation ``row``: which jobs' workers are CPU-bound (each demands
     ``CPU_BOUND_WORKER`` cores or more), and whether the node's predicted CPU demand exceeds
@@ -1007,8 +1010,7 @@ def heavier(
         proposed
     ):
         return False
-    curves = {j.job_id: _curve(j, budget, _bounds(j, budget)[1]) for j in jobs}
-    node = _Node.of(jobs, curves, budget.cores)
+    node = _modelled(jobs, budget)
     row = node.row(current)
     if not node.valid(row[None])[0]:
         return False
