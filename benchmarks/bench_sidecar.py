@@ -560,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-"))
     runs, rows = {}, []
     best: dict[int, tuple[float, str]] = {}
-    again: dict[int, tuple[list[float], list[float]]] = {}  # budget: (static, adaptive) reruns
+    again: dict[int, dict[str, list[float]]] = {}  # budget: "static"/"adaptive": rerun scores
     if args.mix == "real":  # generate the JPEGs first: not inside the first run's time
         make_dataset(PROFILES["image_jpeg"], 1, args.jpegs)
     print(f"  no sidecar: 3 jobs x {args.seconds:g} s ...", file=sys.stderr, flush=True)
@@ -588,22 +588,20 @@ def main(argv: list[str] | None = None) -> int:
         runs[label] = res
         rows.append((label, total, per))
         best[budget] = (total, label)
-        again[budget] = ([], [])
+        again[budget] = {"static": [], "adaptive": []}
         shown = "/".join(str(split[j]) for j in JOBS)
         for i in range(args.again):
             for kind, name in (("static", f"static {shown}"), ("adaptive", "adaptive")):
                 label = f"{name} again ({i + 1}), budget {budget}"
                 print(f"  {label}: 3 jobs x {args.seconds:g} s ...", file=sys.stderr, flush=True)
+                folder = f"again-{kind}-{budget}-{i}"
                 if kind == "static":
-                    folder = tmp / f"again-static-{budget}-{i}"
-                    res = run_jobs(specs(split), folder, seconds=args.seconds, extra=extra)
+                    res = run_jobs(specs(split), tmp / folder, seconds=args.seconds, extra=extra)
                 else:
-                    res = with_sidecar(
-                        "adaptive", budget, args.seconds, tmp, extra, f"again-adaptive-{budget}-{i}"
-                    )
+                    res = with_sidecar("adaptive", budget, args.seconds, tmp, extra, folder)
                 total, per = score(res, args.seconds - args.window, args.seconds)
                 rows.append((label, total, per))
-                again[budget][kind == "adaptive"].append(total)
+                again[budget][kind].append(total)
     first = budgets[0]
     base = next(t for n, t, _ in rows if n == f"even, budget {first}")
     headers = [
@@ -635,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         conv = converged_at(runs[label], adaptive, args.seconds)
         errors = prediction_errors(tmp / f"adaptive-{budget}" / "sidecar.log", per)
         better = max(even, none)
-        statics, adaptives = again[budget]
+        statics, adaptives = again[budget]["static"], again[budget]["adaptive"]
         # the mean of every adaptive run against the mean of the static split's reruns: runs
         # of one length and window (the search's value is the best of many shorter runs)
         vs_again = (

@@ -560,9 +560,15 @@ class NodeCore:
             # a split moved to (by a probe or the model) runs until it is measured (within
             # PROBE_HOLD_S): the model's next proposal, on a fit of the move's first noisy
             # windows, would end it before anything was learnt
-            chosen, why = current, f"measuring {pol.show_split(current)} before the next move"
-            if current == self._probed:
-                chosen, why = current, f"probing {pol.show_split(current)}: measuring it"
+            shown = pol.show_split(current)
+            chosen, why = (
+                current,
+                (
+                    f"probing {shown}: measuring it"
+                    if current == self._probed
+                    else f"measuring {shown} before the next move"
+                ),
+            )
         if current == self._probed and known:  # the probe is judged
             paid = chosen == current
             left = dict(self._previous or ())

@@ -562,22 +562,31 @@ def test_a_probe_that_pays_is_followed_by_the_same_move(
     assert moves == [None, {a.job_id: 1, b.job_id: -1}]
 
 
+def moved_to_3_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[NodeCore, Job, Job, Callable[..., None], dict[str, int]]:
+    """:func:`probing_node` without probes, whose model keeps 2/2 until 2/2 is measured, then
+    proposes 3/1 (taken, as asserted); also the proposal, to change."""
+    proposal: dict[str, int] = {}
+    core, a, b, run = probing_node(
+        tmp_path, monkeypatch, lambda v: proposal.get(v.job_id, v.current_workers)
+    )
+    monkeypatch.setattr(core_mod.pol, "probe", lambda *args, **kw: None)
+    run(12)  # 2/2 measured
+    proposal.update({a.job_id: 3, b.job_id: 1})
+    core.decide()
+    assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
+    return core, a, b, run, proposal
+
+
 def test_the_models_cpu_bound_worker_more_on_a_full_node_is_on_trial(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The model's move to 3/1 gives a CPU-bound job a worker more on a full node (heavier,
     scripted here): taken, then judged like a probe; measured no better, the node goes back
     to 2/2, and the model's next proposal of 3/1 is not taken (it measured no better)."""
-    proposal: dict[str, int] = {}
-    core, a, b, run = probing_node(
-        tmp_path, monkeypatch, lambda v: proposal.get(v.job_id, v.current_workers)
-    )
-    monkeypatch.setattr(core_mod.pol, "probe", lambda *args, **kw: None)
     monkeypatch.setattr(core_mod.pol, "heavier", lambda *args: True)
-    run(12)  # 2/2 measured
-    proposal.update({a.job_id: 3, b.job_id: 1})
-    core.decide()
-    assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
+    core, a, b, run, _ = moved_to_3_1(tmp_path, monkeypatch)  # the model insists on 3/1
     assert core._probed == pol.split_of({a.job_id: 3, b.job_id: 1})
     run(6)  # measured the same as 2/2: a probe would not have paid
     core.decide()
@@ -592,15 +601,7 @@ def test_the_models_cpu_bound_worker_more_on_a_full_node_is_on_trial(
 def test_a_split_the_model_moved_to_is_measured_before_its_next_move(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    proposal: dict[str, int] = {}
-    core, a, b, run = probing_node(
-        tmp_path, monkeypatch, lambda v: proposal.get(v.job_id, v.current_workers)
-    )
-    monkeypatch.setattr(core_mod.pol, "probe", lambda *args, **kw: None)
-    run(12)
-    proposal.update({a.job_id: 3, b.job_id: 1})
-    core.decide()
-    assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
+    core, a, b, run, proposal = moved_to_3_1(tmp_path, monkeypatch)
     proposal.update({a.job_id: 1, b.job_id: 3})
     run(2)  # 3/1 not measured yet: held
     core.decide()
