@@ -214,6 +214,7 @@ def run_job(
     max_steps: int | None = None,
     on_step: Callable[[int, float], None] | None = None,
     batch_size: Callable[[], int] | None = None,
+    step: Callable[[Any], None] | None = None,
 ) -> RunResult:
     """Trains the emulated job: iterate ``loader``, sleep the accelerator step for each batch.
 
@@ -224,6 +225,8 @@ def run_job(
         max_steps: stop after this many steps.
         on_step: called after each step with (step index, seconds since start).
         batch_size: current batch size, for the step time (default: the batch's length).
+        step: a real training step, run on each batch instead of the sleep
+            (:func:`dloader.apps.gpu_step.train_step`).
     """
     if seconds is None and max_steps is None:
         raise ValueError("run_job needs seconds= or max_steps=")
@@ -239,7 +242,10 @@ def run_job(
                 break
             t1 = time.perf_counter()
             n = _batch_len(batch)
-            time.sleep(profile.step_s(batch_size() if batch_size else n))
+            if step is not None:
+                step(batch)
+            else:
+                time.sleep(profile.step_s(batch_size() if batch_size else n))
             now = time.perf_counter() - start
             result.samples += n
             result.steps += 1
@@ -329,6 +335,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the loader's telemetry window, seconds (default: %(default)s)",
     )
     parser.add_argument(
+        "--device",
+        choices=["emulated", "cuda"],
+        default="emulated",
+        help="the accelerator: emulated (a sleep per step), or cuda: a real model trained on "
+        "this node's GPU (image_jpeg: ResNet-18; text_pack: a transformer; default: %(default)s)",
+    )
+    parser.add_argument(
         "--out", default=None, help="write a JSON timeline (time, samples, wait, workers per step)"
     )
     parser.add_argument(
@@ -369,6 +382,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.sidecar and args.loader == "torch":
         parser.error("--sidecar needs --loader dloader")
     profile = PROFILES[args.profile]
+    if args.device == "cuda":
+        from dloader.apps.gpu_step import PIPELINES
+
+        if profile.pipeline not in PIPELINES:
+            parser.error(
+                f"--device cuda: a real model exists for image_jpeg and text_pack, not "
+                f"{profile.name}"
+            )
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no CUDA device on this node")
     bs = args.batch_size or profile.batch_size
     if bs < 1:
         parser.error(f"--batch-size={bs} must be >= 1")
@@ -382,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             shuffle=True,
             num_workers=args.workers,
             prefetch_factor=args.prefetch_factor,
+            pin_memory=args.device == "cuda",
         )
     else:
         from dloader import DataLoader
@@ -392,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             shuffle=True,
             num_workers=args.workers,
             prefetch_factor=args.prefetch_factor,
+            pin_memory=args.device == "cuda",
             sidecar=args.sidecar,
             job_name=profile.name,
             stats_window_s=args.stats_window,
@@ -407,14 +432,23 @@ def main(argv: list[str] | None = None) -> int:
         workers.append(loader.num_workers)
 
     steps = None if args.samples is None else -(-args.samples // bs)
-    r = run_job(loader, profile, seconds=args.seconds, max_steps=steps, on_step=on_step)
+    step = None
+    if args.device == "cuda":
+        from dloader.apps.gpu_step import train_step
+
+        step = train_step(profile.pipeline)
+    r = run_job(loader, profile, seconds=args.seconds, max_steps=steps, on_step=on_step, step=step)
     agent = getattr(loader, "sidecar_agent", None)
     if agent is not None:
         agent.stop()
-    print(
-        f"{profile.name}: samples/s {r.samples_per_second:.0f} (limit {profile.limit(bs):.0f}, "
-        f"{r.samples_per_second / profile.limit(bs):.0%}), accelerator idle {r.idle_share:.0%}"
-    )
+    if step is None:
+        print(
+            f"{profile.name}: samples/s {r.samples_per_second:.0f} (limit "
+            f"{profile.limit(bs):.0f}, {r.samples_per_second / profile.limit(bs):.0%}), "
+            f"accelerator idle {r.idle_share:.0%}"
+        )
+    else:
+        print(f"{profile.name}: samples/s {r.samples_per_second:.0f}, GPU idle {r.idle_share:.0%}")
     tuner = loader.stats().tuner if args.loader == "dloader" else ""
     if tuner:
         print(tuner)
