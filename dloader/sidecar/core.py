@@ -509,8 +509,16 @@ class NodeCore:
             return
         split, limits = self._split(), self._limits()
         known = self._measured.score(split, limits, now) is not None
-        self._measured.add(split, job.job_id, r.samples_per_second, now)
-        if not known and self._measured.score(split, limits, now) is not None:
+        if self._measured.add(split, job.job_id, r.samples_per_second, now):
+            log.info(
+                "job %s measured %s samples/s at %s, unlike before there: the node changed; "
+                "every split's measurements are forgotten",
+                job.job_id,
+                f"{r.samples_per_second:,.0f}",
+                pol.show_split(split),
+            )
+            self._dirty = True
+        elif not known and self._measured.score(split, limits, now) is not None:
             self._dirty = True
 
     def _measured_truth(

@@ -32,9 +32,21 @@ from dloader import _host
 from dloader._client import Endpoint
 from dloader.sidecar import cgroups
 
-__all__ = ["Check", "cgroup_checks", "checks", "loader_checks", "nvml_checks", "socket_checks"]
+__all__ = [
+    "Check",
+    "cgroup_checks",
+    "checks",
+    "loader_checks",
+    "nvml_checks",
+    "probe_checks",
+    "socket_checks",
+]
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+
+AGREE = 0.35
+"""NVML's utilisation and the trainer's busy share (1 - data wait) agree within this (CUDA runs
+ahead of the trainer's thread, so they are never equal)."""
 
 
 @dataclass(frozen=True)
@@ -221,6 +233,11 @@ def loader_checks(seconds: float, workers: int) -> list[Check]:
         tail = locals().get("run")
         err = tail.stderr[-300:] if tail is not None else ""
         return [Check("real loader", FAIL, f"the probe failed ({exc}) {err}".strip(), "")]
+    return probe_checks(r)
+
+
+def probe_checks(r: dict[str, Any]) -> list[Check]:
+    """What the probe's JSON (:func:`dloader.apps.probe.probe`) says of this node."""
     wait = r["data_wait_share"]
     out = [
         Check(
@@ -237,13 +254,20 @@ def loader_checks(seconds: float, workers: int) -> list[Check]:
     if util is None:
         out.append(Check("data wait vs GPU", WARN, f"{r['device']}: NVML gave no utilisation", ""))
     else:
-        busy = util >= 0.5 or wait < 0.2
+        # The probe's own balance says nothing of the node (on an H100 its 4 workers starve the
+        # GPU: 4% busy, 93% waiting); what matters is that the two signals agree, since the
+        # sidecar reads one or the other.
+        agree = abs(util - (1 - wait)) <= AGREE
         out.append(
             Check(
                 "data wait vs GPU",
-                OK if busy else WARN,
-                f"{r['device']}: NVML utilisation {util:.0%} while the trainer waited {wait:.0%}",
-                "" if busy else "the GPU starves for data: more workers (or the sidecar) help",
+                OK if agree else WARN,
+                f"{r['device']}: NVML utilisation {util:.0%} while the trainer waited {wait:.0%}"
+                + (" (they agree)" if agree else ""),
+                ""
+                if agree
+                else "NVML and the loader's data wait disagree: another process on this GPU, or "
+                "MIG? (the sidecar decides on the loaders' data wait; NVML's figure is shown)",
             )
         )
     pinned, pageable = r["pinned_gb_per_s"], r["pageable_gb_per_s"]

@@ -53,7 +53,9 @@ the model says are all taken, near-ties that give a CPU-bound job a worker less 
 (more runnable threads than cores cost switching and the trainers' wait for a core, which the
 model's sharing does not see). A probe stays only if it measures better (such a lighter one:
 if it measures no worse; a tie goes to fewer threads); each that does not doubles the wait
-before the next. Measurements are forgotten after ``MEASURE_STALE_S`` (costs change).
+before the next. Measurements are forgotten after ``MEASURE_STALE_S`` (costs change), and all
+at once when a job measures unlike before at the same split (``MEASURE_CHANGED``: its costs, or
+a neighbour's, changed under it).
 """
 
 from __future__ import annotations
@@ -742,6 +744,11 @@ MEASURE_WINDOWS = 2
 """Steady report windows each job needs at a split before the split's measured score counts."""
 MEASURE_STALE_S = 90.0
 """A split's measurements older than this are forgotten: the jobs' costs may have changed."""
+MEASURE_CHANGED = 0.25
+"""A steady window of a job this far (as a share) from the mean of what it measured before at
+the same split says the node changed under that split (a pipeline's cost, a neighbour's): every
+split's measurements are forgotten at once, since each was taken under the old costs (a window
+of the jobs here varies by a few per cent; a pipeline whose cost doubles moves by 40-50%)."""
 PROBE_AFTER_S = 5.0
 """Steady this long at a measured split: try the untried neighbour the model ranks best (a
 split is measured about 4 s after a change: ``SETTLE_S`` and ``MEASURE_WINDOWS`` windows)."""
@@ -790,10 +797,17 @@ class Measurements:
     samples: dict[Split, dict[str, list[float]]] = field(default_factory=dict)
     last: dict[Split, float] = field(default_factory=dict)
 
-    def add(self, split: Split, job_id: str, samples_per_s: float, now: float) -> None:
-        """One steady window of ``job_id`` at ``split``."""
+    def add(self, split: Split, job_id: str, samples_per_s: float, now: float) -> bool:
+        """One steady window of ``job_id`` at ``split``. True when it says the node changed
+        (``MEASURE_CHANGED``): everything measured before is forgotten, and this window starts
+        anew."""
         per = self.samples.setdefault(split, {})
         values = per.setdefault(job_id, [])
+        if len(values) >= MEASURE_WINDOWS:
+            before = sum(values) / len(values)
+            if before > 0 and abs(samples_per_s / before - 1) > MEASURE_CHANGED:
+                self.samples, self.last = {split: {job_id: [samples_per_s]}}, {split: now}
+                return True
         values.append(samples_per_s)
         del values[:-_KEEP_SAMPLES]
         self.last[split] = now
@@ -801,6 +815,7 @@ class Measurements:
             self.forget(old)
         while len(self.last) > MAX_SPLITS:
             self.forget(min(self.last, key=self.last.__getitem__))
+        return False
 
     def forget(self, split: Split) -> None:
         self.samples.pop(split, None)

@@ -60,3 +60,41 @@ def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert ctl_main(["doctor", "--seconds", "-1"]) == 2
     err = capsys.readouterr().err
     assert "--seconds -1" in err and "Traceback" not in err
+
+
+H100 = {  # the probe's JSON on an H100 node (stop 37): its 4 workers starve the GPU
+    "cuda": True,
+    "device": "NVIDIA H100 80GB HBM3",
+    "workers": 4,
+    "seconds": 15.0,
+    "samples_per_second": 1726.0,
+    "data_wait_share": 0.93,
+    "gpu_utilization": 0.04,
+    "pinned_gb_per_s": 52.1,
+    "pageable_gb_per_s": 17.9,
+}
+
+
+def test_the_gpu_rows_judge_agreement_not_the_probes_balance() -> None:
+    """A probe that waits 93% on a GPU 4% busy: NVML and the data wait agree (ok); the same
+    wait with the GPU 90% busy (another process on it) disagrees (warn)."""
+    from dloader.sidecar.doctor import probe_checks
+
+    rows = {c.name: c for c in probe_checks(H100)}
+    assert (
+        rows["data wait vs GPU"].status == "ok" and "(they agree)" in rows["data wait vs GPU"].found
+    )
+    assert (
+        rows["pinned-memory copy"].status == "ok"
+        and "52.1 GB/s pinned" in rows["pinned-memory copy"].found
+    )
+    shared = {c.name: c for c in probe_checks({**H100, "gpu_utilization": 0.9})}
+    assert (
+        shared["data wait vs GPU"].status == "warn" and "disagree" in shared["data wait vs GPU"].fix
+    )
+    slow_pin = {c.name: c for c in probe_checks({**H100, "pinned_gb_per_s": 10.0})}
+    assert slow_pin["pinned-memory copy"].status == "warn"
+    no_nvml = {
+        c.name: c for c in probe_checks({k: v for k, v in H100.items() if k != "gpu_utilization"})
+    }
+    assert no_nvml["data wait vs GPU"].status == "warn"

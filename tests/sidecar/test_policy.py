@@ -10,6 +10,7 @@ import pytest
 
 from dloader.predictor import LoaderModel, LoaderObservation
 from dloader.sidecar.policy import (
+    MEASURE_CHANGED,
     MEASURE_STALE_S,
     MEASURE_WINDOWS,
     Budget,
@@ -331,6 +332,25 @@ def test_a_split_is_measured_once_every_job_has_its_windows() -> None:
     assert m.score(split, limits, now=3.0) == pytest.approx(0.6 + 0.5)
     assert m.score(split, limits, now=3.0 + MEASURE_STALE_S + 1) is None  # stale
     assert m.score(split, {"a": 100.0}, now=3.0) is None  # b's limit unknown
+
+
+def test_a_window_unlike_before_at_a_split_forgets_every_measurement() -> None:
+    """A pipeline's cost doubles under a measured split: what every split measured under the
+    old costs is forgotten at its first window, not compared with what comes after."""
+    m = Measurements()
+    here, there = split_of({"a": 2, "b": 3}), split_of({"a": 3, "b": 2})
+    limits = {"a": 100.0, "b": 100.0}
+    for split in (there, here):
+        for job in ("a", "b"):
+            for _ in range(MEASURE_WINDOWS):
+                assert not m.add(split, job, 100.0, now=0.0)
+    assert m.add(here, "a", 100.0 * (1 + MEASURE_CHANGED) * 0.98, now=1.0) is False  # noise
+    assert m.score(there, limits, now=1.0) is not None
+    assert m.add(here, "a", 55.0, now=2.0) is True  # io_a's cost doubled
+    assert m.score(there, limits, now=2.0) is None and m.score(here, limits, now=2.0) is None
+    assert m.samples == {here: {"a": [55.0]}}  # the new window starts anew
+    assert not m.add(here, "a", 57.0, now=3.0)  # and the next is compared with it alone
+    assert m.samples[here]["a"] == [55.0, 57.0]
 
 
 def measured(scores: dict[Split, float], now: float = 0.0) -> Measurements:
