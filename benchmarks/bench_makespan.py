@@ -10,7 +10,7 @@ sidecar with the same worker budget. Two arrival orders:
   the critical path, where the loader allocation matters.
 
 Reported: each job's run time, the makespan (first start to last end) and the adaptive/even
-ratio (target: adaptive >= 10% shorter).
+ratio (target, issue #22: adaptive <= 0.85x even in both orders).
 
     python -m benchmarks.bench_makespan                  # both orders, ~6 min
     python -m benchmarks.bench_makespan --workload a     # ~3 min
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ratios = {w: result[f"{w}/adaptive"] / result[f"{w}/even"] for w in names}
     for w, r in ratios.items():
-        print(f"workload {w}: adaptive makespan / even = {r:.2f} (target <= 0.90)")
+        print(f"workload {w}: adaptive makespan / even = {r:.2f} (target <= 0.85)")
     out_path("bench_makespan.json").write_text(
         json.dumps(
             {"machine": machine(), "budget": args.budget, "makespan": result, "ratio": ratios},

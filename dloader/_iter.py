@@ -613,12 +613,16 @@ class ElasticIterator:
             time.sleep(0.01)
 
     def _drain_nowait(self) -> None:
-        """Reads messages already waiting (start-up reports) without blocking."""
+        """Reads messages already waiting (start-up reports; results, to pin them ahead) without
+        blocking."""
         while True:
             try:
                 msg = self._result_queue.recv(0.0, self._reap, POLL_INTERVAL_S)
             except queue.Empty:
                 return
+            except Exception as exc:  # as in _wait: name the dead worker
+                self._reap_after_error(exc)
+                raise
             self._receive(msg)
 
     # ------------------------------------------------------------------ the iterator protocol

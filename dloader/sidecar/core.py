@@ -476,6 +476,17 @@ class NodeCore:
         job.model.keep_recent(pol.DRIFT_WINDOWS)
         job.drift = 0
         self._measured = pol.Measurements()
+        # what the restarted model expects here (the last one logged was the old model's)
+        budget = pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget))
+        counts = {j.job_id: j.directive.num_workers for j in self.jobs.values()}
+        expect = pol.expected([self._view(j) for j in self.jobs.values()], budget, counts)
+        if job.job_id in expect:
+            log.info(
+                "job %s: %d workers (its model restarted) [model: %s samples/s]",
+                job.job_id,
+                counts[job.job_id],
+                f"{expect[job.job_id]:,.0f}",
+            )
 
     # ------------------------------------------------------------------ decisions
 

@@ -455,10 +455,14 @@ def test_measurements_overrule_the_model(tmp_path: Path, monkeypatch: pytest.Mon
     assert a.decision is not None and a.decision.reason.startswith("kept: measured")
 
 
-def test_a_job_whose_costs_change_is_relearned(tmp_path: Path) -> None:
+def test_a_job_whose_costs_change_is_relearned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A job learned at 300 samples/s (its workers take 0.2 s a batch) slows to half (0.4 s a
     batch): after DRIFT_WINDOWS surprising windows in a row its model keeps only those, and
-    predicts the new throughput; the splits measured under the old costs are forgotten."""
+    predicts the new throughput (the log says what it now expects at the job's count); the
+    splits measured under the old costs are forgotten."""
+    caplog.set_level("INFO", logger="dloader.sidecar.core")
     node = FakeNode(0.0)
     core = node_core(tmp_path, PolicySettings("even", 2, 2, 1.0), node, job_timeout_s=0)
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
@@ -479,6 +483,10 @@ def test_a_job_whose_costs_change_is_relearned(tmp_path: Path) -> None:
     assert len(job.model.observations) <= 2 * pol.DRIFT_WINDOWS < learned
     assert job.model.predict(2, 2.0, 32).samples_per_s == pytest.approx(150, rel=0.15)
     assert not core._measured.samples
+    restarted = [r.getMessage() for r in caplog.records if "its model restarted" in r.getMessage()]
+    assert len(restarted) == 1, restarted
+    expected = float(restarted[0].rsplit("[model: ", 1)[1].split()[0].replace(",", ""))
+    assert expected == pytest.approx(150, rel=0.15)
 
 
 def test_the_log_says_when_a_job_is_placed_by_its_model(
