@@ -255,8 +255,8 @@ def probe_checks(r: dict[str, Any]) -> list[Check]:
         out.append(Check("data wait vs GPU", WARN, f"{r['device']}: NVML gave no utilisation", ""))
     else:
         # The probe's own balance says nothing of the node (on an H100 its 4 workers starve the
-        # GPU: 4% busy, 93% waiting); what matters is that the two signals agree, since the
-        # sidecar reads one or the other.
+        # GPU: 4% busy, 93% waiting); what matters is that the two signals agree: the sidecar
+        # decides on the data wait, operators read NVML.
         agree = abs(util - (1 - wait)) <= AGREE
         out.append(
             Check(
