@@ -20,12 +20,15 @@ Threading: ``request_resize`` may be called from any thread; it only records the
 thread iterating applies it between batches or while it waits (every ``POLL_INTERVAL_S``), so all
 pool state is owned by that one thread and needs no locks.
 
-Pinned memory (``pin_memory=True`` with an accelerator): a batch is pinned on a thread of its
-own as soon as it is received, and each delivery first receives the results already waiting,
-so the copy into pinned memory (and the first touch of the worker's shared memory) overlaps the
-training step instead of adding to the trainer's wait, as torch's pin-memory thread does.
+Pinned memory (``pin_memory=True`` with an accelerator): as torch's pin-memory thread, a
+receiver thread reads the workers' results as they arrive, pins each batch and hands it to the
+iterating thread through a queue, so reading a result (unpickling, mapping the worker's shared
+memory) and the copy into pinned memory overlap the training step instead of adding to the
+trainer's wait. It owns no pool state: it only reads the pipe, and it stops reading (and says
+so through the queue) when a worker not told to stop has exited in the middle of a message.
 Measured on an H100 node before this (``benchmarks/bench_gpu.py``): ResNet-18 on JPEGs at 14
-workers, 1,272 samples/s pinning in the trainer's thread against torch's 2,143.
+workers, 1,272 samples/s pinning in the trainer's thread against torch's 2,143; with a stand-in
+for pinning (``benchmarks/bench_pin.py``, no GPU) the receiver delivers 1.6-1.8x.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ import threading
 import time
 import warnings
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +101,71 @@ class _Task:
         self.data: Any = _PENDING
 
 
+class _Pinned:
+    """A batch the receiver thread pinned."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+
+@dataclass(frozen=True)
+class _ReceiveFailed:
+    """The receiver thread's last word: reading the workers' results failed (the iterating
+    thread names the dead worker, as when it reads itself)."""
+
+    error: BaseException
+
+
+def _receive_and_pin(
+    pipe: ResultPipe,
+    inbox: queue.SimpleQueue[Any],
+    stop: threading.Event,
+    workers: dict[int, _Worker],
+    device: str | None,
+    index: int | None,
+) -> None:
+    """The receiver thread: reads each message from the workers, pins a batch's data (a pin
+    error becomes the batch's error, as in torch's pin-memory thread) and queues it for the
+    iterating thread, until ``stop``. While a message is half read it checks, between polls,
+    that no worker not told to stop has exited; if one has, or a read fails, it queues the
+    failure and ends."""
+    if index is not None:
+        torch.accelerator.set_device_index(index)  # the current device is per thread
+    torch.set_num_threads(1)
+
+    def check() -> None:
+        if stop.is_set():  # the iterator is shutting down (PEP 475: never a real EINTR)
+            raise InterruptedError("the DataLoader iterator is shutting down")
+        for w in list(workers.values()):
+            if not w.stopping and w.process.exitcode is not None:
+                raise EOFError(f"worker {w.slot} exited in the middle of a message")
+
+    while not stop.is_set():
+        try:
+            msg = pipe.recv(POLL_INTERVAL_S, check, POLL_INTERVAL_S)
+        except queue.Empty:
+            continue
+        except InterruptedError:
+            return
+        except BaseException as exc:
+            inbox.put(_ReceiveFailed(exc))
+            return
+        slot, gen, task_idx, payload, num, fetch_s, cpu_s = msg
+        if (
+            task_idx != READY
+            and payload is not ITER_END
+            and not isinstance(payload, ExceptionWrapper)
+        ):
+            try:
+                payload = _Pinned(_pin_memory(payload, device))
+            except Exception:
+                payload = ExceptionWrapper(where="in the pin-memory thread")
+            msg = (slot, gen, task_idx, payload, num, fetch_s, cpu_s)
+        inbox.put(msg)
+
+
 def _describe_exit(worker: _Worker) -> str:
     """torch's sentence for a worker that died (``torch/csrc/DataLoader.cpp``, which log
     scrapers and tests match), then which worker it was."""
@@ -140,7 +207,9 @@ class ElasticIterator:
         self._len_called = loader._IterableDataset_len_called
         self._pin_memory = self._check_pin_memory(loader)
         self._pin_device = None
-        self._pinner: ThreadPoolExecutor | None = None  # made at the first batch to pin
+        self._inbox: queue.SimpleQueue[Any] | None = None  # the receiver's results (pinning)
+        self._receiver: threading.Thread | None = None
+        self._receiver_stop = threading.Event()
         if self._pin_memory:
             acc = torch.accelerator.current_accelerator()
             self._pin_device = acc.type if acc is not None else None
@@ -368,6 +437,8 @@ class ElasticIterator:
         milliseconds each and the trainer must not wait for them."""
         if self._result_queue is None:
             self._result_queue = ResultPipe(self._ctx)
+            if self._pin_memory:
+                self._start_receiver()
             self._done_event = self._ctx.Event()
         processes = []
         for _ in range(count):
@@ -551,12 +622,6 @@ class ElasticIterator:
             return  # a result from an abandoned epoch (persistent workers)
         self._telemetry.record_fetch(slot, fetch_s, cpu_s)
         task = self._tasks[task_idx]
-        if (
-            self._pin_memory
-            and payload is not ITER_END
-            and not isinstance(payload, ExceptionWrapper)
-        ):
-            payload = self._pin_later(payload)
         task.data, task.num = payload, num
         if payload is ITER_END and w is not None and w.state == "ready":
             w.state = "ended"
@@ -564,25 +629,43 @@ class ElasticIterator:
         if not self._in_order:
             self._done_order.append(task_idx)
 
-    def _pin_later(self, data: Any) -> Future[Any]:
-        """``data`` pinned on the pin thread (one, so batches are pinned in arrival order)."""
-        if self._pinner is None:
-            index = None if self._pin_device is None else torch.accelerator.current_device_index()
+    def _start_receiver(self) -> None:
+        """The receiver thread (pinned memory). It is given what it reads, never ``self``: a
+        thread holding the iterator would keep it from being collected (and its workers from
+        being stopped) when the trainer drops it."""
+        self._inbox = queue.SimpleQueue()
+        index = None if self._pin_device is None else torch.accelerator.current_device_index()
+        self._receiver = threading.Thread(
+            target=_receive_and_pin,
+            args=(
+                self._result_queue,
+                self._inbox,
+                self._receiver_stop,
+                self._workers,
+                self._pin_device,
+                index,
+            ),
+            name="dloader-pin",
+            daemon=True,
+        )
+        self._receiver.start()
 
-            def on_device() -> None:  # as torch's pin thread: its device, one CPU thread
-                if index is not None:
-                    torch.accelerator.set_device_index(index)  # the current device is per thread
-                torch.set_num_threads(1)
-
-            self._pinner = ThreadPoolExecutor(1, "dloader-pin", initializer=on_device)
-        return self._pinner.submit(_pin_memory, data, self._pin_device)
+    def _recv(self, timeout: float) -> tuple[Any, ...]:
+        """The next message from the workers (through the receiver when pinning);
+        ``queue.Empty`` if none within ``timeout``."""
+        if self._inbox is None:
+            return self._result_queue.recv(timeout, self._reap, POLL_INTERVAL_S)
+        item = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
+        if isinstance(item, _ReceiveFailed):
+            raise item.error
+        return item
 
     def _wait(self) -> None:
         """Blocks for one message from the workers, applying resizes and checking liveness."""
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         while True:
             try:
-                msg = self._result_queue.recv(POLL_INTERVAL_S, self._reap, POLL_INTERVAL_S)
+                msg = self._recv(POLL_INTERVAL_S)
             except queue.Empty:
                 self._reap()
                 if self._pending_target is not None:
@@ -613,11 +696,10 @@ class ElasticIterator:
             time.sleep(0.01)
 
     def _drain_nowait(self) -> None:
-        """Reads messages already waiting (start-up reports; results, to pin them ahead) without
-        blocking."""
+        """Reads messages already waiting (start-up reports) without blocking."""
         while True:
             try:
-                msg = self._result_queue.recv(0.0, self._reap, POLL_INTERVAL_S)
+                msg = self._recv(0.0)
             except queue.Empty:
                 return
             except Exception as exc:  # as in _wait: name the dead worker
@@ -648,10 +730,8 @@ class ElasticIterator:
             self._replay -= 1  # resuming an iterable dataset: drop batches already delivered
         if isinstance(data, ExceptionWrapper):
             data.reraise()
-        if isinstance(data, Future):
-            if self._result_queue is not None:
-                self._drain_nowait()  # start pinning what has arrived, while this one finishes
-            data = data.result()
+        if isinstance(data, _Pinned):
+            data = data.data
         elif self._pin_memory:  # loaded in this process
             data = _pin_memory(data, self._pin_device)
         self._telemetry.record_batch(enter, time.perf_counter(), num)
@@ -767,6 +847,7 @@ class ElasticIterator:
         if self._shutdown:
             return
         self._shutdown = True
+        self._receiver_stop.set()  # no more reading or pinning
         for launcher in self._launchers:
             launcher.join()  # every worker is started (or failed to) before we stop them
         workers = [w for w in self._workers.values() if w.process.pid is not None]
@@ -788,11 +869,10 @@ class ElasticIterator:
                 w.process.terminate()
                 w.process.join(timeout=JOIN_TIMEOUT_S)
             w.index_queue.close()
+        if self._receiver is not None:
+            self._receiver.join(timeout=JOIN_TIMEOUT_S)  # told above; it ends within a poll
         if self._result_queue is not None:
             self._result_queue.close()
-        if self._pinner is not None:
-            self._pinner.shutdown(wait=False, cancel_futures=True)
-            self._pinner = None
         self._workers.clear()
         self._active = []
         with self._telemetry.lock:

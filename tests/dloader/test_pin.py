@@ -8,6 +8,9 @@ an H100 (``benchmarks/bench_gpu.py``).
 
 from __future__ import annotations
 
+import gc
+import os
+import signal
 import threading
 import time
 from typing import Any
@@ -17,7 +20,9 @@ import torch
 
 import dloader
 from dloader import _iter
+from tests.dloader import datasets as D
 from tests.dloader.datasets import Range
+from tests.dloader.test_faults import _wait_gone
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +37,10 @@ class FakePin:
         self.calls: list[tuple[int, str, float]] = []
 
     def __call__(self, data: Any, device: Any = None) -> Any:
-        first = int(data[0])
+        try:
+            first = int(data[0])
+        except (TypeError, ValueError, IndexError):
+            first = -1
         self.calls.append((first, threading.current_thread().name, time.monotonic()))
         if first == self.fail_at:
             raise RuntimeError(f"cannot pin batch {first}")
@@ -96,3 +104,59 @@ def test_resizes_and_persistent_epochs_with_pinning(pin: FakePin) -> None:
                 loader.resize(3 if step == 3 else 1)
         assert seen == list(range(120)), epoch
     assert all(name.startswith("dloader-pin") for _, name, _ in pin.calls)
+
+
+def test_a_worker_error_and_a_killed_worker_with_pinning(pin: FakePin) -> None:
+    """Through the receiver thread, as without it: a dataset error is raised at its batch; a
+    killed worker is named (torch's words) within seconds."""
+    loader = dloader.DataLoader(
+        D.SuicidalWorker(40, bad=9), batch_size=2, num_workers=2, pin_memory=True
+    )
+    start = time.monotonic()
+    with pytest.raises(dloader.WorkerDiedError, match="is killed by signal: Killed"):
+        list(loader)
+    assert time.monotonic() - start < 5
+
+
+def test_a_worker_killed_mid_write_raises_with_pinning(pin: FakePin) -> None:
+    """The receiver reads eagerly, so a worker blocks in a write only while the receiver is
+    busy: it pins the first 64 MB batch for 2.5 s while the worker writes the second into the
+    64 KB pipe, and is killed there. The trainer gets WorkerDiedError (at the first batch or
+    the second), not a hang."""
+    pin.seconds = 2.5
+    loader = dloader.DataLoader(
+        D.Big(8, mb=64), batch_size=None, num_workers=1, collate_fn=lambda x: x, pin_memory=True
+    )
+    it = iter(loader)
+    deadline = time.monotonic() + 20
+    while not pin.calls and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pin.calls, "the receiver never pinned the first batch"
+    time.sleep(1.0)  # the worker is blocked writing the second batch
+    pid = loader.stats().workers[0].pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(dloader.WorkerDiedError, match="SIGKILL"):
+        next(it)  # the first batch, or the death seen while its pinning ends (as torch)
+        next(it)
+    assert time.monotonic() - start < 10
+
+
+def test_a_dropped_iterator_stops_its_workers_and_receiver(pin: FakePin) -> None:
+    """The receiver thread holds nothing that keeps the iterator alive: dropping it stops the
+    workers and the thread."""
+    loader = dloader.DataLoader(
+        Range(100, sleep_s=0.01), batch_size=2, num_workers=3, pin_memory=True
+    )
+    it = iter(loader)
+    next(it)
+    pids = [w.pid for w in loader.stats().workers]
+    assert len(pids) == 3
+    receiver = it._receiver  # type: ignore[attr-defined]
+    assert receiver is not None and receiver.is_alive()
+    del it
+    gc.collect()
+    assert _wait_gone(pids, 10) == []
+    receiver.join(timeout=5)
+    assert not receiver.is_alive()
