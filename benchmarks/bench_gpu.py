@@ -27,50 +27,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import OUT_DIR, machine, table
 from dloader.apps.experiment import Arrival, run_jobs, score, sidecar_process
+from dloader.apps.probe import gpu_utilisation
 
 PAIR = ("image_jpeg", "text_pack")
-
-
-@contextmanager
-def gpu_sampler() -> Iterator[list[tuple[float, float]]]:
-    """(time.monotonic(), NVML GPU utilisation 0-1) every 0.25 s while open; empty without
-    NVML."""
-    samples: list[tuple[float, float]] = []
-    stop = threading.Event()
-
-    def run() -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        except Exception:
-            return
-        while not stop.wait(0.25):
-            samples.append(
-                (time.monotonic(), pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
-            )
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield samples
-    finally:
-        stop.set()
-        thread.join()
 
 
 def measured(
@@ -83,7 +52,7 @@ def measured(
 ) -> dict[str, Any]:
     """Runs ``jobs`` on ``args.device``; per job samples/s, data-wait share and workers over
     ``[warmup, seconds)``, and the GPU's mean NVML utilisation over that window."""
-    with gpu_sampler() as util:
+    with gpu_utilisation(0, 0.25) as util:
         t0 = time.monotonic()
         extra = ["--device", args.device]
         res = run_jobs(jobs, folder, seconds=seconds, sidecar=sidecar, extra=extra)
@@ -151,8 +120,7 @@ def rows_rate(runs: dict[str, Any], key: str) -> float:
 
 def pair(args: argparse.Namespace, tmp: Path, out: dict[str, Any]) -> None:
     runs = out.setdefault("pair", {})
-    for split in args.splits:
-        a, b = (int(x) for x in split.split("/"))
+    for a, b in args.splits:
         print(f"[pair] static {a}/{b}, {args.seconds:g} s ...", flush=True)
         jobs = [Arrival(PAIR[0], a), Arrival(PAIR[1], b)]
         runs[f"static {a}/{b}"] = measured(
@@ -272,11 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         args.counts = [int(x) for x in args.counts.split(",") if x]
-        args.splits = [s for s in args.splits.split(",") if s]
-        for s in args.splits:
-            a, b = (int(x) for x in s.split("/"))
-            if a < 1 or b < 1:
-                raise ValueError(s)
+        args.splits = [tuple(int(x) for x in s.split("/")) for s in args.splits.split(",") if s]
+        for split in args.splits:
+            if len(split) != 2 or min(split) < 1:
+                raise ValueError(f"{'/'.join(map(str, split))} is not two counts >= 1")
     except ValueError as exc:
         p.error(f"--counts takes counts (3,6), --splits takes splits (11/3,8/6): {exc}")
     if not 0 <= args.warmup < args.seconds <= args.sidecar_seconds:
@@ -297,7 +264,6 @@ def main(argv: list[str] | None = None) -> int:
         "args": {k: str(v) for k, v in vars(args).items()},
     }
     print(out["machine"], flush=True)
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     with tempfile.TemporaryDirectory(prefix="bench_gpu-") as tmp:
         for section, fn in (("single", single), ("pair", pair)):
             if section in args.sections:

@@ -652,13 +652,21 @@ class ElasticIterator:
 
     def _recv(self, timeout: float) -> tuple[Any, ...]:
         """The next message from the workers (through the receiver when pinning);
-        ``queue.Empty`` if none within ``timeout``."""
-        if self._inbox is None:
-            return self._result_queue.recv(timeout, self._reap, POLL_INTERVAL_S)
-        item = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
-        if isinstance(item, _ReceiveFailed):
-            raise item.error
-        return item
+        ``queue.Empty`` if none within ``timeout``. A failed read names the dead worker."""
+        try:
+            if self._inbox is None:
+                return self._result_queue.recv(timeout, self._reap, POLL_INTERVAL_S)
+            item = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
+            if isinstance(item, _ReceiveFailed):
+                raise item.error
+            return item
+        except queue.Empty:
+            raise
+        except Exception as exc:
+            # A batch whose sender died cannot be unpickled (torch shares tensors through the
+            # sender's file-descriptor server): report the dead worker, as torch does.
+            self._reap_after_error(exc)
+            raise
 
     def _wait(self) -> None:
         """Blocks for one message from the workers, applying resizes and checking liveness."""
@@ -676,11 +684,6 @@ class ElasticIterator:
                         f"DataLoader timed out after {self._timeout} seconds"
                     ) from None
                 continue
-            except Exception as exc:
-                # A batch whose sender died cannot be unpickled (torch shares tensors through the
-                # sender's file-descriptor server): report the dead worker, as torch does.
-                self._reap_after_error(exc)
-                raise
             self._receive(msg)
             return
 
@@ -702,9 +705,6 @@ class ElasticIterator:
                 msg = self._recv(0.0)
             except queue.Empty:
                 return
-            except Exception as exc:  # as in _wait: name the dead worker
-                self._reap_after_error(exc)
-                raise
             self._receive(msg)
 
     # ------------------------------------------------------------------ the iterator protocol

@@ -14,10 +14,12 @@ run (when NVML is there), the host-to-device copy rate from pinned and from page
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -25,7 +27,7 @@ from torch.utils.data import Dataset
 
 from dloader import DataLoader
 
-__all__ = ["main", "probe"]
+__all__ = ["gpu_utilisation", "main", "probe"]
 
 
 class _Images(Dataset[torch.Tensor]):
@@ -53,19 +55,32 @@ def _copy_rate(pinned: bool, mib: int = 256) -> float:
     return 4 * (mib << 20) / (start.elapsed_time(end) / 1e3) / 1e9
 
 
-def _nvml_sampler(stop: threading.Event, out: list[float]) -> None:
-    try:
-        import pynvml
+@contextlib.contextmanager
+def gpu_utilisation(index: int, interval_s: float) -> Iterator[list[tuple[float, float]]]:
+    """While open, (``time.monotonic()``, NVML utilisation of GPU ``index`` in [0, 1]) every
+    ``interval_s`` seconds, from a thread; none without NVML."""
+    samples: list[tuple[float, float]] = []
+    stop = threading.Event()
 
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-    except Exception:
-        return
-    while not stop.wait(0.2):
+    def run() -> None:
         try:
-            out.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            while not stop.wait(interval_s):
+                util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
+                samples.append((time.monotonic(), util))
         except Exception:
             return
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join()
 
 
 def probe(seconds: float, workers: int, batch_size: int = 32) -> dict[str, Any]:
@@ -80,29 +95,26 @@ def probe(seconds: float, workers: int, batch_size: int = 32) -> dict[str, Any]:
     loader = DataLoader(
         _Images(), batch_size=batch_size, num_workers=workers, pin_memory=cuda, shuffle=False
     )
-    util: list[float] = []
-    stop = threading.Event()
-    sampler = threading.Thread(target=_nvml_sampler, args=(stop, util), daemon=True)
-    if cuda:
-        sampler.start()
+    no_gpu: contextlib.AbstractContextManager[list[tuple[float, float]]]
+    no_gpu = contextlib.nullcontext([])
     steps = 0
     began = time.monotonic()
-    try:
-        for batch in loader:
-            if cuda:
-                x = batch.to("cuda", non_blocking=True).view(batch_size, -1)[:, :4096]
-                for _ in range(8):  # about a loader's batch time of GPU work on a fast GPU
-                    x = torch.tanh(x @ weights)
-                torch.cuda.synchronize()
-            else:
-                time.sleep(0.01)
-            steps += 1
-            if time.monotonic() - began >= seconds:
-                break
-        stats = loader.stats()
-    finally:
-        stop.set()
-        del loader
+    with gpu_utilisation(torch.cuda.current_device(), 0.2) if cuda else no_gpu as util:
+        try:
+            for batch in loader:
+                if cuda:
+                    x = batch.to("cuda", non_blocking=True).view(batch_size, -1)[:, :4096]
+                    for _ in range(8):  # about a loader's batch time of GPU work on a fast GPU
+                        x = torch.tanh(x @ weights)
+                    torch.cuda.synchronize()
+                else:
+                    time.sleep(0.01)
+                steps += 1
+                if time.monotonic() - began >= seconds:
+                    break
+            stats = loader.stats()
+        finally:
+            del loader
     elapsed = time.monotonic() - began
     result.update(
         steps=steps,
@@ -112,7 +124,7 @@ def probe(seconds: float, workers: int, batch_size: int = 32) -> dict[str, Any]:
         recent_idle_share=stats.idle_share,
     )
     if util:
-        result["gpu_utilization"] = sum(util) / len(util)
+        result["gpu_utilization"] = sum(u for _, u in util) / len(util)
     return result
 
 

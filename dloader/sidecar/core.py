@@ -432,7 +432,7 @@ class NodeCore:
         self._note_drift(job, gate.surprise)
         if len(job.model.observations) % _SAVE_MODEL_EVERY == 0:
             self.store.save_model(job.job_id, job.model.to_dict())
-        budget = pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget))
+        budget = self._budget()
         decided = job.decision.candidates if job.decision else ()
         if gate.redecide_now or pol.curve_moved(self._view(job), budget, decided):
             self._dirty = True
@@ -477,7 +477,7 @@ class NodeCore:
         job.drift = 0
         self._measured = pol.Measurements()
         # what the restarted model expects here (the last one logged was the old model's)
-        budget = pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget))
+        budget = self._budget()
         counts = {j.job_id: j.directive.num_workers for j in self.jobs.values()}
         expect = pol.expected([self._view(j) for j in self.jobs.values()], budget, counts)
         if job.job_id in expect:
@@ -489,6 +489,10 @@ class NodeCore:
             )
 
     # ------------------------------------------------------------------ decisions
+
+    def _budget(self) -> pol.Budget:
+        """The node's worker and CPU budgets (the memory budget is :meth:`decide`'s own)."""
+        return pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget))
 
     def _split(self) -> pol.Split:
         return pol.split_of({j.job_id: j.directive.num_workers for j in self.jobs.values()})
