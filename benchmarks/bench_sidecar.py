@@ -37,7 +37,10 @@ phase as a second io_heavy job (``io_b``) arrives; at the third phase ``io_a``'s
 cost doubles. Score: the sum over jobs of samples / accelerator limit over the whole scenario,
 divided by its length. The static split holds one count per job for its life (within the
 budget in every phase), found by the same coordinate search over whole scenario runs. Also:
-how long the arriving job waited for its first decision (target: within 5 s).
+how long the arriving job waited for its first decision (target: within 5 s). With
+``--phase-oracle``, each phase's jobs also run as a mix of their own, searched the same way for
+that phase's best split: switching to each phase's best at once is the most any dynamic policy
+could reach, so it says whether a target over the static split is reachable at all.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import json
 import re
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -253,6 +257,18 @@ def scenario_score(results: dict[str, Any], length: float) -> tuple[float, dict[
     return sum(per.values()), per
 
 
+def phase_split(results: dict[str, Any], phase: float, i: int) -> Split:
+    """The worker count each job running in phase ``i`` held longest in it."""
+    t0 = min(r["started"] for r in results.values())
+    out = {}
+    for name, r in results.items():
+        at = r["started"] - t0
+        counts = Counter(p[3] for p in r["timeline"] if i * phase <= at + p[0] < (i + 1) * phase)
+        if counts:
+            out[name] = counts.most_common(1)[0][0]
+    return out
+
+
 def phase_scores(results: dict[str, Any], phase: float, phases: int = 3) -> list[float]:
     """Per phase of the scenario (``phase`` seconds each, from the first job's start): the sum
     over jobs of samples / accelerator limit in it, per second of it."""
@@ -305,12 +321,61 @@ def first_decision_s(log: Path, name: str, nth: int) -> float | None:
     return None
 
 
+#: --phase-oracle: each phase's jobs (label, profile, testbed arguments), run as a mix of its own
+PHASE_MIXES: tuple[tuple[tuple[str, str, tuple[str, ...]], ...], ...] = (
+    (("io_a", "io_heavy", ()), ("cpu_heavy", "cpu_heavy", ()), ("gpu_bound", "gpu_bound", ())),
+    (("io_a", "io_heavy", ()), ("gpu_bound", "gpu_bound", ()), ("io_b", "io_heavy", ())),
+    (
+        ("io_a", "io_heavy", ("--slowdown-at", "0")),
+        ("gpu_bound", "gpu_bound", ()),
+        ("io_b", "io_heavy", ()),
+    ),
+)
+#: --phase-oracle: seconds a later phase's jobs run before its scored ``phase`` seconds (in the
+#: scenario they are already running when it starts)
+PHASE_WARM_S = 4.0
+
+
+def phase_best(
+    i: int, phase: float, ladder: Sequence[int], rounds: int, tmp: Path, seeds: Sequence[Split]
+) -> tuple[float, Split, int]:
+    """The best split of phase ``i``'s jobs alone, within the budget, by the same coordinate
+    search: each split runs for ``phase`` seconds (the first phase from a cold start, as in the
+    scenario; the later ones after ``PHASE_WARM_S`` s of warm-up) and is scored over them:
+    (score, split, runs)."""
+    mix = PHASE_MIXES[i]
+    start = PHASE_WARM_S if i else 0.0
+    runs = [0]
+
+    def evaluate(split: Split) -> float:
+        runs[0] += 1
+        print(f"  phase {i + 1} search, run {runs[0]}: {split} ...", file=sys.stderr, flush=True)
+        plans = [
+            Arrival(profile, split[label], 0.0, seconds=start + phase, label=label, extra=extra)
+            for label, profile, extra in mix
+        ]
+        res = run_jobs(plans, tmp / f"phase{i + 1}-{runs[0]}")
+        return score(res, start, start + phase)[0]
+
+    labels = [label for label, _, _ in mix]
+    value, split = coordinate_search(
+        evaluate,
+        dict.fromkeys(labels, 1),
+        lambda k: sum(k.values()) <= DYNAMIC_BUDGET,
+        ladder,
+        rounds,
+        [{j: s[j] for j in labels} for s in seeds if set(labels) <= set(s)],
+    )
+    return value, split, runs[0]
+
+
 def dynamic(
     phase: float,
     ladder: Sequence[int],
     rounds: int,
     out_dir: Path | None,
     seeds: Sequence[Split] = (),
+    phase_oracle: bool = False,
 ) -> int:
     """``--mix dynamic``: no sidecar, even, adaptive and the searched static split."""
     outs = (lambda name: out_dir / name) if out_dir else out_path
@@ -372,6 +437,45 @@ def dynamic(
         + f"), {sum(oracle) / 3 / best:.2f}x the best static split; adaptive / oracle = "
         f"{adaptive / (sum(oracle) / 3):.2f}"
     )
+    searched = None
+    if phase_oracle:
+        # The best split of each phase found by a search of its own, seeded with the split
+        # that measured best in it above, the static best and the adaptive run's: what a
+        # policy that knew each phase's best split and switched to it at once could reach (an
+        # upper bound for any switching policy, as far as the search finds each phase's best).
+        by_tried = {k: phase_scores(res, phase) for k, res in tried.items()}
+        searched = []
+        for i in range(3):
+            top = max(by_tried, key=lambda k: by_tried[k][i])
+            seed = [
+                dict(zip(DYNAMIC_JOBS, top, strict=True)),
+                split,
+                phase_split(runs["adaptive"], phase, i),
+            ]
+            searched.append(phase_best(i, phase, ladder, rounds, tmp, seed))
+        bound = sum(v for v, _, _ in searched) / 3
+        print(
+            table(
+                ["phase", "best split, searched alone", "runs", "its score", "adaptive", "static"],
+                [
+                    [
+                        i + 1,
+                        "/".join(f"{j} {n}" for j, n in k.items()),
+                        runs,
+                        v,
+                        by_phase["adaptive"][i],
+                        by_phase[label][i],
+                    ]
+                    for i, (v, k, runs) in enumerate(searched)
+                ],
+            )
+        )
+        print(
+            f"each phase's own best split, switched to at once: {bound:.3f}, "
+            f"{bound / best:.2f}x the best static split (the most a switching policy could "
+            f"reach, as far as the searches find each phase's best); adaptive / it = "
+            f"{adaptive / bound:.2f}"
+        )
     better = max(scores["even"][0], scores[f"no sidecar ({START_WORKERS} each)"][0])
     print(
         f"dynamic, budget {DYNAMIC_BUDGET}: adaptive / the best static split = "
@@ -398,6 +502,11 @@ def dynamic(
                     "phases": by_phase,
                     "oracle_phases": oracle,
                     "adaptive_vs_oracle": adaptive / (sum(oracle) / 3),
+                    "phase_searches": (
+                        [{"score": v, "split": k, "runs": n} for v, k, n in searched]
+                        if searched is not None
+                        else None
+                    ),
                 },
             },
             indent=1,
@@ -519,6 +628,13 @@ def main(argv: list[str] | None = None) -> int:
         "search from one worker each can miss the best split; seeding it with the best "
         "split of an earlier run keeps the reference strong",
     )
+    p.add_argument(
+        "--phase-oracle",
+        action="store_true",
+        help="--mix dynamic: also search each phase's jobs on their own for that phase's best "
+        "split (about as long again as the scenario's search): an upper bound on what "
+        "switching splits can gain over the best static one",
+    )
     args = p.parse_args(argv)
     global JOBS
     JOBS = REAL_MIX if args.mix == "real" else JOBS
@@ -535,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         phase = args.phase if args.phase is not None else (8.0 if args.quick else 20.0)
         if not phase >= 2:
             p.error(f"--phase {phase:g}: expected at least 2 seconds")
-        return dynamic(phase, ladder, rounds, args.out_dir, seeds)
+        return dynamic(phase, ladder, rounds, args.out_dir, seeds, args.phase_oracle)
     budgets = args.budgets or (BUDGETS[:1] if args.quick else BUDGETS)
     if any(b < len(JOBS) for b in budgets):
         p.error(f"--budgets {budgets}: each must give every job a worker (>= {len(JOBS)})")

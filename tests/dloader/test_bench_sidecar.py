@@ -85,6 +85,15 @@ def test_phase_scores_split_a_scenario_by_its_jobs_start() -> None:
     assert bench_sidecar.phase_scores({"a": a, "b": b}, 2.0, phases=2) == pytest.approx([1.0, 3.0])
 
 
+def test_phase_split_is_the_count_each_job_held_longest_in_the_phase() -> None:
+    """``a`` runs 3 workers for 1 s then 5 for 3 s (phase 2 s: 3 and 5 tie for 1 s each in
+    the first, the first seen wins); ``b`` starts at 2 s with 2 workers."""
+    a = {"started": 0.0, "timeline": [[t + 0.5, 1, 0.0, 3 if t < 1 else 5] for t in range(4)]}
+    b = {"started": 2.0, "timeline": [[t + 0.5, 1, 0.0, 2] for t in range(2)]}
+    assert bench_sidecar.phase_split({"a": a, "b": b}, 2.0, 0) == {"a": 3}
+    assert bench_sidecar.phase_split({"a": a, "b": b}, 2.0, 1) == {"a": 5, "b": 2}
+
+
 def test_seed_splits_are_parsed_or_refused_by_name() -> None:
     jobs = ("image_jpeg", "text_pack", "remote_read")
     assert bench_sidecar.parse_split("1/1/17", jobs) == dict(zip(jobs, (1, 1, 17), strict=True))
@@ -97,9 +106,10 @@ def test_seed_splits_are_parsed_or_refused_by_name() -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
-@pytest.mark.timeout(900)  # a static search of ~15 whole-scenario runs
+@pytest.mark.timeout(1200)  # a static search of ~15 whole-scenario runs, one per phase
 def test_bench_sidecar_dynamic_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--mix", "dynamic", "--quick", "--phase", "3", "--out-dir", str(tmp_path)]
+    argv = ["--mix", "dynamic", "--quick", "--phase", "3", "--phase-oracle"]
+    argv += ["--out-dir", str(tmp_path)]
     assert bench_sidecar.main(argv) == 0
     data = json.loads((tmp_path / "bench_sidecar_dynamic.json").read_text())
     assert {"no sidecar (4 each)", "even", "adaptive"} <= set(data["scores"])
@@ -113,8 +123,17 @@ def test_bench_sidecar_dynamic_small(tmp_path: Path, capsys: pytest.CaptureFixtu
         max(k["io_a"] + k["cpu_heavy"] + k["gpu_bound"], k["io_a"] + k["gpu_bound"] + k["io_b"])
         <= 12
     )
+    searches = data["summary"]["phase_searches"]
+    assert [set(x["split"]) for x in searches] == [
+        {"io_a", "cpu_heavy", "gpu_bound"},
+        {"io_a", "gpu_bound", "io_b"},
+        {"io_a", "gpu_bound", "io_b"},
+    ]
+    assert all(sum(x["split"].values()) <= 12 and x["score"] > 0 for x in searches)
     assert (tmp_path / "bench_sidecar_dynamic.png").stat().st_size > 0
-    assert "adaptive / the best static split" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "adaptive / the best static split" in out
+    assert "each phase's own best split, switched to at once" in out
 
 
 def test_prediction_error_is_for_the_count_the_scored_window_ran(tmp_path: Path) -> None:
