@@ -964,6 +964,13 @@ def probe(
         & (trials.sum(axis=1) <= budget.workers)
     )
     ok[ok] = node.memory_of(trials[ok]) <= budget.memory_bytes
+    # A worker added (none taken) can raise only its own job, at most to its accelerator limit:
+    # where that is under PROBE_GAIN of the node's score, the probe cannot measure better by
+    # that much and stay; it would only unsettle every job's measurements (a job already at its
+    # limit: the model's tie at one worker more is no near-tie).
+    jobs_at = np.arange(n)  # also the first n trials: one worker more for job i
+    room = 1.0 - node.normalized[jobs_at, current] * node.scale(current[None])[0]
+    ok[jobs_at] &= room >= PROBE_GAIN * base
     for t in np.flatnonzero(ok):  # not measured lately
         split = split_of(dict(zip(ids, trials[t].tolist(), strict=True)))
         ok[t] = measured.score(split, limits, now) is None

@@ -414,6 +414,20 @@ def test_probing_tries_the_best_untried_near_tie() -> None:
     ]
 
 
+def test_no_probe_adds_a_worker_to_a_job_at_its_accelerator_limit() -> None:
+    """A job at its limit alone on a roomy node: its model ties one worker more with the
+    current count (a near-tie), but that probe could not measure PROBE_GAIN better, so none is
+    made; a loader-bound job beside it is still probed with one more."""
+    gpu = JobView("gpu", 32, 2, model=fitted(GPU_BOUND))
+    budget = Budget(workers=12, cores=16)
+    m, limits = Measurements(), {"gpu": 1.0, "io": 1.0}
+    node_alone = probe([gpu], budget, m, limits, 0.0)
+    assert node_alone is None or dict(node_alone.split)["gpu"] < 2
+    io = JobView("io", 32, 2, model=fitted(IO_HEAVY))
+    both = probe([gpu, io], budget, m, limits, 0.0)
+    assert both is not None and dict(both.split) == {"gpu": 2, "io": 3}
+
+
 def test_on_a_full_node_a_probe_first_tries_a_cpu_bound_worker_less() -> None:
     """Two CPU-bound jobs at 3 workers each and an I/O-bound one: on 2 cores the node is
     full, and the first probe takes a worker from a CPU-bound job (the model's sharing
