@@ -47,7 +47,7 @@ steady, normalised by their accelerator limits. A proposal measured worse than t
 split is not taken; a split measured worse than the one left for it goes back to that one.
 Steady at a measured split, the node tries the neighbour (one worker added, removed or moved)
 the model ranks best among the near-ties it has not measured lately: where the model cannot
-tell, measuring can (not a worker more for a job with less room to its accelerator limit than a
+tell, measuring can (no worker is given to a job with less room to its accelerator limit than a
 probe must gain to stay: it could not pay). A probe that pays is followed by the same move once
 more (a local search that follows a slope measured to pay, one worker at a time). On a node
 whose cores the model says are all taken, near-ties that give a CPU-bound job a worker less
@@ -965,13 +965,14 @@ def probe(
         & (trials.sum(axis=1) <= budget.workers)
     )
     ok[ok] = node.memory_of(trials[ok]) <= budget.memory_bytes
-    # A worker added (none taken) can raise only its own job, at most to its accelerator limit:
-    # where that is under PROBE_GAIN of the node's score, the probe cannot measure better by
-    # that much and stay; it would only unsettle every job's measurements (a job already at its
-    # limit: the model's tie at one worker more is no near-tie).
-    jobs_at = np.arange(n)  # also the first n trials: one worker more for job i
-    room = 1.0 - node.normalized[jobs_at, current] * node.scale(current[None])[0]
-    ok[jobs_at] &= room >= PROBE_GAIN * base
+    # No probe gives a worker to a job whose room to its accelerator limit is under PROBE_GAIN
+    # of the node's score: that worker can raise only its own job, by less than a probe must
+    # gain to stay, and it takes cores from the others. A worker added alone only unsettles
+    # every job's measurements; moved there from another job, it is the other job's worker
+    # less (a trial of its own) with one more thread.
+    rows = np.arange(n)
+    room = 1.0 - node.normalized[rows, current] * node.scale(current[None])[0]
+    ok &= ~((trials > current) & (room < PROBE_GAIN * base)).any(axis=1)
     for t in np.flatnonzero(ok):  # not measured lately
         split = split_of(dict(zip(ids, trials[t].tolist(), strict=True)))
         ok[t] = measured.score(split, limits, now) is None

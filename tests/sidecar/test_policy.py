@@ -428,6 +428,23 @@ def test_no_probe_adds_a_worker_to_a_job_at_its_accelerator_limit() -> None:
     assert both is not None and dict(both.split) == {"gpu": 2, "io": 3}
 
 
+def test_no_probe_moves_a_worker_to_a_job_at_its_accelerator_limit() -> None:
+    """The emulated mix at its best split on a full 2-core node: of every probe made until none
+    is left, none moves a worker to gpu_bound (at its limit with one); the CPU-bound job's
+    worker less is tried as itself, not parked there."""
+    jobs = [
+        JobView("gpu", 32, 1, model=fitted(GPU_BOUND)),
+        JobView("cpu", 32, 2, model=fitted(CPU_HEAVY)),
+        JobView("io", 32, 9, model=fitted(IO_HEAVY)),
+    ]
+    budget, limits = Budget(workers=12, cores=2), dict.fromkeys(["gpu", "cpu", "io"], 1.0)
+    tried: list[Split] = []
+    while (p := probe(jobs, budget, measured({s: 1.0 for s in tried}), limits, 0.0)) is not None:
+        tried.append(p.split)
+    assert tried and all(dict(s)["gpu"] == 1 for s in tried), tried
+    assert split_of({"gpu": 1, "cpu": 1, "io": 9}) in tried
+
+
 def test_on_a_full_node_a_probe_first_tries_a_cpu_bound_worker_less() -> None:
     """Two CPU-bound jobs at 3 workers each and an I/O-bound one: on 2 cores the node is
     full, and the first probe takes a worker from a CPU-bound job (the model's sharing
