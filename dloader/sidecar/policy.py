@@ -772,6 +772,9 @@ CPU_BOUND_WORKER = 0.5
 workers are CPU-bound: on a full node, a probe first tries one of them less."""
 PROBE_GAIN = 0.01
 """A probed split is kept only if it measures better than the split it left by this share."""
+PROBE_REACH = 2
+"""A split measured within this many workers (summed over jobs) of an untried one estimates it
+(its measurement plus the model's difference): one that falls clearly short is not probed."""
 MAX_SPLITS = 256
 """Splits whose measurements are kept at most (the oldest go first)."""
 _KEEP_SAMPLES = 8
@@ -978,13 +981,16 @@ def probe(
         ok[t] = measured.score(split, limits, now) is None
     values = np.full(len(trials), -np.inf)
     values[ok] = node.objective(trials[ok])
-    near = values >= base * (1 - PROBE_LOSS)
     # On a full node, a worker less for a CPU-bound job (one whose workers each compute half
     # the time or more) comes first: the model shares the cores as if that were free, but a
     # node with more runnable threads than cores also pays for their switching, and its
     # trainers wait longer for a core, so the model overrates such workers where it matters.
     bound, full = _cpu_bound(node, current, budget)
     fewer = ((trials < current) & bound).any(axis=1) & ~((trials > current) & bound).any(axis=1)
+    # neither: those a measured neighbour says would not stay
+    short = _measured_short(node, trials, values, fewer & full, current, measured, limits, now)
+    values[short] = -np.inf
+    near = values >= base * (1 - PROBE_LOSS)
     release = fewer & (values >= base * (1 - RELEASE_LOSS)) & full
     if not (near.any() or release.any()):
         return None
@@ -1005,6 +1011,52 @@ def probe(
         f"{base:.3f} here, too close to call without measuring{why}",
         bool(fewer[i]) and full,
     )
+
+
+def _measured_short(
+    node: _Node,
+    trials: np.ndarray,
+    values: np.ndarray,
+    lighter: np.ndarray,
+    current: np.ndarray,
+    measured: Measurements,
+    limits: dict[str, float],
+    now: float,
+) -> np.ndarray:
+    """Trials (rows of ``trials``, predicted ``values``) a measured neighbour already answers:
+    estimated as a split measured lately within ``PROBE_REACH`` workers of the trial plus the
+    model's difference between the two, the best such estimate falls short of what the trial
+    must measure to stay (:func:`measured_guard`: ``PROBE_GAIN`` better than the current
+    split's measurement; a ``lighter`` one, no worse by it) by more than ``MEASURE_MARGIN``.
+    The model ranks splits; a measured neighbour corrects its level (it overrates a CPU-bound
+    worker on a full node: having measured one worker less there, the next split with that
+    worker less needs no probe of its own)."""
+    out = np.zeros(len(trials), dtype=bool)
+    ids = node.ids
+    here_split = split_of(dict(zip(ids, current.tolist(), strict=True)))
+    here = measured.score(here_split, limits, now)
+    if here is None:
+        return out
+    known = []
+    for split in measured.samples:
+        if split != here_split and same_jobs(split, here_split):
+            score = measured.score(split, limits, now)
+            if score is not None:
+                known.append((dict(split), score))
+    if not known:
+        return out
+    rows = np.array([[k[j] for j in ids] for k, _ in known], dtype=int)
+    valid = node.valid(rows)
+    if not valid.any():
+        return out
+    rows, scores = rows[valid], np.array([v for (_, v), ok in zip(known, valid, strict=True) if ok])
+    offset = scores - node.objective(rows)  # measured less predicted, per known split
+    finite = np.isfinite(values)
+    dist = np.abs(trials[:, None, :] - rows[None, :, :]).sum(axis=2)  # (trials, known)
+    estimate = np.where(dist <= PROBE_REACH, values[:, None] + offset[None, :], -np.inf).max(axis=1)
+    need = np.where(lighter, here / (1 + PROBE_GAIN), here * (1 + PROBE_GAIN))
+    out = finite & np.isfinite(estimate) & (estimate < need - MEASURE_MARGIN * here)
+    return np.asarray(out)
 
 
 def _modelled(jobs: Sequence[JobView], budget: Budget) -> _Node:

@@ -445,6 +445,29 @@ def test_no_probe_moves_a_worker_to_a_job_at_its_accelerator_limit() -> None:
     assert split_of({"gpu": 1, "cpu": 1, "io": 9}) in tried
 
 
+def test_a_measured_neighbour_answers_a_probe() -> None:
+    """At 9/2/1 (io/cpu/gpu) on a full node, 10/1/1 measured: cpu_heavy at one worker. If it
+    measured clearly worse, its estimate of 9/1/1 (its measurement plus the model's difference)
+    falls short of what that lighter probe must measure to stay, and the probe is another; if
+    it measured about the same, 9/1/1 is probed (the model alone ranks it first)."""
+    jobs = [
+        JobView("gpu", 32, 1, model=fitted(GPU_BOUND)),
+        JobView("cpu", 32, 2, model=fitted(CPU_HEAVY)),
+        JobView("io", 32, 9, model=fitted(IO_HEAVY)),
+    ]
+    budget, limits = Budget(workers=12, cores=2), dict.fromkeys(["gpu", "cpu", "io"], 1.0)
+    here = split_of({"gpu": 1, "cpu": 2, "io": 9})
+    tried = split_of({"gpu": 1, "cpu": 1, "io": 10})
+    release = split_of({"gpu": 1, "cpu": 1, "io": 9})
+    worse = probe(jobs, budget, measured({here: 2.22, tried: 2.10}), limits, 0.0)
+    assert worse is not None and worse.split != release
+    tie = probe(jobs, budget, measured({here: 2.22, tried: 2.20}), limits, 0.0)
+    assert tie is not None and tie.split == release and tie.lighter
+    # the current split's own measurement is no neighbour: alone, it skips nothing
+    alone = probe(jobs, budget, measured({here: 2.22}), limits, 0.0)
+    assert alone is not None and alone.split == tried
+
+
 def test_on_a_full_node_a_probe_first_tries_a_cpu_bound_worker_less() -> None:
     """Two CPU-bound jobs at 3 workers each and an I/O-bound one: on 2 cores the node is
     full, and the first probe takes a worker from a CPU-bound job (the model's sharing
