@@ -48,15 +48,16 @@ split is not taken; a split measured worse than the one left for it goes back to
 Steady at a measured split, the node tries the neighbour (one worker added, removed or moved)
 the model ranks best among the near-ties it has not measured lately: where the model cannot
 tell, measuring can (no worker is given to a job with less room to its accelerator limit than a
-probe must gain to stay: it could not pay). A probe that pays is followed by the same move once
-more (a local search that follows a slope measured to pay, one worker at a time). On a node
-whose cores the model says are all taken, near-ties that give a CPU-bound job a worker less
-come first (more runnable threads than cores cost switching and the trainers' wait for a core,
-which the model's sharing does not see). A probe stays only if it measures better (such a
-lighter one: if it measures no worse; a tie goes to fewer threads); each that does not doubles
-the wait before the next. Measurements are forgotten after ``MEASURE_STALE_S`` (costs change),
-and all at once when a job measures unlike before at the same split (``MEASURE_CHANGED``: its
-costs, or a neighbour's, changed under it).
+probe must gain to stay: it could not pay; and no probe is made that a split measured within
+``PROBE_REACH`` workers of it, plus the model's difference, says would not stay). A probe that
+pays is followed by the same move once more (a local search that follows a slope measured to
+pay, one worker at a time). On a node whose cores the model says are all taken, near-ties that
+give a CPU-bound job a worker less come first (more runnable threads than cores cost switching
+and the trainers' wait for a core, which the model's sharing does not see). A probe stays only
+if it measures better (such a lighter one: if it measures no worse; a tie goes to fewer
+threads); each that does not doubles the wait before the next. Measurements are forgotten after
+``MEASURE_STALE_S`` (costs change), and all at once when a job measures unlike before at the
+same split (``MEASURE_CHANGED``: its costs, or a neighbour's, changed under it).
 """
 
 from __future__ import annotations
