@@ -776,6 +776,8 @@ PROBE_GAIN = 0.01
 PROBE_REACH = 2
 """A split measured within this many workers (summed over jobs) of an untried one estimates it
 (its measurement plus the model's difference): one that falls clearly short is not probed."""
+_REACH_SPLITS = 32
+"""Measured splits (the most recent) a probe's estimate looks at."""
 MAX_SPLITS = 256
 """Splits whose measurements are kept at most (the oldest go first)."""
 _KEEP_SAMPLES = 8
@@ -1038,12 +1040,14 @@ def _measured_short(
     here = measured.score(here_split, limits, now)
     if here is None:
         return out
-    known = []
-    for split in measured.samples:
+    known = []  # the most recently measured splits of these jobs, this one aside
+    for split in sorted(measured.last, key=measured.last.__getitem__, reverse=True):
         if split != here_split and same_jobs(split, here_split):
             score = measured.score(split, limits, now)
             if score is not None:
                 known.append((dict(split), score))
+        if len(known) >= _REACH_SPLITS:
+            break
     if not known:
         return out
     rows = np.array([[k[j] for j in ids] for k, _ in known], dtype=int)
@@ -1052,12 +1056,14 @@ def _measured_short(
         return out
     rows, scores = rows[valid], np.array([v for (_, v), ok in zip(known, valid, strict=True) if ok])
     offset = scores - node.objective(rows)  # measured less predicted, per known split
-    finite = np.isfinite(values)
-    dist = np.abs(trials[:, None, :] - rows[None, :, :]).sum(axis=2)  # (trials, known)
-    estimate = np.where(dist <= PROBE_REACH, values[:, None] + offset[None, :], -np.inf).max(axis=1)
-    need = np.where(lighter, here / (1 + PROBE_GAIN), here * (1 + PROBE_GAIN))
-    out = finite & np.isfinite(estimate) & (estimate < need - MEASURE_MARGIN * here)
-    return np.asarray(out)
+    idx = np.flatnonzero(np.isfinite(values))  # the trials still in the running
+    estimate = np.full(len(idx), -np.inf)
+    for row, off in zip(rows, offset, strict=True):  # a few splits: no (trials, splits, jobs)
+        near = np.abs(trials[idx] - row).sum(axis=1) <= PROBE_REACH
+        estimate = np.maximum(estimate, np.where(near, values[idx] + off, -np.inf))
+    need = np.where(lighter[idx], here / (1 + PROBE_GAIN), here * (1 + PROBE_GAIN))
+    out[idx] = np.isfinite(estimate) & (estimate < need - MEASURE_MARGIN * here)
+    return out
 
 
 def _modelled(jobs: Sequence[JobView], budget: Budget) -> _Node:
