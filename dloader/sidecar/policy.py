@@ -959,8 +959,11 @@ def probe(
     current = node.row({j.job_id: j.current_workers for j in jobs})
     if not node.valid(current[None])[0]:
         return None
-    base = float(node.objective(current[None])[0])
     n = len(ids)
+    rows = np.arange(n)
+    # each job's predicted share of its limit here, the node's objective their sum
+    shares = node.normalized[rows, current] * node.scale(current[None])[0]
+    base = float(_row_sums(shares[None])[0])
     one = np.eye(n, dtype=int)
     shifts = [one, -one] + [one[b] - one[a] for a in range(n) for b in range(n) if a != b]
     trials = current + np.vstack(shifts).reshape(-1, n)
@@ -976,9 +979,7 @@ def probe(
     # gain to stay, and it takes cores from the others. A worker added alone only unsettles
     # every job's measurements; moved there from another job, it is the other job's worker
     # less (a trial of its own) with one more thread.
-    rows = np.arange(n)
-    room = 1.0 - node.normalized[rows, current] * node.scale(current[None])[0]
-    ok &= ~((trials > current) & (room < PROBE_GAIN * base)).any(axis=1)
+    ok &= ~((trials > current) & (1.0 - shares < PROBE_GAIN * base)).any(axis=1)
     for t in np.flatnonzero(ok):  # not measured lately
         split = split_of(dict(zip(ids, trials[t].tolist(), strict=True)))
         ok[t] = measured.score(split, limits, now) is None
