@@ -6,6 +6,7 @@ import contextlib
 import os
 import platform
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,15 @@ def out_path(name: str) -> Path:
     """A file under benchmarks/out/ (created)."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     return OUT_DIR / name
+
+
+def out_paths(folder: Path | None) -> Callable[[str], Path]:
+    """Where a benchmark's files go: under ``folder`` (created now; its ``--out-dir``), or
+    :func:`out_path`'s benchmarks/out/ when None."""
+    if folder is None:
+        return out_path
+    folder.mkdir(parents=True, exist_ok=True)
+    return lambda name: folder / name
 
 
 class RssSampler:

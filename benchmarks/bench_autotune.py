@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import machine, out_path, table
+from benchmarks._common import machine, out_paths, table
 from dloader.apps.experiment import run_jobs, score
 from dloader.apps.testbed import PROFILES
 
@@ -285,9 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--warmup must be shorter than the runs")
     if args.repeats < 1:
         parser.error(f"--repeats={args.repeats} must be >= 1")
-    outs = (lambda name: args.out_dir / name) if args.out_dir else out_path
-    if args.out_dir:
-        args.out_dir.mkdir(parents=True, exist_ok=True)
+    outs = out_paths(args.out_dir)
     extra = ["--jpegs", str(args.jpegs)]
     print(f"machine: {machine()}", flush=True)
     results: dict[str, Any] = {}

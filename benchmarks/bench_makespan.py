@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import machine, out_path, table
+from benchmarks._common import machine, out_paths, table
 from benchmarks.bench_sidecar import plot
 from dloader.apps.experiment import run_jobs, sidecar_process
 
@@ -76,9 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--budget must be >= 3 (one worker per job)")
     if not 0 < args.scale <= 10:
         p.error(f"--scale {args.scale:g}: expected a factor in (0, 10]")
-    outs = (lambda name: args.out_dir / name) if args.out_dir else out_path
-    if args.out_dir:
-        args.out_dir.mkdir(parents=True, exist_ok=True)
+    outs = out_paths(args.out_dir)
     print(f"machine: {machine()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-makespan-"))
     names = ["a", "b"] if args.workload == "both" else [args.workload]

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import machine, out_path, table
+from benchmarks._common import machine, out_paths, table
 from benchmarks.bench_cluster_sim import DATA, POLLUX_H
 from dloader.allocator import Cluster
 from dloader.allocator.policies import make_policy
@@ -99,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--workloads={args.workloads!r} / --loads={args.loads!r}: expected numbers")
     if any(w not in POLLUX_H for w in workloads) or any(x <= 0 for x in loads):
         p.error("workloads are 1-4 and loads > 0")
-    outs = (lambda name: args.out_dir / name) if args.out_dir else out_path
-    if args.out_dir:
-        args.out_dir.mkdir(parents=True, exist_ok=True)
+    outs = out_paths(args.out_dir)
     print(f"machine: {machine()}\n", flush=True)
     policies = ("goodput-dp", "pollux")
     tasks = [(w, pol, load, "online") for w in workloads for load in loads for pol in policies]

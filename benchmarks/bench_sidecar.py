@@ -56,7 +56,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import machine, out_path, table
+from benchmarks._common import machine, out_paths, table
 from dloader.apps.experiment import Arrival, JobPlan, run_jobs, score, sidecar_process
 from dloader.apps.testbed import PROFILES, REAL_MIX, make_dataset
 
@@ -378,9 +378,7 @@ def dynamic(
     phase_oracle: bool = False,
 ) -> int:
     """``--mix dynamic``: no sidecar, even, adaptive and the searched static split."""
-    outs = (lambda name: out_dir / name) if out_dir else out_path
-    if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
+    outs = out_paths(out_dir)
     length = 3 * phase
     print(f"machine: {machine()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-dynamic-"))
@@ -669,9 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.again < 0:
         p.error(f"--again {args.again}: expected 0 or more")
     extra = ["--jpegs", str(args.jpegs)]
-    outs = (lambda name: args.out_dir / name) if args.out_dir else out_path
-    if args.out_dir:
-        args.out_dir.mkdir(parents=True, exist_ok=True)
+    outs = out_paths(args.out_dir)
     print(f"machine: {machine()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-"))
     runs, rows = {}, []
