@@ -415,8 +415,8 @@ def dynamic(
     by_phase = {name: phase_scores(res, phase) for name, res in runs.items()}
     # The most any switching policy could get from the splits tried: in each phase, the one
     # that measured best in that phase, switched to at once (no ramp, no measuring).
-    tried_phases = [phase_scores(res, phase) for res in tried.values()]
-    oracle = [max(p[i] for p in tried_phases) for i in range(3)]
+    by_tried = {k: phase_scores(res, phase) for k, res in tried.items()}
+    oracle = [max(p[i] for p in by_tried.values()) for i in range(3)]
     print(
         table(
             ["run", "sum samples/limit per s", "vs static best", "phases 1 / 2 / 3", *DYNAMIC_JOBS],
@@ -441,7 +441,6 @@ def dynamic(
         # that measured best in it above, the static best and the adaptive run's: what a
         # policy that knew each phase's best split and switched to it at once could reach (an
         # upper bound for any switching policy, as far as the search finds each phase's best).
-        by_tried = {k: phase_scores(res, phase) for k, res in tried.items()}
         searched = []
         for i in range(3):
             top = max(by_tried, key=lambda k: by_tried[k][i])
@@ -459,12 +458,12 @@ def dynamic(
                     [
                         i + 1,
                         "/".join(f"{j} {n}" for j, n in k.items()),
-                        runs,
+                        count,
                         v,
                         by_phase["adaptive"][i],
                         by_phase[label][i],
                     ]
-                    for i, (v, k, runs) in enumerate(searched)
+                    for i, (v, k, count) in enumerate(searched)
                 ],
             )
         )
