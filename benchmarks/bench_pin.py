@@ -60,11 +60,11 @@ def _copy(data: Any, device: Any = None) -> Any:
 def child(mode: str, step_s: float, batches: int, workers: int) -> dict[str, float]:
     """One loader in this process: samples/s and the trainer's wait share over ``batches``."""
     import dloader
-    from dloader import _iter
+    from dloader._engine import iterator as _iter
 
     receiver = mode == "receiver"
     if receiver:
-        _iter.ElasticIterator._check_pin_memory = lambda self, loader: True  # type: ignore[method-assign]
+        _iter.LoaderIterator._check_pin_memory = lambda self, loader: True  # type: ignore[method-assign]
         _iter._pin_memory = _copy
     loader = dloader.DataLoader(_Images(), batch_size=32, num_workers=workers, pin_memory=receiver)
     it = iter(loader)

@@ -2,7 +2,7 @@
 
 Pollux workloads 1-4 (160 jobs each) on 16 nodes x 4 GPUs, 60 s interval, 30 s restarts, every
 job's model learned online from what it ran, under ``goodput-dp`` and ``pollux``
-(:mod:`dloader.allocator.pollux_policy`: the paper's goodput, power-mean fitness, age-weighted
+(:mod:`dloader.allocator.policies.pollux`: the paper's goodput, power-mean fitness, age-weighted
 restart penalty, one distributed job per node, genetic search), at load 1.0 (the trace's
 arrival times) and at the loads of ``--loads`` (arrival times divided by the load). At load 1.0
 also the oracle model and Pollux's published numbers (from its own simulator).

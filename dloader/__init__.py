@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 from dloader.errors import DLoaderError, StateError, WorkerDiedError, WorkerStartError
 
 if TYPE_CHECKING:
+    from dloader._dataloader import DataLoader
     from dloader._elastic_sampler import ElasticDistributedSampler
-    from dloader._loader import DataLoader
-    from dloader._stats import LoaderStats, WorkerStats
-    from dloader._strings import StringArray
+    from dloader._engine.telemetry import LoaderStats, WorkerStats
+    from dloader._string_array import StringArray
 
 __all__ = [
     "DLoaderError",
@@ -44,11 +44,11 @@ __all__ = [
 __version__ = "0.1.0"
 
 _LAZY = {
-    "DataLoader": "dloader._loader",
+    "DataLoader": "dloader._dataloader",
     "ElasticDistributedSampler": "dloader._elastic_sampler",
-    "LoaderStats": "dloader._stats",
-    "StringArray": "dloader._strings",
-    "WorkerStats": "dloader._stats",
+    "LoaderStats": "dloader._engine.telemetry",
+    "StringArray": "dloader._string_array",
+    "WorkerStats": "dloader._engine.telemetry",
 }
 
 

@@ -27,44 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from dloader._engine import ranks
 from dloader.errors import CheckpointError, StateError
 
 __all__ = ["CheckpointError", "is_complete", "load", "read_meta", "save"]
 
 _META = "dloader.json"
 _FORMAT = 1
-
-
-def _dist() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-def _all_gather(obj: Any) -> list[Any]:
-    world = _dist()[1]
-    if world == 1:
-        return [obj]
-    out: list[Any] = [None] * world
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _broadcast(obj: Any) -> Any:
-    if _dist()[1] == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 @contextlib.contextmanager
@@ -121,16 +93,16 @@ def save(
     Raises:
         CheckpointError: the ranks' loader states disagree, or ``extra`` is not JSON.
     """
-    rank, world = _dist()
+    rank, world = ranks.rank_and_world()
     final = Path(path)
-    token = _broadcast(uuid.uuid4().hex if rank == 0 else None)
+    token = ranks.broadcast(uuid.uuid4().hex if rank == 0 else None)
     tmp = final.parent / f".{final.name}.tmp-{token}"
     state = _dcp_state(model, optimizer)
     with _single_process_ok():
         dcp.save(state, checkpoint_id=str(tmp))
 
     loader_state = loader.state_dict() if loader is not None else None
-    states = _all_gather(loader_state)
+    states = ranks.all_gather(loader_state)
     positions = {json.dumps(_position(s), sort_keys=True, default=str) for s in states}
     if len(positions) > 1:
         if rank == 0:
@@ -158,7 +130,7 @@ def save(
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-    _barrier()
+    ranks.barrier()
     if rank == 0:
         old = None
         if final.exists():
@@ -168,7 +140,7 @@ def save(
         _fsync_dir(final.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    ranks.barrier()
     return final
 
 

@@ -1,25 +1,29 @@
 """The package's import arrows, read from the source with ``ast`` (no import is executed).
 
-Components, lowest first (README "Layout" draws the same picture):
+Every module belongs to a component by its path (:data:`COMPONENTS`: the longest prefix wins),
+lowest first (README "Layout" draws the same picture):
 
 * ``errors``: :mod:`dloader.errors`, the one exception hierarchy;
-* ``api``: the generated gRPC messages (``dloader.v1``), their typed forms
-  (``_node_messages``, ``_allocator_messages``) and what every client shares (``_env``,
-  ``_client``, ``_host``);
+* ``shared``: what every process shares (``dloader._shared``: the typed messages, the client,
+  the environment, the host's limits) and the generated gRPC messages (``dloader.v1``);
 * ``pure``: decision code, plain values in and out: the predictor's models, the node policy,
   the cluster optimizer and policies, the loader's worker tuner. No I/O, no clocks, no
   processes;
 * ``readers``: trace file readers (``dloader.predictor.pollux``);
-* ``library``: the in-process DataLoader and what it needs; imports no daemon;
+* ``engine``: the loader's engine (``dloader._engine``); it never imports the facade;
+* ``controllers``: the loader's two controllers, ``num_workers="auto"`` (``dloader._autotune``)
+  and the sidecar agent (``dloader._agent``), over the engine's controls;
+* ``facade``: the root: ``dloader.DataLoader`` and the public helpers;
 * ``daemon``: the daemons' shared foundation (``dloader._daemon``);
 * ``sidecar``, ``allocator``: the two daemons; neither imports the other;
-* ``integrations``: launchers and framework adapters, over the library and the API;
+* ``integrations``: launchers and framework adapters, over the public API and three documented
+  internal APIs of the loader (:data:`INTEGRATION_INTERNALS`);
 * ``apps``: ``dloader.apps``, programs built on the rest (testbed, pipelines, experiment
   harness, demo), which may use everything.
 
-Besides the arrows: one meaning per class name (no two classes of the package share a name, and
-only the typed messages share a name with a proto message), and every exception is defined in
-``dloader.errors``.
+Besides the arrows: no import cycle, type-only and function-level imports included; one meaning
+per class name (no two classes of the package share a name, and only the typed messages share a
+name with a proto message), and every exception is defined in ``dloader.errors``.
 """
 
 from __future__ import annotations
@@ -34,41 +38,64 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dloader"
 
-PURE = {
-    "dloader.predictor",
-    "dloader.predictor._efficiency",
-    "dloader.predictor._loader_model",
-    "dloader.predictor._scaling",
-    "dloader.predictor._serial",
-    "dloader.sidecar.policy",
-    "dloader.allocator.optimizer",
-    "dloader.allocator.policies",
-    "dloader.allocator.pollux_policy",
-    "dloader._tuner",
+#: Module path prefix -> component; a module belongs to the longest prefix it starts with (on a
+#: dotted boundary). Decision code is ``pure`` wherever it sits.
+COMPONENTS = {
+    "dloader": "facade",
+    "dloader.errors": "errors",
+    "dloader.v1": "shared",
+    "dloader._shared": "shared",
+    "dloader.predictor": "pure",
+    "dloader.predictor.pollux": "readers",
+    "dloader.sidecar.node_policy": "pure",
+    "dloader.allocator.optimizer": "pure",
+    "dloader.allocator.policies": "pure",
+    "dloader._autotune.tuner": "pure",
+    "dloader._engine": "engine",
+    "dloader._autotune": "controllers",
+    "dloader._agent": "controllers",
+    "dloader._daemon": "daemon",
+    "dloader.sidecar": "sidecar",
+    "dloader.allocator": "allocator",
+    "dloader.integrations": "integrations",
+    "dloader.apps": "apps",
 }
 
-#: What every client shares, beside the generated ``dloader.v1``.
-API = {
-    "dloader._env",
-    "dloader._client",
-    "dloader._host",
-    "dloader._node_messages",
-    "dloader._allocator_messages",
-}
 #: The typed messages: each class is the Python form of the proto message of its name.
-MESSAGES = {"dloader._node_messages", "dloader._allocator_messages"}
+MESSAGES = {"dloader._shared.node_messages", "dloader._shared.allocator_messages"}
 
 ALLOWED = {
     "errors": set(),
-    "api": {"errors"},
+    "shared": {"errors"},
     "pure": {"errors"},
     "readers": {"errors", "pure"},
-    "library": {"errors", "api", "pure"},
-    "daemon": {"errors", "api"},
-    "sidecar": {"errors", "api", "pure", "daemon"},
-    "allocator": {"errors", "api", "pure", "readers", "daemon"},
-    "integrations": {"errors", "api", "library"},
-    "apps": {"errors", "api", "pure", "readers", "library", "daemon", "sidecar", "allocator"},
+    "engine": {"errors", "shared"},
+    "controllers": {"errors", "shared", "pure", "engine"},
+    "facade": {"errors", "shared", "pure", "engine", "controllers"},
+    "daemon": {"errors", "shared"},
+    "sidecar": {"errors", "shared", "pure", "daemon"},
+    "allocator": {"errors", "shared", "pure", "readers", "daemon"},
+    "integrations": {"errors", "shared", "facade", "engine"},
+    "apps": {
+        "errors",
+        "shared",
+        "pure",
+        "readers",
+        "engine",
+        "controllers",
+        "facade",
+        "daemon",
+        "sidecar",
+        "allocator",
+    },
+}
+
+#: The loader's internals integrations may use (documented in ``dloader.integrations``); of the
+#: facade, only its public modules.
+INTEGRATION_INTERNALS = {
+    "dloader._engine.ranks",
+    "dloader._engine.index_stream",
+    "dloader._elastic_sampler",
 }
 
 #: Standard or third-party modules that pure decision code must not import (I/O, clocks,
@@ -93,23 +120,14 @@ IMPURE = {
 
 
 def component(module: str) -> str:
-    """The component a module of the package belongs to."""
-    if module in PURE:
-        return "pure"
+    """The component a module of the package belongs to (its longest prefix in
+    :data:`COMPONENTS`)."""
     parts = module.split(".")
-    if module == "dloader.errors":
-        return "errors"
-    if module.startswith("dloader.v1") or module in API:
-        return "api"
-    if module == "dloader.predictor.pollux":
-        return "readers"
-    if module == "dloader.apps" or module.startswith("dloader.apps."):
-        return "apps"
-    if len(parts) >= 2 and parts[1] in ("sidecar", "allocator", "integrations"):
-        return parts[1]
-    if len(parts) >= 2 and parts[1] == "_daemon":
-        return "daemon"
-    return "library"
+    for n in range(len(parts), 0, -1):
+        found = COMPONENTS.get(".".join(parts[:n]))
+        if found is not None:
+            return found
+    raise AssertionError(f"{module} is outside the package")
 
 
 def modules() -> dict[str, Path]:
@@ -123,19 +141,15 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def imports(path: Path, module: str, *, top_level_only: bool = False) -> set[str]:
-    """Modules imported by the file (absolute names; ``TYPE_CHECKING`` blocks skipped)."""
+def imports(path: Path, module: str) -> set[str]:
+    """Modules imported by the file (absolute names), anywhere in it: at the top, in functions,
+    and in ``TYPE_CHECKING`` blocks (a type-only import is an arrow too)."""
     tree = ast.parse(path.read_text(), str(path))
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found: set[str] = set()
 
     def visit(node: ast.AST, depth: int) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                continue
-            nested = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
-            if top_level_only and nested:
-                continue
             if isinstance(child, ast.Import):
                 found.update(a.name for a in child.names)
             elif isinstance(child, ast.ImportFrom):
@@ -159,6 +173,7 @@ def resolve(name: str, known: dict[str, Path]) -> str | None:
 
 
 MODULES = modules()
+PURE = sorted(m for m in MODULES if component(m) == "pure")
 
 
 def test_the_package_has_its_components() -> None:
@@ -194,7 +209,7 @@ def test_no_import_cycles() -> None:
     graph = {
         m: {
             t
-            for n in imports(p, m, top_level_only=True)
+            for n in imports(p, m)
             if n.startswith("dloader") and (t := resolve(n, MODULES)) not in (None, m)
         }
         for m, p in MODULES.items()
@@ -220,13 +235,22 @@ def test_no_import_cycles() -> None:
 
 
 def test_the_checker_catches_a_wrong_arrow(tmp_path: Path) -> None:
-    """The arrows test can fail: a library module importing the sidecar is a wrong arrow."""
+    """The arrows test can fail: a facade module importing the sidecar is a wrong arrow, and so
+    is the engine importing the facade, even for types only."""
     bad = tmp_path / "bad.py"
     bad.write_text("from dloader.sidecar.core import NodeCore\n")
     (found,) = imports(bad, "dloader._bad")
     target = resolve(found, MODULES)
     assert target == "dloader.sidecar.core"
     assert component(target) not in ALLOWED[component("dloader._bad")]
+    bad.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from dloader._dataloader import DataLoader\n"
+    )
+    found = {n for n in imports(bad, "dloader._engine.bad") if n.startswith("dloader.")}
+    assert found == {"dloader._dataloader.DataLoader"}
+    target = resolve(found.pop(), MODULES)
+    assert component(target) == "facade" not in ALLOWED["engine"]
 
 
 def _imported_after(statement: str) -> set[str]:
@@ -276,7 +300,10 @@ def test_one_meaning_per_class_name() -> None:
     classes = _classes()
     twice = {name: [m for m, _ in where] for name, where in classes.items() if len(where) > 1}
     assert not twice, twice
-    carried = {"ScalingParams": "dloader.predictor._scaling", "Candidate": "dloader.sidecar.policy"}
+    carried = {
+        "ScalingParams": "dloader.predictor._scaling",
+        "Candidate": "dloader.sidecar.node_policy.views",
+    }
     clash = {
         name: module
         for name in _proto_messages() & set(classes)
@@ -302,7 +329,7 @@ def test_every_exception_is_in_the_one_hierarchy() -> None:
 
 def test_every_environment_variable_is_documented() -> None:
     """Every ``DLOADER_*`` variable the repository reads or exports is in the README's tables
-    (the package's own also in ``dloader/_env.py``, the one module that reads them)."""
+    (the package's own also in ``dloader/_shared/env.py``, the one module that reads them)."""
     import re
 
     readme = (ROOT / "README.md").read_text()
@@ -317,5 +344,5 @@ def test_every_environment_variable_is_documented() -> None:
     missing = {n: sorted(w) for n, w in found.items() if f"`{n}`" not in readme}
     assert not missing, f"not in the README's environment tables: {missing}"
     package = {n for n, w in found.items() if any(p.startswith("dloader/") for p in w)}
-    env = (PACKAGE / "_env.py").read_text()
+    env = (PACKAGE / "_shared" / "env.py").read_text()
     assert not {n for n in package if n not in env}, package

@@ -9,7 +9,7 @@
   its message).
 
 Neither daemon imports the other; both import this package. Clients use
-:mod:`dloader._client`.
+:mod:`dloader._shared.client`.
 """
 
 from dloader._daemon.run import add_daemon_arguments, run_daemon, shut_down, stop_on_signals

@@ -5,8 +5,8 @@ time** (``dloaderctl policy set`` for the sidecar, ``Configure`` for the allocat
 built-in default.** So a setting changed at run time survives a restart, unless the operator's
 command line says otherwise; either way the daemon logs which source won.
 
-Environment variables are read where the flag's default is filled in (:mod:`dloader._env`), so a
-flag that is ``None`` here was given neither on the command line nor in the environment.
+Environment variables are read where the flag's default is filled in (:mod:`dloader._shared.env`),
+so a flag that is ``None`` here was given neither on the command line nor in the environment.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from dloader._daemon.server import Serving
-from dloader._env import default_socket, default_state_dir
+from dloader._shared.env import default_socket, default_state_dir
 from dloader.errors import DLoaderError
 
 __all__ = ["add_daemon_arguments", "run_daemon", "shut_down", "stop_on_signals"]

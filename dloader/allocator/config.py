@@ -11,9 +11,9 @@ import logging
 import math
 from dataclasses import asdict, dataclass
 
-from dloader import _env
 from dloader._daemon.config import layered
 from dloader._daemon.server import ListenConfig
+from dloader._shared import env
 from dloader.allocator.optimizer import DEFAULT_RESTART_S
 from dloader.allocator.policies import POLICIES
 from dloader.errors import ConfigError, InvalidArgument
@@ -112,14 +112,14 @@ class AllocatorDaemonConfig:
             },
             stored_by="Configure",
         )
-        token = _env.secret(args.token or _env.allocator_token(), "--token")
+        token = env.secret(args.token or env.allocator_token(), "--token")
         return cls(
             listen=ListenConfig(
                 socket=args.socket,
                 tcp=args.listen,
                 token=token,
-                node_token=_env.secret(args.node_token, "--node-token"),
-                client_token=_env.secret(args.client_token, "--client-token"),
+                node_token=env.secret(args.node_token, "--node-token"),
+                client_token=env.secret(args.client_token, "--client-token"),
                 tls_cert=args.tls_cert,
                 tls_key=args.tls_key,
             ),

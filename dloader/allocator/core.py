@@ -12,7 +12,7 @@ and nothing is applied: jobs keep the allocation they had, for schedulers that k
 
 The parts: :mod:`.jobs` (a submitted job, its model fit, the policy's view of it),
 :mod:`.nodes` (the node registry and rendezvous ports), :mod:`.store` (the state file), the
-messages in :mod:`dloader._allocator_messages`.
+messages in :mod:`dloader._shared.allocator_messages`.
 
 Jobs learn where they run by watching (``WatchAllocations``): node sidecars apply batch-size
 changes to the job's loaders, and ``dloader-launch`` restarts a job under torchrun when its GPU
@@ -32,7 +32,8 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 
-from dloader._allocator_messages import (
+from dloader._daemon.peer import Role, Shares, current_caller, require, same_token
+from dloader._shared.allocator_messages import (
     MAX_GPUS,
     MAX_JOBS_PER_REPORT,
     MAX_MEASUREMENTS_PER_CALL,
@@ -44,7 +45,6 @@ from dloader._allocator_messages import (
     Measurement,
     NodeJobReport,
 )
-from dloader._daemon.peer import Role, Shares, current_caller, require, same_token
 from dloader.allocator.config import STORED_SETTINGS, Settings
 from dloader.allocator.jobs import (
     MAX_MEASUREMENTS,

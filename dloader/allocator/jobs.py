@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from dloader._allocator_messages import MAX_BATCH, GradientStats, JobSpec
+from dloader._shared.allocator_messages import MAX_BATCH, GradientStats, JobSpec
 from dloader.allocator.optimizer import Cluster
 from dloader.allocator.policies import JobState, Policy
 from dloader.errors import AllocatorError, InvalidArgument, finite_within

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from dloader._allocator_messages import check_id
+from dloader._shared.allocator_messages import check_id
 from dloader.allocator.optimizer import Cluster
 from dloader.errors import AllocatorError, InvalidArgument, NotFound, shown
 

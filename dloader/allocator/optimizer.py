@@ -46,7 +46,7 @@ split across nodes only when no node has room.
 **Placement-aware allocation** (the change for #15). ``s_j(k, b)`` assumes a compact placement
 (``ceil(k / node)`` nodes), but the free GPUs may be fragmented and :func:`place` then spreads
 the job over more nodes, where it synchronises over the network and runs slower. The policy
-(:class:`dloader.allocator.policies.DpPolicy`) therefore decides, places, and for every job that
+(:class:`dloader.allocator.policies.dp.DpPolicy`) therefore decides, places, and for every job that
 the placement spreads sets ``p_j(k)`` to what its model predicts for that spread placement over
 the compact one, then runs the DP again with those values (twice at most): a count that would
 be spread is chosen only when it is still worth it, or another count (often one that fits on a
@@ -89,8 +89,9 @@ ThroughputFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """``(gpus, global_batch) -> samples/s``, broadcasting; NaN or <= 0 where infeasible.
 
 One may also have an ``evaluate_many(fns, gpus, batches)`` attribute (e.g.
-:class:`dloader.allocator.policies.ScalingThroughput`): the optimizer then evaluates every job's
-function of that kind in one call, ``out[j, i, m] = fns[j](gpus[j, i], batches[j, m])``."""
+:class:`dloader.allocator.policies.throughput.ScalingThroughput`): the optimizer then evaluates
+every job's function of that kind in one call,
+``out[j, i, m] = fns[j](gpus[j, i], batches[j, m])``."""
 EfficiencyFn = Callable[[np.ndarray], np.ndarray]
 """``global_batch -> statistical efficiency`` in (0, 1]."""
 Objective = Literal["throughput", "goodput"]

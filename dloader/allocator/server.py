@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from dloader._allocator_messages import (
+from dloader._daemon.server import ListenConfig, Serving, start_server
+from dloader._shared.allocator_messages import (
     GradientStats,
     JobSpec,
     Measurement,
     NodeJobReport,
 )
-from dloader._daemon.server import ListenConfig, Serving, start_server
 from dloader.allocator.core import AllocatorCore
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc

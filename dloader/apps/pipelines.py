@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dloader import _env
+from dloader._shared import env
 
 __all__ = ["JpegImages", "PackedText", "RemoteReads", "default_cache", "make_jpegs"]
 
@@ -36,8 +36,9 @@ _STD = np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255
 
 
 def default_cache() -> Path:
-    """Where the generated JPEGs are kept (``$DLOADER_CACHE/jpegs``, see :mod:`dloader._env`)."""
-    return _env.cache_dir() / "jpegs"
+    """Where the generated JPEGs are kept (``$DLOADER_CACHE/jpegs``; see
+    :mod:`dloader._shared.env`)."""
+    return env.cache_dir() / "jpegs"
 
 
 def make_jpegs(folder: Path, count: int = 3000, seed: int = 0) -> list[Path]:

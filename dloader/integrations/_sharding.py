@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from dloader._elastic_sampler import check_rank
-from dloader._state import SamplerSnapshot
+from dloader._engine.index_stream import SamplerSnapshot
 from dloader.errors import StateError
 
 __all__ = ["BatchShardSampler", "broadcast_generator", "worker_arguments"]
@@ -117,7 +117,8 @@ class BatchShardSampler(Sampler[int]):
         return rounds * self.block
 
     def begin_batch(self, size: int) -> None:
-        """The size of the batch the loader cuts next (see ``dloader._state.IndexStream``)."""
+        """The size of the batch the loader cuts next (see
+        ``dloader._engine.index_stream.IndexStream``)."""
         self.block = size
 
     def set_epoch(self, epoch: int) -> None:

@@ -51,7 +51,7 @@ from accelerate.state import GradientState
 from accelerate.utils import send_to_device
 from torch.utils.data import IterableDataset, RandomSampler
 
-from dloader._loader import DataLoader
+from dloader import DataLoader
 from dloader.integrations._sharding import (
     BatchShardSampler,
     broadcast_generator,
@@ -175,7 +175,7 @@ def prepare_data_loader(
             f"dloader's accelerate adapter does not support the Accelerator's {unsupported}; "
             "use accelerate's defaults (whole batches per process, even batches)"
         )
-    if loader._user_batch_sampler:
+    if loader.custom_batch_sampler:
         raise ValueError(
             f"a dloader.DataLoader with a user batch_sampler={loader.batch_sampler!r} cannot be "
             "sharded by batch size; pass batch_size= and sampler= instead"
@@ -233,7 +233,7 @@ def _loader_kwargs(loader: DataLoader[Any]) -> dict[str, Any]:
         **worker_arguments(loader),
         **{name: getattr(loader, name) for name in _DLOADER_ARGS},
     }
-    kwargs["stats_window_s"] = loader._telemetry.window_seconds
+    kwargs["stats_window_s"] = loader.stats_window_s
     agent = loader.sidecar_agent  # not started: it starts at the first iter()
     if agent is not None:
         kwargs.update(sidecar=agent.target, job_name=agent.name)

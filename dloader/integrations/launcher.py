@@ -59,15 +59,15 @@ from typing import Any
 
 import grpc
 
-from dloader import _env
-from dloader._allocator_messages import (
+from dloader._shared import env
+from dloader._shared.allocator_messages import (
     SCALING_FIELDS,
     Allocation,
     AllocationSet,
     JobSpec,
     Measurement,
 )
-from dloader._client import Backoff, Endpoint
+from dloader._shared.client import Backoff, Endpoint
 from dloader.errors import ConfigError, InvalidArgument
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
@@ -289,11 +289,11 @@ class Launcher:
             a.script,
             *[x for x in a.script_args if x != "--"],
         ]
-        env = {
+        environ = {
             **os.environ,
-            **_env.launch_exports(a.job_id, gpus, mine.batch_size, mine.generation),
+            **env.launch_exports(a.job_id, gpus, mine.batch_size, mine.generation),
         }
-        self.proc = await asyncio.create_subprocess_exec(*cmd, env=env, start_new_session=True)
+        self.proc = await asyncio.create_subprocess_exec(*cmd, env=environ, start_new_session=True)
         self.gpus, self.generation = gpus, mine.generation
         log.info(
             "job %s: started torchrun with %d process(es) on %s, global batch %d, generation "
@@ -514,14 +514,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dloader-launch``."""
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s: %(message)s")
-    target = args.allocator or _env.allocator_target()
+    target = args.allocator or env.allocator_target()
     if not target:
         print("dloader-launch: --allocator (or $DLOADER_ALLOCATOR) is required", file=sys.stderr)
         return 2
     try:
-        allocator = Endpoint.of(
-            target, _env.secret(args.token or _env.allocator_token(), "--token")
-        )
+        allocator = Endpoint.of(target, env.secret(args.token or env.allocator_token(), "--token"))
     except ValueError as exc:
         print(f"dloader-launch: --allocator: {exc}", file=sys.stderr)
         return 2

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from dloader import elastic
+from dloader._engine import ranks
 
 __all__ = ["checkpoint_dir", "latest_checkpoint", "resume", "save_checkpoint", "sync_batch_size"]
 
@@ -115,7 +116,7 @@ def sync_batch_size(loader: Any) -> int | None:
     (``loader.staged_batch_size``); here the ranks agree on it and on the first batch not yet
     dispatched on any rank, and all switch from that batch.
     """
-    views = elastic._all_gather((loader.staged_batch_size, loader.batches_cut))
+    views = ranks.all_gather((loader.staged_batch_size, loader.batches_cut))
     staged = {v[0] for v in views}
     if len(staged) != 1 or None in staged:
         return None  # not every rank has it yet (or they differ): next step

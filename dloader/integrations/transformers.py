@@ -32,7 +32,7 @@ from typing import Any
 import torch.utils.data
 from transformers import Trainer
 
-from dloader._loader import DataLoader
+from dloader import DataLoader
 from dloader.integrations._sharding import worker_arguments
 from dloader.integrations.accelerate import prepare_data_loader
 

@@ -18,8 +18,8 @@ from collections import defaultdict
 
 import grpc
 
-from dloader._allocator_messages import AllocationSet, NodeJobReport
-from dloader._client import Backoff, Endpoint
+from dloader._shared.allocator_messages import AllocationSet, NodeJobReport
+from dloader._shared.client import Backoff, Endpoint
 from dloader.sidecar.core import NodeCore
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
@@ -123,7 +123,7 @@ class AllocatorLink:
                 continue
             local = max(a.batch_size // a.gpus, 1)
             for job_id in by_name.get(a.job_id, []):
-                self.core.set_batch_size(
+                self.core.direct_batch_size(
                     job_id,
                     local,
                     f"allocator v{snapshot.version}: global batch {a.batch_size} "

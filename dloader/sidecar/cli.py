@@ -17,7 +17,7 @@ from dloader.sidecar.config import STORED_POLICY, SidecarDaemonConfig, memory_si
 from dloader.sidecar.core import NodeCore
 from dloader.sidecar.metrics import Metrics
 from dloader.sidecar.monitors import GpuMonitor, NodeMonitor
-from dloader.sidecar.policy import POLICIES
+from dloader.sidecar.node_policy import POLICIES
 from dloader.sidecar.server import build_server
 from dloader.sidecar.store import SidecarStore
 from dloader.v1 import node_pb2 as pb

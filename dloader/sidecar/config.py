@@ -13,12 +13,12 @@ import os
 import socket
 from dataclasses import asdict, dataclass
 
-from dloader import _env
-from dloader._client import Endpoint
 from dloader._daemon.config import layered
 from dloader._daemon.server import ListenConfig
+from dloader._shared import env
+from dloader._shared.client import Endpoint
 from dloader.errors import ConfigError, InvalidArgument
-from dloader.sidecar.policy import check_policy
+from dloader.sidecar.node_policy import check_policy
 
 __all__ = ["STORED_POLICY", "PolicySettings", "SidecarDaemonConfig"]
 
@@ -146,8 +146,8 @@ class SidecarDaemonConfig:
             },
             stored_by="dloaderctl policy set",
         )
-        token = _env.secret(args.token or _env.sidecar_token(), "--token")
-        allocator = args.allocator or _env.allocator_target()
+        token = env.secret(args.token or env.sidecar_token(), "--token")
+        allocator = args.allocator or env.allocator_target()
         return cls(
             listen=ListenConfig(
                 socket=args.socket,
@@ -165,9 +165,7 @@ class SidecarDaemonConfig:
             allocator=(
                 Endpoint.of(
                     allocator,
-                    _env.secret(
-                        args.allocator_token or _env.allocator_token(), "--allocator-token"
-                    ),
+                    env.secret(args.allocator_token or env.allocator_token(), "--allocator-token"),
                 )
                 if allocator
                 else None

@@ -1,11 +1,11 @@
 """The sidecar's core, free of any transport: jobs, reports, models, decisions, directives.
 
 The gRPC servicer (:mod:`dloader.sidecar.server`) only translates messages
-(:mod:`dloader._node_messages`) and calls this object. All methods run on one asyncio event loop;
-every decision is the pure policy's (:mod:`dloader.sidecar.policy`: worker counts, CPU sets,
-which report windows teach a model), over the pure models (:mod:`dloader.predictor`). The OS
-is reached through small interfaces given to the constructor: process-tree measurement and
-cgroup weights (a fake of each in tests), and the list of CPUs to divide.
+(:mod:`dloader._shared.node_messages`) and calls this object. All methods run on one asyncio event
+loop; every decision is the pure policy's (:mod:`dloader.sidecar.node_policy`: worker counts, CPU
+sets, which report windows teach a model), over the pure models (:mod:`dloader.predictor`). The OS
+is reached through small interfaces given to the constructor: process-tree measurement and cgroup
+weights (a fake of each in tests), and the list of CPUs to divide.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from dloader._daemon.peer import Role, Shares, current_caller, require, same_token
-from dloader._node_messages import Directive, JobReport, Registration
+from dloader._shared.node_messages import Directive, JobReport, Registration
 from dloader.errors import (
     InvalidArgument,
     NotFound,
@@ -33,7 +33,7 @@ from dloader.errors import (
     shown,
 )
 from dloader.predictor import LoaderModel, LoaderObservation, PredictorError
-from dloader.sidecar import policy as pol
+from dloader.sidecar import node_policy as pol
 from dloader.sidecar.config import STORED_POLICY, PolicySettings
 from dloader.sidecar.monitors import (
     ProcessTreeStats,
@@ -173,12 +173,7 @@ class NodeCore:
         self.jobs: dict[str, Job] = {}
         self._revision = 0
         self._changed_at = -math.inf  # when any job's worker count last changed
-        self._measured = pol.Measurements()  # what each split of the node measured
-        self._previous: pol.Split | None = None  # the split left for the current one
-        self._probed: pol.Split | None = None  # the split the last probe moved to
-        self._lighter = False  # that probe took a CPU-bound worker on a full node
-        self._paid: dict[str, int] | None = None  # the move of the last probe, if it paid
-        self._probe_wait = pol.PROBE_AFTER_S  # steady seconds before the next probe
+        self._truth = pol.MeasuredTruth()  # what each split measured; the probe state machine
         self._decided_at = -math.inf  # when the policy last ran
         self._wake = asyncio.Event()
         self._dirty = True  # something the decision depends on changed since the last one
@@ -475,7 +470,7 @@ class NodeCore:
         )
         job.model.keep_recent(pol.DRIFT_WINDOWS)
         job.drift = 0
-        self._measured = pol.Measurements()
+        self._truth.forget()
         # what the restarted model expects here (the last one logged was the old model's)
         budget = self._budget()
         counts = {j.job_id: j.directive.num_workers for j in self.jobs.values()}
@@ -523,8 +518,8 @@ class NodeCore:
         if not steady or self.settings.name != "adaptive":
             return
         split, limits = self._split(), self._limits()
-        known = self._measured.score(split, limits, now) is not None
-        if self._measured.add(split, job.job_id, r.samples_per_second, now):
+        known = self._truth.known(split, limits, now)
+        if self._truth.record(split, job.job_id, r.samples_per_second, now):
             log.info(
                 "job %s measured %s samples/s at %s, unlike before there: the node changed; "
                 "every split's measurements are forgotten",
@@ -533,91 +528,8 @@ class NodeCore:
                 pol.show_split(split),
             )
             self._dirty = True
-        elif not known and self._measured.score(split, limits, now) is not None:
+        elif not known and self._truth.known(split, limits, now):
             self._dirty = True
-
-    def _measured_truth(
-        self,
-        jobs: list[Job],
-        views: list[pol.JobView],
-        budget: pol.Budget,
-        decisions: dict[str, pol.WorkerDecision],
-    ) -> dict[str, pol.WorkerDecision]:
-        """The model proposes, measurements decide (:func:`~.policy.measured_guard`); steady
-        for ``PROBE_AFTER_S`` at a measured split, a near-tie neighbour is tried
-        (:func:`~.policy.probe`). A probe that does not pay doubles the wait before the next
-        (up to ``PROBE_MAX_WAIT_S``); one that pays, or a job arriving or leaving, resets it.
-        The model's own move that gives a CPU-bound job a worker more on a full node
-        (:func:`~.policy.heavier`) is on trial like a probe: it stays only if it measures better.
-        A split moved to (by a probe or the model, the jobs the same) is held until it is
-        measured, at most ``PROBE_HOLD_S``, unless it no longer fits the budgets.
-        Only once every job is placed by its model."""
-        if any(not j.model.observations for j in jobs) or not all(
-            d.placed for d in decisions.values()
-        ):
-            self._previous, self._probe_wait = None, pol.PROBE_AFTER_S
-            return decisions
-        now, limits = self._clock(), self._limits()
-        current = self._split()
-        if self._previous is not None and not pol.same_jobs(self._previous, current):
-            # a job came or went: a new node
-            self._previous, self._probed, self._probe_wait = None, None, pol.PROBE_AFTER_S
-            self._paid = None
-        proposed = pol.split_of({j: d.num_workers for j, d in decisions.items()})
-        heavier = proposed != current and pol.heavier(views, budget, dict(current), dict(proposed))
-        chosen, why = pol.measured_guard(
-            current,
-            proposed,
-            self._previous,
-            self._measured,
-            limits,
-            now,
-            trial=current == self._probed,
-            lighter=self._lighter,
-            heavier=heavier,
-        )
-        known = self._measured.score(current, limits, now) is not None
-        held = now - self._changed_at < pol.PROBE_HOLD_S
-        moved = self._previous is not None and pol.same_jobs(self._previous, current)
-        if moved and not known and proposed != current and held:
-            # a split moved to (by a probe or the model) runs until it is measured (within
-            # PROBE_HOLD_S): the model's next proposal, on a fit of the move's first noisy
-            # windows, would end it before anything was learnt
-            shown = pol.show_split(current)
-            chosen, why = (
-                current,
-                (
-                    f"probing {shown}: measuring it"
-                    if current == self._probed
-                    else f"measuring {shown} before the next move"
-                ),
-            )
-        if current == self._probed and known:  # the probe is judged
-            paid = chosen == current
-            left = dict(self._previous or ())
-            self._paid = {j: k - left.get(j, k) for j, k in current} if paid else None
-            self._probed = None
-            self._probe_wait = (
-                pol.PROBE_AFTER_S if paid else min(2 * self._probe_wait, pol.PROBE_MAX_WAIT_S)
-            )
-        steady = now - self._changed_at >= self._probe_wait
-        if chosen == current == proposed and steady and known:
-            tried = pol.probe(views, budget, self._measured, limits, now, again=self._paid)
-            self._paid = None
-            if tried is not None:
-                chosen, why, self._lighter = tried
-                self._probed = chosen
-        if chosen == proposed != current and heavier:
-            # the model overrates a CPU-bound worker more on a full node: on trial, as a probe
-            self._probed, self._lighter = proposed, False
-        if chosen != proposed and not pol.fits(views, budget, dict(chosen)):
-            return decisions  # e.g. memory grew since that split was run
-        if chosen != current:
-            self._previous = current
-        if chosen == proposed:
-            return decisions
-        counts = dict(chosen)
-        return {j: replace(d, num_workers=counts[j], reason=why) for j, d in decisions.items()}
 
     def _note_memory(self, job: Job) -> None:
         """One more worker of ``job`` costs what its largest worker holds privately (its USS
@@ -698,7 +610,15 @@ class NodeCore:
         budget = pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget), memory)
         decisions = pol.decide(self.settings.name, views, budget)
         if self.settings.name == "adaptive":
-            decisions = self._measured_truth(jobs, views, budget, decisions)
+            decisions = self._truth.steer(
+                views,
+                budget,
+                decisions,
+                self._split(),
+                self._limits(),
+                self._clock(),
+                self._changed_at,
+            )
         self._enforce_cpu(jobs, decisions)
         changed = any(decisions[j.job_id].num_workers != j.directive.num_workers for j in jobs)
         expect = (
@@ -779,7 +699,7 @@ class NodeCore:
                 for q in job.watchers:
                     q.put_nowait(job.directive)
 
-    def set_batch_size(self, job_id: str, batch_size: int, reason: str) -> bool:
+    def direct_batch_size(self, job_id: str, batch_size: int, reason: str) -> bool:
         """Directs a job to a new batch size (from the cluster allocator); False if not allowed.
 
         The size is clamped to the job's limits; a job that does not allow batch-size changes
@@ -865,7 +785,8 @@ class NodeCore:
                 now = self._clock()
                 probe_due = (
                     self.settings.name == "adaptive"
-                    and min(now - self._changed_at, now - self._decided_at) >= self._probe_wait
+                    and min(now - self._changed_at, now - self._decided_at)
+                    >= self._truth.probe_wait
                 )
                 if self._dirty or probe_due:
                     self.decide()

@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from dloader import _env
-from dloader._client import Endpoint
+from dloader._shared import env
+from dloader._shared.client import Endpoint, serving_status
 from dloader.sidecar.config import memory_size
-from dloader.sidecar.policy import POLICIES
+from dloader.sidecar.node_policy import POLICIES
 from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc
 
@@ -26,7 +26,7 @@ __all__ = ["main"]
 
 def _stub(args: argparse.Namespace) -> tuple[pb_grpc.NodeServiceStub, tuple[tuple[str, str], ...]]:
     endpoint = Endpoint.of(
-        args.target or f"unix://{args.socket}", args.token or _env.sidecar_token(), args.tls_ca
+        args.target or f"unix://{args.socket}", args.token or env.sidecar_token(), args.tls_ca
     )
     return pb_grpc.NodeServiceStub(endpoint.channel()), endpoint.metadata
 
@@ -118,25 +118,11 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def serving_status(endpoint: Endpoint, timeout: float) -> str:
-    """The gRPC health status (``SERVING``, ``NOT_SERVING``, ...) of the daemon at
-    ``endpoint``; raises ``grpc.RpcError`` when it does not answer."""
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with endpoint.channel() as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=""),
-            timeout=timeout,
-            metadata=endpoint.metadata,
-        )
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
-
-
 def cmd_health(args: argparse.Namespace, console: Console) -> int:
     """gRPC health of the daemon at the socket or target (the sidecar's or the allocator's):
     exit 0 when it is SERVING; for container health checks and Kubernetes exec probes."""
     endpoint = Endpoint.of(
-        args.target or f"unix://{args.socket}", args.token or _env.sidecar_token(), args.tls_ca
+        args.target or f"unix://{args.socket}", args.token or env.sidecar_token(), args.tls_ca
     )
     name = serving_status(endpoint, args.timeout)
     print(name)
@@ -245,7 +231,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--socket",
-        default=_env.default_socket(),
+        default=env.default_socket(),
         help="the sidecar's Unix socket (default: %(default)s)",
     )
     p.add_argument("--target", default=None, help="host:port instead of the socket (TCP)")

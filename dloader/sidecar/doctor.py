@@ -7,7 +7,7 @@ found, and what to do about it. The checks:
   GPU: how the sidecar tells GPU jobs apart);
 * **cgroup v2**: the ``cpu`` controller (``--cgroup-weights``), ``cpuset``, whether this user may
   write CPU weights; the CPUs this process may use (affinity, the cgroup CPU quota as
-  ``num_workers="auto"`` reads it: :mod:`dloader._host`);
+  ``num_workers="auto"`` reads it: :mod:`dloader._shared.host`);
 * **the sidecar's socket**: it exists, its folder and mode let the jobs' users in, and the
   sidecar answers its health check;
 * **a real loader** (``python -m dloader.apps.probe`` in a subprocess: the sidecar's tools import
@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dloader import _host
-from dloader._client import Endpoint
+from dloader._shared import host
+from dloader._shared.client import Endpoint, serving_status
 from dloader.sidecar import cgroups
 
 __all__ = [
@@ -107,7 +107,7 @@ def cgroup_checks(proc: Path = Path("/proc")) -> list[Check]:
     cpus = os.cpu_count() or affinity
     mount, why = cgroups.detect(proc)
     group = cgroups.cgroup_of("self", proc) or "/"
-    quota = _host.limits("self", proc=proc).cpu_quota  # what num_workers="auto" obeys too
+    quota = host.limits("self", proc=proc).cpu_quota  # what num_workers="auto" obeys too
     limit = f"; the cgroup CPU quota allows {quota:.1f} CPUs" if quota else ""
     out.append(
         Check(
@@ -190,8 +190,6 @@ def socket_checks(socket: str, timeout: float = 3.0) -> list[Check]:
             )
         )
         return out
-    from dloader.sidecar.ctl import serving_status
-
     try:
         status = serving_status(Endpoint.of(f"unix://{socket}"), timeout)
         serving = status == "SERVING"

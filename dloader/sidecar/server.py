@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from dloader._daemon.server import ListenConfig, Serving, start_server
-from dloader._node_messages import JobReport, Registration
+from dloader._shared.node_messages import JobReport, Registration
 from dloader.errors import NotFound, PermissionDenied, shown
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import Job, NodeCore

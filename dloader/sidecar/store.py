@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dloader._daemon.store import SETTINGS_TABLE, SqliteState
-from dloader._node_messages import JobLimits
+from dloader._shared.node_messages import JobLimits
 
 __all__ = ["MIGRATIONS", "SidecarStore", "StoredJob"]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dloader._allocator_messages import GradientStats, JobSpec, Measurement
+from dloader._shared.allocator_messages import GradientStats, JobSpec, Measurement
 from dloader.allocator.config import Settings
 from dloader.allocator.core import AllocatorCore
 from dloader.allocator.store import AllocatorStore

@@ -11,7 +11,7 @@ import pytest
 
 from dloader.allocator import AllocatorError, Cluster
 from dloader.allocator.policies import JobState, make_policy
-from dloader.allocator.pollux_policy import ZERO_SPEEDUP, PolluxPolicy, power_mean
+from dloader.allocator.policies.pollux import ZERO_SPEEDUP, PolluxPolicy, power_mean
 from dloader.allocator.simulator import Simulator
 from dloader.allocator.traces import load_apps, read_workload
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dloader._allocator_messages import JobSpec, Measurement
-from dloader._client import Endpoint
-from dloader._node_messages import JobLimits, Registration
+from dloader._shared.allocator_messages import JobSpec, Measurement
+from dloader._shared.client import Endpoint
+from dloader._shared.node_messages import JobLimits, Registration
 from dloader.allocator.cli import parser, serve
 from dloader.allocator.config import AllocatorDaemonConfig, Settings
 from dloader.allocator.core import AllocatorCore

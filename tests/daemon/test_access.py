@@ -191,7 +191,7 @@ def test_tcp_roles_follow_their_tokens(tmp_path: Path) -> None:
 
 
 def test_token_files_must_be_private(tmp_path: Path) -> None:
-    from dloader._env import secret
+    from dloader._shared.env import secret
 
     f = tmp_path / "tok"
     f.write_text("s3cret\n")

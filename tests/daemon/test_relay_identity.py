@@ -23,9 +23,9 @@ import grpc
 import psutil
 import pytest
 
-from dloader._allocator_messages import SCALING_FIELDS, JobSpec
 from dloader._daemon.peer import Caller, Role
 from dloader._daemon.server import ListenConfig
+from dloader._shared.allocator_messages import SCALING_FIELDS, JobSpec
 from dloader.allocator.config import Settings
 from dloader.allocator.core import AllocatorCore
 from dloader.allocator.server import build_server

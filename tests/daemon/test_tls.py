@@ -1,4 +1,4 @@
-"""TLS on both sides: a daemon with --tls-cert/--tls-key, clients through dloader._client."""
+"""TLS on both sides: a daemon with --tls-cert/--tls-key, clients through dloader._shared.client."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dloader._client import Endpoint
+from dloader._shared.client import Endpoint
 from dloader.sidecar.ctl import main as ctl_main
 from dloader.v1 import node_pb2 as pb
 from dloader.v1 import node_pb2_grpc as pb_grpc

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import dloader
-from tests.dloader import datasets as D
+from tests.loader import datasets as D
 
 pytestmark = [
     pytest.mark.slow,

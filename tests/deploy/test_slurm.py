@@ -33,7 +33,7 @@ TRAIN = f"""#!{sys.executable}
 import os, sys, time
 sys.path.insert(0, {str(ROOT)!r})
 import dloader
-from tests.dloader import datasets as D
+from tests.loader import datasets as D
 if __name__ == "__main__":
     print("env", os.environ.get("DLOADER_SIDECAR"), os.environ.get("DLOADER_JOB_NAME"), flush=True)
     loader = dloader.DataLoader(D.Range(10**6, sleep_s=0.001), batch_size=8, num_workers=1,

@@ -49,7 +49,7 @@ def test_task_prolog_exports_the_sidecar_and_a_job_name(sidecar: Sidecar) -> Non
     ]
     # the line Slurm hands the task is what the loader reads
     env = dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines())
-    from dloader._client import parse_target
+    from dloader._shared.client import parse_target
 
     assert parse_target(env["DLOADER_SIDECAR"]) == f"unix://{sidecar.socket}"
 

@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 import dloader
-from tests.dloader import datasets as D
+from tests.loader import datasets as D
 
 accelerate = pytest.importorskip("accelerate")
 

@@ -109,7 +109,7 @@ def test_lightning_ddp_keeps_dloader_features(tmp_path: Path) -> None:
     ranks = _lightning(tmp_path, "ddp", 2)
     assert len(ranks) == 2
     for r in ranks:
-        assert r["loader"]["class"] == "dloader._loader.DataLoader"
+        assert r["loader"]["class"] == "dloader._dataloader.DataLoader"
         assert r["loader"]["max_workers"] == 2
         assert r["loader"]["sampler"] == "DistributedSampler"
         assert r["loader"]["stats"] and r["loader"]["resized_to"] == 2

@@ -12,7 +12,7 @@ from torch.utils.data import RandomSampler, SequentialSampler
 import dloader
 from dloader.errors import StateError
 from dloader.integrations._sharding import BatchShardSampler
-from tests.dloader import datasets as D
+from tests.loader import datasets as D
 
 
 def rank_loaders(n: int, world: int, bs: int, seed: int = 0, drop_last: bool = False):

@@ -25,7 +25,7 @@ sys.path.insert(0, os.getcwd())
 
 import dloader
 from dloader.integrations.torchrun import resume, save_checkpoint, sync_batch_size
-from tests.dloader.datasets import Range
+from tests.loader.datasets import Range
 
 
 def main() -> None:

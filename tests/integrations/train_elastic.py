@@ -20,7 +20,7 @@ sys.path.insert(0, os.getcwd())
 
 import dloader
 from dloader.integrations.torchrun import resume, save_checkpoint
-from tests.dloader.datasets import Range
+from tests.loader.datasets import Range
 
 
 def param_hash(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:

@@ -25,8 +25,8 @@ sys.path.insert(0, os.getcwd())
 
 import dloader
 from dloader.integrations.torchrun import resume, save_checkpoint
-from tests.dloader.datasets import Range
 from tests.integrations.train_elastic import param_hash as state_hash
+from tests.loader.datasets import Range
 
 
 def main() -> None:

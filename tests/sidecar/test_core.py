@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 import dloader.sidecar.core as core_mod
-import dloader.sidecar.policy as pol
+import dloader.sidecar.node_policy as pol
+import dloader.sidecar.node_policy.measured as measured_mod
 from dloader._daemon.peer import CALLER, Caller, Role
-from dloader._node_messages import JobLimits, JobReport, Registration, WorkerReport
+from dloader._shared.node_messages import JobLimits, JobReport, Registration, WorkerReport
 from dloader.errors import InvalidArgument, ResourceExhausted
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import Job, NodeCore, _wait_per_batch
@@ -478,11 +479,11 @@ def test_a_job_whose_costs_change_is_relearned(
     learned = len(job.model.observations)
     assert learned >= 5
     assert job.model.predict(2, 2.0, 32).samples_per_s == pytest.approx(300, rel=0.15)
-    core._measured.add(pol.split_of({job.job_id: 2}), job.job_id, 300.0, node.now)
+    core._truth.record(pol.split_of({job.job_id: 2}), job.job_id, 300.0, node.now)
     run(2 * pol.DRIFT_WINDOWS, 150.0, 0.4)
     assert len(job.model.observations) <= 2 * pol.DRIFT_WINDOWS < learned
     assert job.model.predict(2, 2.0, 32).samples_per_s == pytest.approx(150, rel=0.15)
-    assert not core._measured.samples
+    assert not core._truth.measured.samples
     restarted = [r.getMessage() for r in caplog.records if "its model restarted" in r.getMessage()]
     assert len(restarted) == 1, restarted
     expected = float(restarted[0].rsplit("[model: ", 1)[1].split()[0].replace(",", ""))
@@ -529,7 +530,7 @@ def probing_node(
         moves.append(again)
         return pol.Probe(probed, "probing", lighter=False)
 
-    monkeypatch.setattr(core_mod.pol, "probe", probe)
+    monkeypatch.setattr(measured_mod, "probe", probe)
 
     def run(seconds: int, tput: float = 300.0) -> None:
         report_each_second(core, node, (a, b), seconds, {"a": tput, "b": tput})
@@ -549,7 +550,7 @@ def test_a_probe_that_does_not_pay_is_undone_and_the_next_waits_longer(
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
     assert a.directive.reason.endswith("(a probe that did not pay)")
-    assert core._probe_wait == 2 * pol.PROBE_AFTER_S
+    assert core._truth.probe_wait == 2 * pol.PROBE_AFTER_S
     assert core.probe_moves == [None]  # type: ignore[attr-defined]
 
 
@@ -563,7 +564,7 @@ def test_a_probe_that_pays_is_followed_by_the_same_move(
     run(6, 330.0)  # the probe measures 10% better: it stays, and the wait is not doubled
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
-    assert core._probe_wait == pol.PROBE_AFTER_S
+    assert core._truth.probe_wait == pol.PROBE_AFTER_S
     run(int(pol.PROBE_AFTER_S), 330.0)
     core.decide()  # steady again: the next probe is asked to make that move once more first
     moves = core.probe_moves[:2]  # type: ignore[attr-defined]
@@ -579,7 +580,7 @@ def moved_to_3_1(
     core, a, b, run = probing_node(
         tmp_path, monkeypatch, lambda v: proposal.get(v.job_id, v.current_workers)
     )
-    monkeypatch.setattr(core_mod.pol, "probe", lambda *args, **kw: None)
+    monkeypatch.setattr(measured_mod, "probe", lambda *args, **kw: None)
     run(12)  # 2/2 measured
     proposal.update({a.job_id: 3, b.job_id: 1})
     core.decide()
@@ -593,9 +594,9 @@ def test_the_models_cpu_bound_worker_more_on_a_full_node_is_on_trial(
     """The model's move to 3/1 gives a CPU-bound job a worker more on a full node (heavier,
     scripted here): taken, then judged like a probe; measured no better, the node goes back
     to 2/2, and the model's next proposal of 3/1 is not taken (it measured no better)."""
-    monkeypatch.setattr(core_mod.pol, "heavier", lambda *args: True)
+    monkeypatch.setattr(measured_mod, "heavier", lambda *args: True)
     core, a, b, run, _ = moved_to_3_1(tmp_path, monkeypatch)  # the model insists on 3/1
-    assert core._probed == pol.split_of({a.job_id: 3, b.job_id: 1})
+    assert core._truth.probed == pol.split_of({a.job_id: 3, b.job_id: 1})
     run(6)  # measured the same as 2/2: a probe would not have paid
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from dloader._node_messages import Registration
+from dloader._shared.node_messages import Registration
 from dloader.sidecar.cgroups import CgroupWeights, detect
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import NodeCore
-from dloader.sidecar.policy import cpu_sets
+from dloader.sidecar.node_policy import cpu_sets
 from dloader.sidecar.store import SidecarStore
 
 

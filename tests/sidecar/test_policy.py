@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from dloader.predictor import LoaderModel, LoaderObservation
-from dloader.sidecar.policy import (
+from dloader.sidecar.node_policy import (
     MEASURE_CHANGED,
     MEASURE_STALE_S,
     MEASURE_WINDOWS,

@@ -33,7 +33,7 @@ def test_reports_are_pruned_to_the_most_recent(
 
 
 def test_a_row_that_no_longer_reads_is_ended_not_fatal(tmp_path: Path) -> None:
-    from dloader._node_messages import JobLimits
+    from dloader._shared.node_messages import JobLimits
     from dloader.sidecar.store import StoredJob
 
     s = SidecarStore(tmp_path / "s.db")

@@ -1,0 +1,89 @@
+"""Cluster scheduling policies over plain job states, shared by the simulator and the service.
+
+* ``static``: each job gets the GPUs and batch size it asked for, first come first served; a
+  running job is never changed.
+* ``elastic-gpu``: the baseline of Saxena et al.: the DP rescales GPU counts, batch sizes stay
+  as requested.
+* ``elastic-dp``: Saxena et al.: the DP picks GPU counts and batch sizes for total throughput.
+* ``goodput-dp``: ours: as ``elastic-dp``, but for goodput (throughput x statistical efficiency
+  from the job's gradient-noise statistics), so it grows a batch only where that still helps; it
+  maximises the sum of log speedups (proportional fairness) and may accumulate gradients.
+* ``pollux``: Pollux's own policy, from its paper, for comparison in the same simulator
+  (:mod:`.pollux`).
+
+The registry (:data:`POLICIES`, :func:`make_policy`) is this package; each policy is a module of
+it (:mod:`.static`, :mod:`.dp`, :mod:`.pollux`), over what they share: :mod:`.state` (a job's
+state, the decision, the interface) and :mod:`.throughput` (a job's predicted throughput).
+
+The paper's two policies keep every local batch within GPU memory (no gradient accumulation), as
+in its model; so a fixed-batch job needs at least ``batch / largest local batch`` GPUs.
+
+Throughput predictions come from each job's :class:`dloader.predictor.ScalingModel`, with gradient
+accumulation where a local batch exceeds what a GPU holds (see :func:`throughput_fn`). A model
+learned online (``JobState.explored_gpus`` set) is trusted up to twice the GPUs it has measured,
+so a job grows 1, 2, 4, ... GPUs as its measurements come in (Pollux's exploration).
+
+The DP policies are placement-aware (a count the placer would spread over more nodes than it
+needs is charged what the spread placement delivers; see :mod:`dloader.allocator.optimizer`;
+a model learned online that has never measured a step across nodes cannot price that, so such a
+job is not spread by choice: ``JobState.explored_nodes``) and
+weigh a restart by the job's age and restart count as Pollux does (``restart_model="age"``;
+``"horizon"``: a fixed share for every job).
+"""
+
+from __future__ import annotations
+
+from dloader.allocator.optimizer import DEFAULT_HORIZON_S
+from dloader.allocator.policies.dp import REPLAN_MAX_SIZE, DpPolicy, RestartModel
+from dloader.allocator.policies.pollux import PolluxPolicy
+from dloader.allocator.policies.state import ClusterDecision, JobState, Policy
+from dloader.allocator.policies.static import StaticPolicy
+from dloader.allocator.policies.throughput import (
+    ScalingThroughput,
+    batch_grid,
+    placed_throughput,
+    throughput_fn,
+)
+from dloader.errors import AllocatorError
+
+__all__ = [
+    "POLICIES",
+    "REPLAN_MAX_SIZE",
+    "ClusterDecision",
+    "DpPolicy",
+    "JobState",
+    "Policy",
+    "PolluxPolicy",
+    "RestartModel",
+    "ScalingThroughput",
+    "StaticPolicy",
+    "batch_grid",
+    "make_policy",
+    "placed_throughput",
+    "throughput_fn",
+]
+
+#: Policy names, as the CLI and the service accept them.
+POLICIES = ("static", "elastic-gpu", "elastic-dp", "goodput-dp", "pollux")
+
+
+def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 0) -> Policy:
+    """The policy called ``name`` (one of :data:`POLICIES`; ``seed``: the genetic search's)."""
+    if name == "pollux":
+        return PolluxPolicy(horizon_s=horizon_s, seed=seed)
+    if name == "static":
+        return StaticPolicy()
+    if name == "elastic-gpu":
+        return DpPolicy(name, objective="throughput", fixed_batch=True, horizon_s=horizon_s)
+    if name == "elastic-dp":
+        return DpPolicy(name, objective="throughput", fixed_batch=False, horizon_s=horizon_s)
+    if name == "goodput-dp":
+        return DpPolicy(
+            name,
+            objective="goodput",
+            fixed_batch=False,
+            horizon_s=horizon_s,
+            accumulate=True,
+            fairness=0.0,
+        )
+    raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES)}")

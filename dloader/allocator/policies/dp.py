@@ -1,0 +1,216 @@
+"""The dynamic-programming policies: ``elastic-gpu`` and ``elastic-dp`` (Saxena et al.) and
+``goodput-dp`` (ours): the optimizer (:mod:`dloader.allocator.optimizer`) picks each job's GPU
+count and batch size; placement-aware, and weighing a restart by the job's age."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Literal
+
+import numpy as np
+
+from dloader.allocator.optimizer import (
+    DEFAULT_HORIZON_S,
+    Cluster,
+    Objective,
+    OptimizerJob,
+    Plan,
+    optimize,
+    place,
+)
+from dloader.allocator.policies.state import ClusterDecision, JobState, held_placements
+from dloader.allocator.policies.throughput import batch_grid, throughput_fn
+from dloader.errors import AllocatorError
+
+__all__ = [
+    "REPLAN_MAX_SIZE",
+    "DpPolicy",
+    "RestartModel",
+]
+
+
+REPLAN_MAX_SIZE = 500_000
+
+RestartModel = Literal["age", "horizon"]
+
+
+class DpPolicy:
+    """The DP optimizer over GPU counts (and batch sizes unless ``fixed_batch``)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        objective: Objective,
+        fixed_batch: bool,
+        horizon_s: float = DEFAULT_HORIZON_S,
+        batch_choices: int = 12,
+        accumulate: bool = False,
+        fairness: float = 1.0,
+        placement_aware: bool = True,
+        restart_model: RestartModel = "age",
+    ) -> None:
+        if restart_model not in ("age", "horizon"):
+            raise AllocatorError(f"restart_model={restart_model!r}: expected 'age' or 'horizon'")
+        self.placement_aware = placement_aware
+        self.restart_model = restart_model
+        self.name = name
+        self.objective: Objective = objective
+        self.fixed_batch = fixed_batch
+        self.accumulate = accumulate
+        self.fairness = fairness
+        self.horizon_s = horizon_s
+        self.batch_choices = batch_choices
+
+    def spec(self, job: JobState, cluster: Cluster) -> OptimizerJob:
+        """The optimizer's view of ``job`` under this policy."""
+        lo_local, hi_local = job.local_bsz_range
+        first = job.explored_gpus == 0 and (self.accumulate or job.requested_batch <= hi_local)
+        if self.fixed_batch or first:
+            # a job not measured yet runs its requested batch where one GPU can run it
+            batches: tuple[int, ...] = (job.requested_batch,)
+        else:
+            extra = [job.batch_size] if job.batch_size else []
+            batches = batch_grid(*job.batch_range, n=self.batch_choices, extra=extra)
+        # more GPUs than the largest batch can feed at the smallest local batch never help
+        top = max(job.min_gpus, min(job.max_gpus, math.floor(max(batches) / lo_local)))
+        if job.explored_gpus is not None:  # an online model: grow at most 2x past what it saw
+            top = max(job.min_gpus, min(top, max(2 * job.explored_gpus, 1)))
+        least = job.min_gpus
+        if not self.accumulate:  # the smallest batch must fit in the GPUs' memory
+            least = max(least, math.ceil(min(batches) / hi_local))
+            top = max(top, least)
+        noise = job.noise
+        return OptimizerJob(
+            job.job_id,
+            throughput_fn(
+                job.model, cluster.gpus_per_node, job.local_bsz_range, accumulate=self.accumulate
+            ),
+            batches,
+            min_gpus=least,
+            max_gpus=top,
+            efficiency=noise.efficiency if noise is not None else None,  # type: ignore[arg-type]
+            priority=job.priority,
+            current_gpus=job.gpus,
+            current_batch=job.batch_size,
+            restart_s=job.restart_s,
+            restart_factor=self.restart_factor(job),
+        )
+
+    def restart_factor(self, job: JobState) -> float | None:
+        """The share of its speedup a job keeps when its placement changes.
+
+        ``age`` (Pollux's weighting): ``max(age - restarts * R, 0) / (age + R)``: a young job, or
+        one restarted often, pays more; an old job that rarely moved pays little. ``horizon``:
+        ``1 - R / H`` for every job (None here: the optimizer's default)."""
+        if self.restart_model == "horizon" or job.age_s is None:
+            return None
+        r = job.restart_s
+        return max(job.age_s - job.restarts * r, 0.0) / (job.age_s + r) if r > 0 else 1.0
+
+    def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> ClusterDecision:
+        specs = [self.spec(j, cluster) for j in jobs]
+        held = held_placements(jobs)
+        repack = self._repack(jobs, specs, held, cluster) if self.placement_aware else set()
+        plan, placements = self._plan(specs, cluster, held, repack)
+        if self.placement_aware and len(jobs) * cluster.capacity <= REPLAN_MAX_SIZE:
+            # The DP values a count as a compact placement; the placer may have to spread a job
+            # over more nodes. Charge such a count what the spread placement really delivers
+            # and decide again (twice at most: a new plan can spread another job). Each round
+            # is a whole DP: past REPLAN_MAX_SIZE (jobs x GPUs) it is skipped, so that a
+            # decision for 1,000 jobs on 2,048 GPUs stays under a second.
+            states = {j.job_id: j for j in jobs}
+            for _ in range(2):
+                spread = _spread(placements, cluster)
+                if not spread:
+                    break
+                charged = []
+                for s in specs:
+                    if s.job_id in spread:
+                        gpus, nodes = spread[s.job_id]
+                        share = self._spread_share(states[s.job_id], s, gpus, nodes)
+                        s = replace(s, placed={**s.placed, gpus: share})
+                    charged.append(s)
+                specs = charged
+                plan, placements = self._plan(specs, cluster, held, repack)
+        reasons = {k: a.reason for k, a in plan.assignments.items()}
+        for k, (_, nodes) in _spread(placements, cluster).items():
+            reasons[k] += f"; spread over {nodes} nodes (none packs it)"
+        floor = {s.job_id: s.min_gpus for s in specs}
+        taken = sum(floor[k] for k in plan.assignments)
+        for i, k in enumerate(plan.waiting):
+            reasons[k] = (
+                f"waiting, {i + 1} in line: needs >= {floor[k]} GPU(s); the jobs ahead hold "
+                f"at least {taken} of {cluster.capacity}"
+            )
+        return ClusterDecision(
+            placements,
+            {k: a.batch_size for k, a in plan.assignments.items()},
+            reasons,
+            plan.waiting,
+        )
+
+    def _spread_share(self, job: JobState, spec: OptimizerJob, gpus: int, nodes: int) -> float:
+        """Throughput of ``gpus`` GPUs spread over ``nodes`` nodes / compact, each at its best
+        batch. The scaling model tells one node from several, nothing finer.
+
+        0 for a model learned online that has never measured a step across nodes: its network
+        terms are guesses (near zero, so it would call any spread free), and in the simulator
+        trusting them cost up to 10% average JCT (docs/benchmarks.md). Such a job is not placed
+        spread by choice. (A job running spread has measured steps across nodes, so the rule
+        never forces a running job off its count.)"""
+        if job.explored_nodes is not None and job.explored_nodes < 2:
+            return 0.0
+        k, batches = np.array([float(gpus)]), np.asarray(spec.batch_sizes, dtype=float)
+        wide = throughput_fn(
+            job.model, -(-gpus // nodes), job.local_bsz_range, accumulate=self.accumulate
+        )
+        c = np.nan_to_num(spec.throughput(k, batches), nan=0.0).max()
+        w = np.nan_to_num(wide(k, batches), nan=0.0).max()
+        return float(w / c) if c > 0 else 1.0
+
+    def _repack(
+        self,
+        jobs: Sequence[JobState],
+        specs: list[OptimizerJob],
+        held: dict[str, tuple[int, ...]],
+        cluster: Cluster,
+    ) -> set[str]:
+        """Running jobs spread over more nodes than they need whose model says a compact
+        placement is worth a restart (the spread share is below what a restart keeps)."""
+        spread = _spread(held, cluster)
+        return {
+            j.job_id
+            for j, s in zip(jobs, specs, strict=True)
+            if j.job_id in spread
+            and self._spread_share(j, s, *spread[j.job_id]) < s.restart_keep(self.horizon_s)
+        }
+
+    def _plan(
+        self,
+        specs: list[OptimizerJob],
+        cluster: Cluster,
+        held: dict[str, tuple[int, ...]],
+        repack: set[str],
+    ) -> tuple[Plan, dict[str, tuple[int, ...]]]:
+        plan = optimize(
+            specs,
+            cluster,
+            objective=self.objective,
+            horizon_s=self.horizon_s,
+            fairness=self.fairness,
+        )
+        counts = {k: a.gpus for k, a in plan.assignments.items()}
+        return plan, place(counts, cluster, held, repack)
+
+
+def _spread(placements: dict[str, tuple[int, ...]], cluster: Cluster) -> dict[str, tuple[int, int]]:
+    """Jobs placed over more nodes than their count needs: job -> (GPUs, nodes)."""
+    out = {}
+    for k, p in placements.items():
+        gpus, nodes = sum(p), len(p) - p.count(0)
+        if nodes > -(-gpus // cluster.gpus_per_node):
+            out[k] = (gpus, nodes)
+    return out

@@ -1,0 +1,123 @@
+"""The learning gate: which report windows of a job teach its loader model something, and which
+call for a decision at once."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dloader.predictor import LoaderModel, LoaderObservation
+
+__all__ = [
+    "DRIFT_WINDOWS",
+    "SETTLE_S",
+    "STEADY_AFTER",
+    "STEADY_EVERY",
+    "SURPRISE",
+    "Learning",
+    "learning_gate",
+    "steady_window",
+]
+
+
+SETTLE_S = 1.5
+"""After a worker-count change: time to apply it and start the workers before a window counts."""
+
+SURPRISE = 0.1
+"""``|log(measured / predicted)|`` of a window that makes the policy re-decide at once."""
+
+DRIFT_WINDOWS = 3
+"""Surprising windows in a row, all one way, after which a job's model forgets the older ones:
+its costs changed (a pipeline slower or faster than all it did before)."""
+
+STEADY_AFTER = 10
+"""Windows at one allocation after which the model takes only one in ``STEADY_EVERY``."""
+
+STEADY_EVERY = 5
+
+
+@dataclass(frozen=True)
+class Learning:
+    """What to do with one report window of a job (:func:`learning_gate`)."""
+
+    observe: bool
+    """Feed the window to the job's model."""
+    run_length: int
+    """Windows observed in a row at the job's current worker count, after this one."""
+    redecide_now: bool
+    """News (the first window at a new allocation, or a throughput the model did not expect):
+    decide at once rather than at the next period."""
+    surprise: float = 0.0
+    """``log(measured / predicted)`` of a window at a known allocation beyond ``SURPRISE``
+    (0: none). Several in a row, one way, say the job's costs changed (``DRIFT_WINDOWS``)."""
+
+
+def steady_window(
+    window_s: float,
+    workers: int,
+    directed_workers: int,
+    busy_workers: int,
+    since_directive_s: float,
+    since_node_change_s: float,
+) -> bool:
+    """Whether a report window shows the job steady at its directed count: a window of at
+    least a second, at that count, (with workers) some worker delivering a batch, and all of
+    it after the job's last change and the node's (any job's) plus ``SETTLE_S``."""
+    return (
+        window_s >= 1.0
+        and workers == directed_workers
+        and (workers == 0 or busy_workers > 0)
+        and min(since_directive_s, since_node_change_s) >= window_s + SETTLE_S
+    )
+
+
+def learning_gate(
+    model: LoaderModel,
+    obs: LoaderObservation,
+    *,
+    window_s: float,
+    directed_workers: int,
+    busy_workers: int,
+    since_directive_s: float,
+    reports: int,
+    run_length: int,
+    since_node_change_s: float = math.inf,
+) -> Learning:
+    """Whether a report window teaches the model something.
+
+    Only steady windows at the allocation the job was told to run count: the whole window must
+    lie after the last change plus ``SETTLE_S``, of this job's worker count and of any other
+    job's on the node (``since_node_change_s``: a neighbour's change shifts the CPU contention,
+    which would be credited to this job's own count), and (with workers) some worker must have
+    delivered a batch. A job the model has not seen yet is the exception to the neighbours'
+    rule: its first window places it (a job arriving on a busy node, whose neighbours move
+    as it arrives, would otherwise wait at its own count for a quiet moment), and later windows
+    correct it. One observation per window, not one per report. An allocation the model
+    knows and predicts well (within ``SURPRISE``) is sampled one window in ``STEADY_EVERY``
+    after ``STEADY_AFTER``.
+    """
+    k = obs.num_workers
+    usable = (
+        obs.samples_per_s > 0
+        and obs.step_s > 0
+        and steady_window(
+            window_s,
+            k,
+            directed_workers,
+            busy_workers,
+            since_directive_s,
+            since_node_change_s if model.observations else math.inf,
+        )
+    )
+    if not usable:
+        return Learning(False, run_length, False)
+    same = bool(model.observations) and model.observations[-1].num_workers == k
+    if same and reports % max(int(window_s), 1):
+        return Learning(False, run_length, False)
+    predicted = model.predict(k, obs.cores, obs.batch_size).samples_per_s if same else 0.0
+    off = math.log(obs.samples_per_s / predicted) if predicted > 0 else math.inf
+    surprise = same and abs(off) > SURPRISE
+    run = run_length + 1 if same else 0
+    if same and not surprise and run > STEADY_AFTER and run % STEADY_EVERY:
+        return Learning(False, run, False)
+    return Learning(True, run, not same or surprise, off if surprise else 0.0)

@@ -1,0 +1,86 @@
+"""Telemetry: wait, step, idle share and per-worker figures reflect what happened."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import dloader
+from dloader.apps.testbed import PROFILES, EmulatedDataset, run_job
+from tests.loader import datasets as D
+
+
+def test_stats_before_iteration_are_zero() -> None:
+    s = dloader.DataLoader(D.Range(10), batch_size=2).stats()
+    assert (s.samples, s.batches, s.epoch, s.samples_per_second, s.idle_share) == (
+        0,
+        0,
+        0,
+        0.0,
+        0.0,
+    )
+    assert s.batch_size == 2 and s.num_workers == 0 and s.workers == ()
+
+
+def test_data_bound_loader_shows_high_idle_share() -> None:
+    # 5 ms per sample, 4 per batch, a 1 ms "step": the trainer mostly waits.
+    loader = dloader.DataLoader(D.Range(60, sleep_s=0.005), batch_size=4)
+    for _ in loader:
+        time.sleep(0.001)
+    s = loader.stats()
+    assert s.samples == 60 and s.batches == 15 and s.epoch == 1
+    assert s.idle_share > 0.7
+    assert s.wait_total_seconds == pytest.approx(60 * 0.005, rel=0.5)
+    assert s.step_seconds == pytest.approx(s.window_seconds / 15, rel=0.01)
+
+
+@pytest.mark.integration
+def test_compute_bound_loader_shows_low_idle_share() -> None:
+    loader = dloader.DataLoader(D.Range(40), batch_size=4, num_workers=2)
+    for _ in loader:
+        time.sleep(0.02)
+    s = loader.stats()
+    assert s.idle_share < 0.2
+    assert s.samples_per_second == pytest.approx(4 / 0.02, rel=0.35)
+
+
+def test_window_forgets_old_steps() -> None:
+    loader = dloader.DataLoader(D.Range(400), batch_size=1, stats_window_s=0.2)
+    it = iter(loader)
+    start = time.monotonic()
+    for _ in range(5):
+        next(it)
+        time.sleep(0.1)
+    s = loader.stats()
+    elapsed = time.monotonic() - start
+    # the window (0.2 s) keeps the last step or two, never all five, however slow the machine
+    assert 0 < s.window_seconds < elapsed - 0.09
+    assert s.batches == 5
+
+
+@pytest.mark.integration
+def test_per_worker_stats() -> None:
+    loader = dloader.DataLoader(EmulatedDataset(64, io_ms=2, cpu_ms=1), batch_size=4, num_workers=2)
+    it = iter(loader)
+    for _ in range(10):
+        next(it)
+    workers = loader.stats().workers
+    assert [w.slot for w in workers] == [0, 1]
+    for w in workers:
+        assert w.pid is not None and w.state == "ready" and w.batches >= 4
+        assert w.fetch_seconds >= 4 * 0.003 * 0.9  # 4 samples x (2 ms sleep + 1 ms CPU)
+        assert 4 * 0.001 * 0.8 <= w.cpu_seconds < w.fetch_seconds
+    del it
+
+
+@pytest.mark.integration
+def test_testbed_run_job_measures_the_emulated_accelerator() -> None:
+    profile = PROFILES["gpu_bound"]
+    loader = dloader.DataLoader(
+        EmulatedDataset.from_profile(profile, 10_000), batch_size=8, num_workers=1
+    )
+    r = run_job(loader, profile, max_steps=8)
+    assert r.steps == 8 and r.samples == 64
+    # Step time is 40 + 5*8 = 80 ms: throughput cannot exceed the accelerator limit.
+    assert r.samples_per_second <= profile.limit(8) * 1.05
