@@ -1,7 +1,9 @@
-"""Shared helpers for the benchmarks: machine description, tables, output folder, RSS sampling."""
+"""Shared helpers for the benchmarks: machine description, tables, the output folder
+(``--out-dir``), matplotlib, RSS sampling."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import platform
@@ -55,19 +57,30 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def out_path(name: str) -> Path:
-    """A file under benchmarks/out/ (created)."""
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    return OUT_DIR / name
+def add_out_dir(parser: argparse.ArgumentParser) -> None:
+    """The one output option every benchmark takes: ``--out-dir`` (default benchmarks/out/)."""
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=OUT_DIR,
+        help="where the JSON and the PNG go (default: benchmarks/out)",
+    )
 
 
-def out_paths(folder: Path | None) -> Callable[[str], Path]:
-    """Where a benchmark's files go: under ``folder`` (created now; its ``--out-dir``), or
-    :func:`out_path`'s benchmarks/out/ when None."""
-    if folder is None:
-        return out_path
+def outputs(folder: Path) -> Callable[[str], Path]:
+    """A benchmark's output files: ``name`` under ``folder`` (its ``--out-dir``, created now)."""
     folder.mkdir(parents=True, exist_ok=True)
     return lambda name: folder / name
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend (no screen on these machines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 class RssSampler:

@@ -27,9 +27,9 @@ iterating thread through a queue, so reading a result (unpickling, mapping the w
 memory) and the copy into pinned memory overlap the training step instead of adding to the
 trainer's wait. It owns no pool state: it only reads the pipe, and it stops reading (and says
 so through the queue) when a worker not told to stop has exited in the middle of a message.
-Measured on an H100 node before this (``benchmarks/bench_gpu.py``): ResNet-18 on JPEGs at 14
+Measured on an H100 node before this (``benchmarks/gpu/bench_gpu.py``): ResNet-18 on JPEGs at 14
 workers, 1,272 samples/s pinning in the trainer's thread against torch's 2,143; with a stand-in
-for pinning (``benchmarks/bench_pin.py``, no GPU) the receiver delivers 1.6-1.8x.
+for pinning (``benchmarks/loader/bench_pin.py``, no GPU) the receiver delivers 1.6-1.8x.
 """
 
 from __future__ import annotations

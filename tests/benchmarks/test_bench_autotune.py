@@ -1,5 +1,5 @@
-"""benchmarks/bench_autotune.py at a small size: every run completes, the tables, JSON and plot
-are written, and the auto runs and the pair's static search produced what the note reports."""
+"""benchmarks/loader/bench_autotune.py at a small size: every run completes, the tables, JSON and
+plot are written, and the auto runs and the pair's static search produced what the note reports."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_autotune
+from benchmarks.loader import bench_autotune
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""benchmarks/bench_gpu.py's harness at a small size, with the emulated step (CI has no GPU):
+"""benchmarks/gpu/bench_gpu.py's harness at a small size, with the emulated step (CI has no GPU):
 every run completes and the tables, JSON, plot and the sidecar's view are written."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import bench_gpu
+from benchmarks.gpu import bench_gpu
 
 
 @pytest.mark.slow

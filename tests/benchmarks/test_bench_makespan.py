@@ -1,4 +1,4 @@
-"""benchmarks/bench_makespan.py at a tenth of its size: both policies run every job to its
+"""benchmarks/sidecar/bench_makespan.py at a tenth of its size: both policies run every job to its
 sample count under a real sidecar, and the table, JSON and plot are written."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_makespan
+from benchmarks.sidecar import bench_makespan
 
 
 @pytest.mark.slow

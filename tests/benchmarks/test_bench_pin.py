@@ -1,4 +1,4 @@
-"""benchmarks/bench_pin.py at a small size: both loaders run, the table, JSON and plot are
+"""benchmarks/loader/bench_pin.py at a small size: both loaders run, the table, JSON and plot are
 written, and each mode delivered (the receiver's data pass through the stand-in pin)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_pin
+from benchmarks.loader import bench_pin
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""benchmarks/bench_pollux.py at a small size: both policies run in the same simulator, the
-side-by-side table, the validation table (oracle rows), the JSON and the plot are written; bad
+"""benchmarks/allocator/bench_pollux.py at a small size: both policies run in the same simulator,
+the side-by-side table, the validation table (oracle rows), the JSON and the plot are written; bad
 arguments name the value."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_pollux
+from benchmarks.allocator import bench_pollux
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
-"""benchmarks/bench_sidecar_overhead.py at a small size (2 jobs, 10 s): a real sidecar serves
-them; the CPU shares, model updates and Report latency are measured and written, with a plot."""
+"""benchmarks/sidecar/bench_sidecar_overhead.py at a small size (2 jobs, 10 s): a real sidecar
+serves them; the CPU shares, model updates and Report latency are measured and written, with a
+plot."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import benchmarks._common
-from benchmarks import bench_sidecar_overhead as bench
+from benchmarks.sidecar import bench_sidecar_overhead as bench
 
 
 def test_each_job_count_has_its_target() -> None:
@@ -19,11 +19,9 @@ def test_each_job_count_has_its_target() -> None:
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-def test_bench_sidecar_overhead_small(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setattr(benchmarks._common, "OUT_DIR", tmp_path)
-    assert bench.main(["--jobs", "2", "--seconds", "10", "--latency-calls", "20"]) == 0
+def test_bench_sidecar_overhead_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--jobs", "2", "--seconds", "10", "--latency-calls", "20", "--out-dir", str(tmp_path)]
+    assert bench.main(argv) == 0
     data = json.loads((tmp_path / "bench_sidecar_overhead.json").read_text())
     assert data["jobs"] == 2
     assert set(data["cpu_share"]) == {

@@ -3,7 +3,7 @@
 This machine has no accelerator, so ``pin_memory=True`` is off here as in torch; these tests turn
 it on and stand in for ``pin_memory`` (at the hardware boundary: pinning needs a GPU driver) with a
 function that records where and when it ran. The real copy into pinned memory was measured on
-an H100 (``benchmarks/bench_gpu.py``).
+an H100 (``benchmarks/gpu/bench_gpu.py``).
 """
 
 from __future__ import annotations

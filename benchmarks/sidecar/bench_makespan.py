@@ -14,8 +14,8 @@ from its start through its samples at its accelerator limit: what no loader allo
 beat) and the adaptive/even ratio (target, issue #22: adaptive <= 0.85x even in both orders);
 a PNG shows each run's jobs' throughput and worker counts over time.
 
-    python -m benchmarks.bench_makespan                  # both orders, ~6 min
-    python -m benchmarks.bench_makespan --workload a     # ~3 min
+    python -m benchmarks.sidecar.bench_makespan                  # both orders, ~6 min
+    python -m benchmarks.sidecar.bench_makespan --workload a     # ~3 min
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import machine, out_paths, table
-from benchmarks.bench_sidecar import plot
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.sidecar import plots
 from dloader.apps.experiment import run_jobs, sidecar_process
 
 WORKLOADS = {
@@ -56,7 +56,7 @@ def floor(results: dict[str, Any], samples: dict[str, int]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_makespan", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.sidecar.bench_makespan", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--budget", type=int, default=24, help="node worker budget (default: 24)")
     p.add_argument(
@@ -68,15 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="every job's samples and arrival time times this (default: 1; the slow test runs 0.1)",
     )
-    p.add_argument(
-        "--out-dir", type=Path, help="where the JSON and the PNG go (default: benchmarks/out)"
-    )
+    add_out_dir(p)
     args = p.parse_args(argv)
     if args.budget < 3:
         p.error("--budget must be >= 3 (one worker per job)")
     if not 0 < args.scale <= 10:
         p.error(f"--scale {args.scale:g}: expected a factor in (0, 10]")
-    outs = out_paths(args.out_dir)
+    outs = outputs(args.out_dir)
     print(f"machine: {machine()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-makespan-"))
     names = ["a", "b"] if args.workload == "both" else [args.workload]
@@ -111,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
             f"workload {w}: adaptive makespan / even = {r:.2f} (target <= 0.85); no allocation "
             f"could go below {best:.2f} (the adaptive run's floor / even's makespan)"
         )
-    plot(runs, max(result.values()) + 1, outs("bench_makespan.png"), "Jobs arrive and finish")
+    plots.jobs_timeline(
+        runs, max(result.values()) + 1, outs("bench_makespan.png"), "Jobs arrive and finish"
+    )
     outs("bench_makespan.json").write_text(
         json.dumps(
             {

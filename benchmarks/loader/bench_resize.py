@@ -13,8 +13,8 @@ Reported per change: time from the call to the first batch fetched by a new work
 data-wait in the 2 s before and after, and throughput / idle share in 4 s windows before and
 after. A PNG shows throughput and idle over time with the changes marked.
 
-    python -m benchmarks.bench_resize              # ~2.5 min
-    python -m benchmarks.bench_resize --seconds 16 # shorter
+    python -m benchmarks.loader.bench_resize              # ~2.5 min
+    python -m benchmarks.loader.bench_resize --seconds 16 # shorter
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 import dloader
-from benchmarks._common import machine, out_path, table
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.loader import plots
 from dloader.apps.testbed import PROFILES, EmulatedDataset
 
 PROFILE = PROFILES["io_heavy"]
@@ -198,6 +199,18 @@ def window(run: Run, a: float, b: float) -> tuple[float, float, float]:
     )
 
 
+def timeline(run: Run, seconds: float) -> dict[str, Any]:
+    """A run's samples/s and idle share in half-second bins, and its changes, for the plot."""
+    bins = [i * 0.5 for i in range(int(seconds / 0.5))]
+    return {
+        "title": f"{run.mode} ({run.context})",
+        "bins": bins,
+        "tput": [window(run, a, a + 0.5)[0] for a in bins],
+        "idle": [window(run, a, a + 0.5)[1] for a in bins],
+        "events": [(ev.called_s, f"{ev.kind}={ev.value}") for ev in run.events],
+    }
+
+
 def summarise(runs: list[Run]) -> list[list[Any]]:
     rows = []
     for run in runs:
@@ -225,46 +238,9 @@ def summarise(runs: list[Run]) -> list[list[Any]]:
     return rows
 
 
-def plot(runs: list[Run], seconds: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.6 * len(runs)), sharex=True)
-    for ax, run in zip(axes, runs, strict=True):
-        bins = [i * 0.5 for i in range(int(seconds / 0.5) + 1)]
-        tput = [window(run, a, a + 0.5)[0] for a in bins[:-1]]
-        idle = [window(run, a, a + 0.5)[1] for a in bins[:-1]]
-        ax.plot(bins[:-1], tput, color="tab:blue", label="samples/s")
-        ax.axhline(PROFILE.limit(), color="tab:blue", ls=":", lw=0.8, label="accelerator limit")
-        ax.set_ylabel("samples/s")
-        ax2 = ax.twinx()
-        ax2.plot(bins[:-1], idle, color="tab:red", alpha=0.6, label="idle share")
-        ax2.set_ylim(0, 1)
-        ax2.set_ylabel("idle share")
-        for ev in run.events:
-            ax.axvline(ev.called_s, color="gray", ls="--", lw=0.8)
-            ax.annotate(
-                f"{ev.kind}={ev.value}",
-                (ev.called_s, ax.get_ylim()[1] * 0.92),
-                fontsize=7,
-                rotation=90,
-                va="top",
-            )
-        ax.set_title(f"{run.mode} ({run.context})", fontsize=9)
-        if ax is axes[0]:
-            ax.legend(loc="upper left", fontsize=7)
-            ax2.legend(loc="upper right", fontsize=7)
-    axes[-1].set_xlabel("seconds")
-    fig.suptitle(f"io_heavy job: live resize vs rebuild-and-resume\n{machine()}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_path("bench_resize.png"), dpi=110)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_resize", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.loader.bench_resize", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "--seconds", type=float, default=32.0, help="length of each run (default: %(default)s)"
@@ -272,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--contexts", default="fork,spawn", help="start methods to compare (default: %(default)s)"
     )
+    add_out_dir(parser)
     args = parser.parse_args(argv)
     if args.seconds < 8:
         parser.error(f"--seconds={args.seconds} must be >= 8")
@@ -304,10 +281,12 @@ def main(argv: list[str] | None = None) -> int:
             rows,
         )
     )
-    path = out_path("bench_resize.json")
-    path.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2))
-    plot(runs, args.seconds)
-    print(f"wrote {path} and {out_path('bench_resize.png')}")
+    outs = outputs(args.out_dir)
+    outs("bench_resize.json").write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2))
+    plots.resize_timeline(
+        [timeline(run, args.seconds) for run in runs], PROFILE.limit(), outs("bench_resize.png")
+    )
+    print(f"wrote {outs('bench_resize.json')} and {outs('bench_resize.png')}")
     return 0
 
 

@@ -13,8 +13,8 @@ does). Two loaders, each a fresh process, alternating, for each emulated step ti
   boundary): the receiver thread reads and "pins" each batch as it arrives, as torch's
   pin-memory thread does.
 
-    python -m benchmarks.bench_pin                  # ~2 min
-    python -m benchmarks.bench_pin --steps-ms 10 --repeats 1
+    python -m benchmarks.loader.bench_pin                  # ~2 min
+    python -m benchmarks.loader.bench_pin --steps-ms 10 --repeats 1
 
 Prints the table, writes ``bench_pin.json`` and ``bench_pin.png``.
 """
@@ -26,13 +26,13 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
-from benchmarks._common import OUT_DIR, machine, table
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.loader import plots
 
 MODES = ("in trainer", "receiver")
 
@@ -84,7 +84,7 @@ def child(mode: str, step_s: float, batches: int, workers: int) -> dict[str, flo
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_pin",
+        prog="python -m benchmarks.loader.bench_pin",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=150, help="timed batches per run (150)")
     p.add_argument("--workers", type=int, default=2, help="loader workers (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="alternating rounds (default 3)")
-    p.add_argument("--out-dir", type=Path, default=OUT_DIR, help="where results go")
+    add_out_dir(p)
     p.add_argument("--child", nargs=2, metavar=("MODE", "STEP_S"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -111,7 +111,14 @@ def main(argv: list[str] | None = None) -> int:
         for step in steps:
             for mode in MODES:
                 print(f"  round {r + 1}: {mode}, step {step * 1000:g} ms ...", file=sys.stderr)
-                cmd = [sys.executable, "-m", "benchmarks.bench_pin", "--child", mode, str(step)]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.loader.bench_pin",
+                    "--child",
+                    mode,
+                    str(step),
+                ]
                 cmd += ["--batches", str(args.batches), "--workers", str(args.workers)]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                 runs.setdefault(f"{step * 1000:g}", {}).setdefault(mode, []).append(
@@ -145,29 +152,12 @@ def main(argv: list[str] | None = None) -> int:
             rows,
         )
     )
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "bench_pin.json").write_text(
+    outs = outputs(args.out_dir)
+    outs("bench_pin.json").write_text(
         json.dumps({"machine": machine(), "runs": runs, "ratio": summary}, indent=1)
     )
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for i, mode in enumerate(MODES):
-            xs = [j + 0.2 * (i * 2 - 1) for j in range(len(runs))]
-            ys = [sum(x["samples_per_s"] for x in v[mode]) / len(v[mode]) for v in runs.values()]
-            ax.bar(xs, ys, width=0.4, label=mode)
-        ax.set_xticks(range(len(runs)), [f"step {s} ms" for s in runs])
-        ax.set_ylabel("samples/s (mean of rounds)")
-        ax.legend()
-        ax.set_title(machine()[:80], fontsize=7)
-        fig.tight_layout()
-        fig.savefig(args.out_dir / "bench_pin.png")
-    except ImportError:
-        print("matplotlib is not installed: no plot", file=sys.stderr)
+    plots.pinning(runs, outs("bench_pin.png"))
+    print(f"wrote {outs('bench_pin.json')} and {outs('bench_pin.png')}")
     return 0
 
 

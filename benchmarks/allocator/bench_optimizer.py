@@ -8,8 +8,8 @@ play). Each cell times a full ``policy.decide`` (building every job's value tabl
 node packing) and, separately, the DP alone (``optimize``). Admission first: at 64 GPUs only the
 first 64 jobs (one GPU minimum each) enter the DP; the others wait.
 
-    python -m benchmarks.bench_optimizer               # ~1 min
-    python -m benchmarks.bench_optimizer --repeats 5   # quicker
+    python -m benchmarks.allocator.bench_optimizer               # ~1 min
+    python -m benchmarks.allocator.bench_optimizer --repeats 5   # quicker
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks._common import machine, out_path, table
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.allocator import plots
 from dloader.allocator import Cluster, optimize
 from dloader.allocator.policies import DpPolicy, JobState, make_policy
 from dloader.allocator.traces import PACKAGED_TRACES, AppTrace, load_apps
@@ -87,11 +88,12 @@ def ms(f, repeats: int) -> list[float]:
     return times
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--traces", type=Path, default=TRACES)
     p.add_argument("--repeats", type=int, default=15)
-    args = p.parse_args()
+    add_out_dir(p)
+    args = p.parse_args(argv)
     print(f"machine: {machine()}\n")
     apps = load_apps(args.traces)
     rows, results = [], []
@@ -144,42 +146,13 @@ def main() -> int:
         f"\ngoodput-dp, 64 GPUs / 160 jobs: {small['decide_ms_p50']:.1f} ms (target < 10); "
         f"2,048 GPUs / 1,000 jobs: {large['decide_ms_p50']:.0f} ms (target < 300)"
     )
-    out_path("bench_optimizer.json").write_text(
+    outs = outputs(args.out_dir)
+    outs("bench_optimizer.json").write_text(
         json.dumps({"machine": machine(), "results": results}, indent=1)
     )
-    plot(results)
+    plots.decision_time(results, outs("bench_optimizer.png"))
+    print(f"wrote {outs('bench_optimizer.json')} and {outs('bench_optimizer.png')}")
     return 0
-
-
-def plot(results: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for policy in ("goodput-dp", "elastic-gpu"):
-        for gpus, marker in ((64, "o"), (512, "^"), (1024, "v"), (2048, "s")):
-            pts = [r for r in results if r["policy"] == policy and r["gpus"] == gpus]
-            if pts:
-                ax.plot(
-                    [r["jobs"] for r in pts],
-                    [r["decide_ms_p50"] for r in pts],
-                    marker=marker,
-                    linestyle="-" if policy == "goodput-dp" else ":",
-                    label=f"{policy}, {gpus} GPUs",
-                )
-    ax.axhline(10, color="grey", lw=0.8, ls="--")
-    ax.axhline(1000, color="grey", lw=0.8, ls="--")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("jobs")
-    ax.set_ylabel("decision time, median (ms)")
-    ax.set_title("allocator decision time (targets dashed)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_path("bench_optimizer.png"), dpi=120)
-    print(f"plot: {out_path('bench_optimizer.png')}")
 
 
 if __name__ == "__main__":

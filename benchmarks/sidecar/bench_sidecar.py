@@ -21,13 +21,13 @@ compared with the mean of that split's reruns. Also: each job's accelerator idle
 when the adaptive run reached 95% of its final score. A PNG shows per-job throughput and
 worker counts over time.
 
-    python -m benchmarks.bench_sidecar              # ~13 min
-    python -m benchmarks.bench_sidecar --quick      # ~9 min, budget 12 only, shorter runs
-    python -m benchmarks.bench_sidecar --mix real   # the real-pipeline mix
+    python -m benchmarks.sidecar.bench_sidecar              # ~13 min
+    python -m benchmarks.sidecar.bench_sidecar --quick      # ~9 min, budget 12 only, shorter runs
+    python -m benchmarks.sidecar.bench_sidecar --mix real   # the real-pipeline mix
                                                     # (dloader.apps.pipelines): JPEG decode +
                                                     # crop/flip/normalise, text tokenise + pack,
                                                     # remote reads with a tail
-    python -m benchmarks.bench_sidecar --mix dynamic   # jobs come and go (~40 min)
+    python -m benchmarks.sidecar.bench_sidecar --mix dynamic   # jobs come and go (~40 min)
 
 Also (d) ``no sidecar``: every job keeps its 4 workers.
 
@@ -51,82 +51,22 @@ import re
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import machine, out_paths, table
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.sidecar import plots
 from dloader.apps.experiment import Arrival, JobPlan, run_jobs, score, sidecar_process
+from dloader.apps.splits import LADDER, QUICK_LADDER, Split, coordinate_search, parse_split
 from dloader.apps.testbed import PROFILES, REAL_MIX, make_dataset
 
 JOBS: tuple[str, ...] = ("io_heavy", "cpu_heavy", "gpu_bound")
 START_WORKERS = 4
 BUDGETS = (12, 24)
-#: the worker counts the coordinate search tries for a job (those within the budget)
-LADDER = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20)
-#: --quick: doublings (those within the budget, as above: 16 only at budget 24, where an
-#: I/O-bound job's best count is 16-21 and a ladder that stopped at 8 made the "best" static
-#: split one that the adaptive sidecar beat by 1.21x)
-QUICK_LADDER = (1, 2, 4, 8, 16)
 DYNAMIC_JOBS = ("io_a", "cpu_heavy", "gpu_bound", "io_b")
 DYNAMIC_BUDGET = 12
-
-Split = dict[str, int]
-
-
-def coordinate_search(
-    evaluate: Callable[[Split], float],
-    start: Split,
-    allowed: Callable[[Split], bool],
-    ladder: Sequence[int] = LADDER,
-    rounds: int = 3,
-    seeds: Sequence[Split] = (),
-) -> tuple[float, Split]:
-    """The best split found by local search, and its score. It starts from the best of
-    ``start`` and the (allowed) ``seeds``, each evaluated first. Each round: each job in turn tries
-    every count of ``ladder`` that keeps the split ``allowed``, the others held, and the best
-    is kept; then every pair of jobs tries transfers (one job one worker down, or one step
-    down the ladder, the workers it frees to the other: the moves a tight budget needs, where
-    no job can grow alone).
-    Rounds until one changes nothing (at most ``rounds``). Each split is evaluated once."""
-    seen: dict[tuple[tuple[str, int], ...], float] = {}
-
-    def value(split: Split) -> float:
-        key = tuple(sorted(split.items()))
-        if key not in seen:
-            seen[key] = evaluate(split)
-        return seen[key]
-
-    best, best_value = dict(start), value(start)
-    for seed in seeds:
-        if allowed(seed) and (v := value(seed)) > best_value:
-            best, best_value = dict(seed), v
-    for _ in range(rounds):
-        changed = False
-        for job in list(best):
-            for k in ladder:
-                trial = {**best, job: k}
-                if k == best[job] or not allowed(trial):
-                    continue
-                v = value(trial)
-                if v > best_value:
-                    best, best_value, changed = trial, v, True
-        base = dict(best)
-        for src in base:
-            below = [x for x in ladder if x < base[src]]
-            downs = sorted({below[-1], base[src] - 1} if below else set(), reverse=True)
-            for dst in base:
-                for down in downs if src != dst else ():
-                    trial = {**base, src: down, dst: base[dst] + base[src] - down}
-                    if not allowed(trial):
-                        continue
-                    v = value(trial)
-                    if v > best_value:
-                        best, best_value, changed = trial, v, True
-        if not changed:
-            break
-    return best_value, best
 
 
 def with_sidecar(
@@ -180,18 +120,6 @@ def converged_at(results: dict[str, Any], final: float, seconds: float) -> float
         if score(results, t, t + 5)[0] >= 0.95 * final:
             return float(t)
     return None
-
-
-def parse_split(text: str, jobs: Sequence[str]) -> Split:
-    """``"1/1/17"`` -> ``{jobs[0]: 1, jobs[1]: 1, jobs[2]: 17}``; ValueError naming the text
-    and what was expected."""
-    parts = text.split("/")
-    if len(parts) != len(jobs) or not all(x.strip().isdigit() and int(x) >= 1 for x in parts):
-        raise ValueError(
-            f"--seed {text!r}: expected {len(jobs)} worker counts >= 1 separated by '/', "
-            f"for {'/'.join(jobs)}"
-        )
-    return {j: int(x) for j, x in zip(jobs, parts, strict=True)}
 
 
 def static_best(
@@ -373,12 +301,12 @@ def dynamic(
     phase: float,
     ladder: Sequence[int],
     rounds: int,
-    out_dir: Path | None,
+    out_dir: Path,
     seeds: Sequence[Split] = (),
     phase_oracle: bool = False,
 ) -> int:
     """``--mix dynamic``: no sidecar, even, adaptive and the searched static split."""
-    outs = out_paths(out_dir)
+    outs = outputs(out_dir)
     length = 3 * phase
     print(f"machine: {machine()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-dynamic-"))
@@ -509,55 +437,16 @@ def dynamic(
             indent=1,
         )
     )
-    plot(runs, length, outs("bench_sidecar_dynamic.png"), "Jobs come and go on one node")
+    plots.jobs_timeline(
+        runs, length, outs("bench_sidecar_dynamic.png"), "Jobs come and go on one node"
+    )
     print(f"wrote {outs('bench_sidecar_dynamic.json')} and {outs('bench_sidecar_dynamic.png')}")
     return 0
 
 
-def plot(
-    runs: dict[str, dict[str, Any]],
-    seconds: float,
-    png: Path,
-    title: str = "Three jobs on one node",
-) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.8 * len(runs)), sharex=True)
-    for ax, (label, results) in zip(axes, runs.items(), strict=True):
-        ax2 = ax.twinx()
-        first = min(r.get("started", 0.0) for r in results.values())
-        for name, r in results.items():
-            off = r.get("started", 0.0) - first  # when the job arrived
-            ts = [i * 1.0 for i in range(int(seconds))]
-            norm = [
-                sum(x[1] for x in r["timeline"] if t <= x[0] + off < t + 1) / r["limit"] for t in ts
-            ]
-            line = ax.plot(ts, norm, label=f"{name} throughput/limit")[0]
-            ax2.step(
-                [x[0] + off for x in r["timeline"]],
-                [x[3] for x in r["timeline"]],
-                where="post",
-                color=line.get_color(),
-                ls=":",
-                alpha=0.8,
-            )
-        ax.set_ylabel("throughput / limit")
-        ax2.set_ylabel("workers (dotted)")
-        ax.set_ylim(0, 1.1)
-        ax.set_title(label, fontsize=9)
-        ax.legend(fontsize=7, loc="lower right")
-    axes[-1].set_xlabel("seconds")
-    fig.suptitle(f"{title}\n{machine()}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_sidecar",
+        prog="python -m benchmarks.sidecar.bench_sidecar",
         description="Three emulated jobs on one node: even vs adaptive vs the best static split.",
     )
     p.add_argument(
@@ -587,9 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         default=3000,
         help="real mix: JPEG files the image job reads (generated once into the cache)",
     )
-    p.add_argument(
-        "--out-dir", type=Path, help="where the JSON and the PNG go (default: benchmarks/out)"
-    )
+    add_out_dir(p)
     p.add_argument(
         "--mix",
         choices=("dynamic", "emulated", "real"),
@@ -666,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.again < 0:
         p.error(f"--again {args.again}: expected 0 or more")
     extra = ["--jpegs", str(args.jpegs)]
-    outs = out_paths(args.out_dir)
+    outs = outputs(args.out_dir)
     print(f"machine: {machine()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-"))
     runs, rows = {}, []
@@ -786,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
             indent=1,
         )
     )
-    plot(runs, args.seconds, outs(f"{stem}.png"))
+    plots.jobs_timeline(runs, args.seconds, outs(f"{stem}.png"))
     print(f"wrote {outs(stem + '.json')} and {outs(stem + '.png')}")
     return 0
 

@@ -7,8 +7,8 @@ memory (USS) grows over the epoch, once per worker. The table gives, per contain
 count, the workers' USS and PSS at the end and the node's memory in use for the job
 (trainer + workers, PSS: shared pages counted once); the plot shows mean worker USS over time.
 
-    python benchmarks/bench_memory.py                       # 3M paths, 4 and 16 workers
-    python benchmarks/bench_memory.py --paths 200000 --workers 2 --seconds 3   # quick
+    python benchmarks/loader/bench_memory.py                       # 3M paths, 4 and 16 workers
+    python benchmarks/loader/bench_memory.py --paths 200000 --workers 2 --seconds 3   # quick
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from torch.utils.data import Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dloader
-from benchmarks._common import machine, out_path, table
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.loader import plots
 
 MiB = 2**20
 
@@ -105,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, nargs="+", default=[4, 16], help="worker counts")
     p.add_argument("--seconds", type=float, default=20.0, help="reading time per run")
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--plot", type=Path, default=out_path("bench_memory.png"))
-    p.add_argument("--json", type=Path, default=out_path("bench_memory.json"))
+    add_out_dir(p)
     args = p.parse_args(argv)
     print(f"machine: {machine()}", flush=True)
     me = psutil.Process()
@@ -147,28 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         "job PSS (MiB)",
     ]
     print(table(headers, rows))
-    args.json.write_text(
+    outs = outputs(args.out_dir)
+    outs("bench_memory.json").write_text(
         json.dumps(
             {"machine": machine(), "paths": args.paths, "list_mib": held / MiB, "runs": results}
         )
     )
-    with contextlib.suppress(ImportError):
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for key, r in results.items():
-            xs, ys = zip(*r["trace"], strict=True) if r["trace"] else ((), ())
-            ax.plot(xs, ys, label=key, linestyle="-" if key.startswith("list") else "--")
-        ax.set_xlabel("seconds reading (shuffled epoch)")
-        ax.set_ylabel("mean USS per worker (MiB)")
-        ax.set_title(f"forked workers reading {args.paths:,} paths")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
-        print(f"plot: {args.plot}")
+    plots.worker_memory(results, args.paths, outs("bench_memory.png"))
+    print(f"wrote {outs('bench_memory.json')} and {outs('bench_memory.png')}")
     return 0
 
 

@@ -11,8 +11,8 @@ loader (and loading the saved state) to the first batch, and the peak memory thi
   elastic sampler must. Across a world-size change it is not even correct (the ranks' strides
   change): it is here for its cost only.
 
-    python -m benchmarks.bench_elastic                 # ~2 min; 100M needs ~6 GB for naive
-    python -m benchmarks.bench_elastic --sizes 1e6,1e7 --no-naive-above 1e7
+    python -m benchmarks.loader.bench_elastic                 # ~2 min; 100M needs ~6 GB for naive
+    python -m benchmarks.loader.bench_elastic --sizes 1e6,1e7 --no-naive-above 1e7
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import sys
 import time
 from typing import Any
 
-from benchmarks._common import machine, out_path, table
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.loader import plots
 
 CHANGES = [(2, 3), (8, 5), (16, 64)]
 
@@ -94,7 +95,7 @@ def run_child(kind: str, n: int, w_old: int, w_new: int) -> dict[str, Any]:
         [
             sys.executable,
             "-m",
-            "benchmarks.bench_elastic",
+            "benchmarks.loader.bench_elastic",
             "--child",
             kind,
             str(n),
@@ -108,41 +109,9 @@ def run_child(kind: str, n: int, w_old: int, w_new: int) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def plot(rows: list[dict[str, Any]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for kind, marker in (("dloader", "o-"), ("naive", "s--")):
-        for w_old, w_new in CHANGES:
-            pts = [
-                r for r in rows if r["kind"] == kind and (r["w_old"], r["w_new"]) == (w_old, w_new)
-            ]
-            if not pts:
-                continue
-            label = f"{kind} {w_old}->{w_new}"
-            axes[0].plot(
-                [p["n"] for p in pts], [p["seconds"] * 1000 for p in pts], marker, label=label
-            )
-            axes[1].plot(
-                [p["n"] for p in pts], [p["extra_rss_mb"] for p in pts], marker, label=label
-            )
-    for ax, ylabel in zip(axes, ("time to first batch (ms)", "extra peak RSS (MB)"), strict=True):
-        ax.set_xscale("log")
-        ax.set_yscale("symlog")
-        ax.set_xlabel("dataset size (samples), resumed at 50%")
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"Resuming an epoch under a new world size\n{machine()}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_path("bench_elastic.png"), dpi=110)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_elastic",
+        prog="python -m benchmarks.loader.bench_elastic",
         description="Cost of resuming an epoch under a new world size: dloader vs a naive skip.",
     )
     parser.add_argument(
@@ -155,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         help="skip the naive baseline above this size (default: %(default)g)",
     )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    add_out_dir(parser)
     args = parser.parse_args(argv)
     if args.child:
         kind, n, w_old, w_new = args.child
@@ -194,11 +164,12 @@ def main(argv: list[str] | None = None) -> int:
             ],
         )
     )
-    out_path("bench_elastic.json").write_text(
+    outs = outputs(args.out_dir)
+    outs("bench_elastic.json").write_text(
         json.dumps({"machine": machine(), "rows": rows}, indent=1)
     )
-    plot(rows)
-    print(f"wrote {out_path('bench_elastic.json')} and {out_path('bench_elastic.png')}")
+    plots.resume_cost(rows, outs("bench_elastic.png"))
+    print(f"wrote {outs('bench_elastic.json')} and {outs('bench_elastic.png')}")
     return 0
 
 

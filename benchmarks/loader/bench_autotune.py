@@ -20,8 +20,8 @@ is the best of many short noisy runs, so its score there is biased upward (the w
 it is run again, as long as ``auto`` and alternating with it, and ``auto`` is compared with
 both scores.
 
-    python -m benchmarks.bench_autotune              # ~2 h (two passes, and again)
-    python -m benchmarks.bench_autotune --quick      # ~4 min: two profiles, short runs
+    python -m benchmarks.loader.bench_autotune              # ~2 h (two passes, and again)
+    python -m benchmarks.loader.bench_autotune --quick      # ~4 min: two profiles, short runs
 
 Prints the tables, writes ``bench_autotune.json`` and ``bench_autotune.png`` (fixed counts as
 bars, auto as a line, per profile; static split and auto scores as bars, per pair).
@@ -37,7 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import machine, out_paths, table
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.loader import plots
 from dloader.apps.experiment import run_jobs, score
 from dloader.apps.testbed import PROFILES
 
@@ -183,39 +184,6 @@ def pair(
     }
 
 
-def plot(results: dict[str, Any], pairs: dict[str, Any], png: Path) -> None:
-    """One panel per profile alone (fixed counts as bars, auto as a line), then one per pair
-    (the static split's scores and auto's, as bars)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = len(results) + len(pairs)
-    fig, axes = plt.subplots(1, panels, figsize=(3.2 * panels, 3.2), squeeze=False)
-    for ax, (name, r) in zip(axes[0], results.items(), strict=False):
-        counts = sorted(r["fixed"])
-        ax.bar([str(n) for n in counts], [r["fixed"][n] for n in counts], color="#9ab")
-        ax.axhline(r["auto"], color="#c33", label=f"auto ({r['ratio']:.2f}x best)")
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("fixed num_workers")
-        ax.set_ylabel("samples/s")
-        ax.legend(fontsize=7, loc="lower right")
-    for ax, (name, r) in zip(axes[0][len(results) :], pairs.items(), strict=True):
-        split = "/".join(map(str, r["static_best"]))
-        ax.bar(
-            [f"static {split}\n(search)", f"static {split}\n(again)", "auto"],
-            [r["static_score"], r["static_again"], r["auto"]],
-            color=["#9ab", "#9ab", "#c33"],
-        )
-        ax.set_title(f"{name}\nauto: {r['ratio_again']:.2f}x static again", fontsize=9)
-        ax.set_ylabel("score (sum of samples/s over limit)")
-        ax.tick_params(axis="x", labelsize=7)
-    fig.suptitle(f"num_workers='auto' vs fixed counts\n{machine()}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-
-
 def _counts(text: str) -> tuple[int, ...]:
     try:
         counts = tuple(sorted({int(x) for x in text.split(",")}))
@@ -228,7 +196,7 @@ def _counts(text: str) -> tuple[int, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_autotune",
+        prog="python -m benchmarks.loader.bench_autotune",
         description="num_workers='auto' vs the best fixed worker count (swept in the same run), "
         "per testbed profile alone and for pairs side by side.",
     )
@@ -267,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         help="io_heavy and gpu_bound only, counts 1,2,8,14, runs of 8 s and 40 s, one pass, "
         "no pairs",
     )
-    parser.add_argument("--out-dir", type=Path, help="where the JSON and PNG go")
+    add_out_dir(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.profiles, args.pairs, args.counts = "io_heavy,gpu_bound", "", (1, 2, 8, 14)
@@ -285,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--warmup must be shorter than the runs")
     if args.repeats < 1:
         parser.error(f"--repeats={args.repeats} must be >= 1")
-    outs = out_paths(args.out_dir)
+    outs = outputs(args.out_dir)
     extra = ["--jpegs", str(args.jpegs)]
     print(f"machine: {machine()}", flush=True)
     results: dict[str, Any] = {}
@@ -395,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             indent=1,
         )
     )
-    plot(results, pair_results, outs(f"{stem}.png"))
+    plots.autotune(results, pair_results, outs(f"{stem}.png"))
     print(f"wrote {outs(stem + '.json')} and {outs(stem + '.png')}")
     return 0
 

@@ -7,13 +7,13 @@ then completed. Hostile clients, all the while: 16 KB ids, non-finite numbers, o
 over-long lists, wrong tokens, messages over the size cap, watch streams opened and dropped.
 Every second the daemons' CPU, RSS, threads and file descriptors are sampled.
 
-    python -m benchmarks.bench_soak                 # 3 minutes
-    python -m benchmarks.bench_soak --seconds 30    # a quick look
+    python -m benchmarks.daemons.bench_soak                 # 3 minutes
+    python -m benchmarks.daemons.bench_soak --seconds 30    # a quick look
 
 An operator probe (the daemons' own user, on their sockets) calls each daemon twice a second
 all the while: its p99 must stay under 1 s, whatever the hostile clients do. Prints a table per
 window and a summary (the operator's p99; RSS, threads and descriptors at the end against the
-first window after warm-up), and writes benchmarks/out/bench_soak.{json,png} (``--json``).
+first window after warm-up), and writes bench_soak.{json,png} into ``--out-dir``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ import grpc
 import numpy as np
 import psutil
 
-from benchmarks._common import machine, out_path, table
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.daemons import plots
 from dloader.v1 import allocator_pb2 as apb
 from dloader.v1 import allocator_pb2_grpc as apb_grpc
 from dloader.v1 import node_pb2 as pb
@@ -218,8 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=float, default=30.0, help="seconds per table row")
     p.add_argument("--honest", type=int, default=4, help="honest clients per daemon")
     p.add_argument("--hostile", type=int, default=4, help="hostile client threads")
-    p.add_argument("--json", type=Path, help="where to write the results (default: benchmarks/out)")
-    p.add_argument("--plot", type=Path, help="where to write the plot (default: benchmarks/out)")
+    add_out_dir(p)
     args = p.parse_args(argv)
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory(prefix="dloader-soak-") as tmp:
@@ -323,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"honest operations: {honest}")
     summary = _summary(rec, samples, args.window)
     print(table(["measure", *summary["columns"]], summary["rows"]))
-    (args.json or out_path("bench_soak.json")).write_text(
+    outs = outputs(args.out_dir)
+    outs("bench_soak.json").write_text(
         json.dumps(
             {
                 "machine": machine(),
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             indent=1,
         )
     )
-    plot(rec, samples, args.plot)
+    plots.soak(rec.events, samples, outs("bench_soak.png"))
     return 0
 
 
@@ -381,36 +382,6 @@ def _summary(rec: Recorder, samples: list[dict[str, float]], warmup: float) -> d
         else:
             rows.append([label, *(f"{out[n][key]:,.0f}" for n in ("sidecar", "allocator"))])
     return out
-
-
-def plot(rec: Recorder, samples: list[dict[str, float]], path: Path | None = None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
-    kinds = ("sidecar register", "sidecar report", "allocator decision")
-    for kind in (*kinds, "operator sidecar", "operator allocator"):
-        xs = [(t, d * 1e3) for t, k, d in rec.events if k == kind]
-        if xs:
-            axes[0].plot(*zip(*xs, strict=True), ".", ms=2, label=kind)
-    axes[0].set_ylabel("honest latency (ms)")
-    axes[0].set_yscale("log")
-    axes[0].legend()
-    t = [s["t"] for s in samples]
-    for name in ("sidecar", "allocator"):
-        axes[1].plot(t, [s[f"{name} cpu %"] for s in samples], label=name)
-        axes[2].plot(t, [s[f"{name} rss MB"] for s in samples], label=name)
-    axes[1].set_ylabel("daemon CPU (% of a core)")
-    axes[2].set_ylabel("daemon RSS (MB)")
-    axes[2].set_xlabel("time (s), hostile clients throughout")
-    for ax in axes[1:]:
-        ax.legend()
-    fig.suptitle("soak: honest and hostile clients on both daemons")
-    fig.tight_layout()
-    fig.savefig(path or out_path("bench_soak.png"), dpi=100)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

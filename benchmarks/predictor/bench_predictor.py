@@ -14,8 +14,9 @@
    predicted best is the fewest workers predicted within 5% of the predicted maximum.
 4. Fitting cost: one ``LoaderModel.update`` with 1,000 observations (target < 50 ms).
 
-    python -m benchmarks.bench_predictor                      # ~4 min (measures the testbed)
-    python -m benchmarks.bench_predictor --measurements F    # reuse a saved measurement file
+    python -m benchmarks.predictor.bench_predictor          # ~4 min (measures the testbed)
+    python -m benchmarks.predictor.bench_predictor --measurements F
+                                                            # reuse a saved measurement file
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import machine, out_path, table
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.predictor import plots
 from dloader.allocator.traces import PACKAGED_TRACES
 from dloader.predictor import (
     GradientNoise,
@@ -273,48 +275,9 @@ def fitting_cost() -> float:
 # ---------------------------------------------------------------------------------- output
 
 
-def plot(scatter: dict[str, Any], curves: dict[str, Any]) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 1 + len(curves), figsize=(4.2 * (1 + len(curves)), 4))
-    ax = axes[0]
-    for app, pts in scatter.items():
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=5, label=app)
-    lim = [
-        min(p[0] for v in scatter.values() for p in v),
-        max(p[0] for v in scatter.values() for p in v),
-    ]
-    ax.plot(lim, lim, "k--", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("measured step time (s)")
-    ax.set_ylabel("predicted step time (s)")
-    ax.set_title("scaling model, unseen placements", fontsize=9)
-    ax.legend(fontsize=7)
-    for ax, (name, c) in zip(axes[1:], curves.items(), strict=True):
-        ax.plot(c["ks"], c["real"], "o-", label="measured")
-        ax.plot(c["ks"], c["pred"], "s--", label="predicted")
-        seen = [c["real"][c["ks"].index(k)] for k in c["seen"]]
-        ax.scatter(
-            c["seen"], seen, s=90, facecolors="none", edgecolors="k", label="observed by the model"
-        )
-        ax.set_xlabel("loader workers (2 cores)")
-        ax.set_ylabel("samples/s")
-        ax.set_title(f"loader model: {name}", fontsize=9)
-        ax.legend(fontsize=7)
-    fig.suptitle(machine(), fontsize=8)
-    fig.tight_layout()
-    path = out_path("bench_predictor.png")
-    fig.savefig(path, dpi=110)
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_predictor",
+        prog="python -m benchmarks.predictor.bench_predictor",
         description="Accuracy and cost of the predictor's models.",
     )
     parser.add_argument(
@@ -341,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         default=16,
         help="largest worker count measured (default: %(default)s)",
     )
+    add_out_dir(parser)
     args = parser.parse_args(argv)
+    outs = outputs(args.out_dir)
     if not args.traces.is_dir():
         parser.error(f"--traces={args.traces} is not a folder")
     warnings.filterwarnings("ignore")
@@ -388,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = json.loads(args.measurements.read_text())
     else:
         measured = measure_all(args.seconds, args.max_workers)
-        path = out_path("bench_predictor_measurements.json")
+        path = outs("bench_predictor_measurements.json")
         path.write_text(json.dumps(measured, indent=1))
         print(f"\n(testbed measurements saved to {path})")
     lrows, curves = loader_section(measured)
@@ -411,10 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     cost = fitting_cost()
     print(f"\nLoaderModel.update with 1,000 observations: {cost:.1f} ms (median of 20)")
-    path = plot(scatter, curves)
+    plots.model_errors(scatter, curves, outs("bench_predictor.png"))
     summary = {"machine": machine(), "scaling": rows, "loader": lrows, "fit_ms": cost}
-    out_path("bench_predictor.json").write_text(json.dumps(summary, indent=1))
-    print(f"wrote {path} and {out_path('bench_predictor.json')}")
+    outs("bench_predictor.json").write_text(json.dumps(summary, indent=1))
+    print(f"wrote {outs('bench_predictor.png')} and {outs('bench_predictor.json')}")
     return 0
 
 

@@ -7,8 +7,8 @@ median of the per-pair ratios (target >= 0.98), peak RSS of main process + worke
 main process's CPU time per batch (where a loader's own overhead would show). Also the cost of
 ``loader.stats()`` per call.
 
-    python -m benchmarks.bench_loader            # full run (~4 min on 2 cores)
-    python -m benchmarks.bench_loader --quick    # smoke run
+    python -m benchmarks.loader.bench_loader            # full run (~4 min on 2 cores)
+    python -m benchmarks.loader.bench_loader --quick    # smoke run
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import sys
 import time
 from typing import Any
 
-from benchmarks._common import RssSampler, machine, out_path, table
+from benchmarks._common import RssSampler, add_out_dir, machine, outputs, table
+from benchmarks.loader import plots
 
 PROFILES = {
     # name: (io_ms, cpu_ms) per sample; batch 32 as in docs/architecture.md
@@ -89,7 +90,7 @@ def run_child(kind: str, profile: str, workers: int, seconds: float) -> dict[str
         [
             sys.executable,
             "-m",
-            "benchmarks.bench_loader",
+            "benchmarks.loader.bench_loader",
             "--child",
             kind,
             profile,
@@ -105,7 +106,7 @@ def run_child(kind: str, profile: str, workers: int, seconds: float) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_loader",
+        prog="python -m benchmarks.loader.bench_loader",
         description="dloader vs torch DataLoader throughput and peak RSS, side by side.",
     )
     parser.add_argument(
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="1 repeat of 1 s, workers 0,2")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    add_out_dir(parser)
     args = parser.parse_args(argv)
     if args.child:
         kind, profile, workers, seconds = args.child
@@ -206,46 +208,17 @@ def main(argv: list[str] | None = None) -> int:
     cost = stats_cost()
     print(f"loader.stats() cost with 16 workers: {cost:.1f} us per call")
 
-    path = out_path("bench_loader.json")
+    outs = outputs(args.out_dir)
+    path = outs("bench_loader.json")
     path.write_text(
         json.dumps(
             {"machine": machine(), "rows": results, "median_ratio": overall, "stats_cost_us": cost},
             indent=2,
         )
     )
-    plot(results, worker_counts)
-    print(f"wrote {path} and {out_path('bench_loader.png')}")
+    plots.loader_throughput(results, outs("bench_loader.png"))
+    print(f"wrote {path} and {outs('bench_loader.png')}")
     return 0
-
-
-def plot(results: list[dict[str, Any]], worker_counts: list[int]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(PROFILES), figsize=(11, 4))
-    for ax, profile in zip(axes, PROFILES, strict=True):
-        rows = [r for r in results if r["profile"] == profile]
-        xs = range(len(rows))
-        ax.bar([x - 0.2 for x in xs], [r["dloader"] for r in rows], 0.4, label="dloader")
-        ax.bar([x + 0.2 for x in xs], [r["torch"] for r in rows], 0.4, label="torch")
-        for x, r in zip(xs, rows, strict=True):
-            ax.annotate(
-                f"{r['ratio']:.2f}x",
-                (x, max(r["dloader"], r["torch"])),
-                ha="center",
-                va="bottom",
-                fontsize=8,
-            )
-        ax.set_xticks(list(xs), [str(r["workers"]) for r in rows])
-        ax.set_xlabel("workers")
-        ax.set_ylabel("samples/s")
-        ax.set_title(profile)
-        ax.legend()
-    fig.suptitle(f"Loader throughput, dloader vs torch (ratio on top)\n{machine()}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_path("bench_loader.png"), dpi=110)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ restart penalty, one distributed job per node, genetic search), at load 1.0 (the
 arrival times) and at the loads of ``--loads`` (arrival times divided by the load). At load 1.0
 also the oracle model and Pollux's published numbers (from its own simulator).
 
-    python -m benchmarks.bench_pollux                      # ~25 min on 2 cores
-    python -m benchmarks.bench_pollux --workloads 1 --loads 1
+    python -m benchmarks.allocator.bench_pollux                      # ~25 min on 2 cores
+    python -m benchmarks.allocator.bench_pollux --workloads 1 --loads 1
 
 Prints the tables (average and p99 JCT, makespan, ratios, decision times), writes
 ``bench_pollux.json`` and ``bench_pollux.png`` (JCT distributions per workload at load 1).
@@ -23,13 +23,11 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from benchmarks._common import machine, out_paths, table
-from benchmarks.bench_cluster_sim import DATA, POLLUX_H
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.allocator import plots
+from benchmarks.allocator.published import DATA, POLLUX_H
 from dloader.allocator import Cluster
 from dloader.allocator.policies import make_policy
 from dloader.allocator.simulator import SimResult, Simulator
@@ -56,41 +54,16 @@ def simulate(
     return (workload, policy, load, learning), r, time.perf_counter() - began
 
 
-def plot(runs: dict[Key, SimResult], workloads: list[int], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(workloads), figsize=(3.6 * len(workloads), 3.2), squeeze=False)
-    for ax, w in zip(axes[0], workloads, strict=True):
-        for (ww, policy, load, learning), r in sorted(runs.items()):
-            if ww != w or load != 1.0:
-                continue
-            jct = np.sort([j.jct_s / 3600 for j in r.jobs if j.jct_s is not None])
-            label = policy if learning == "online" else f"{policy} ({learning})"
-            ax.step(jct, np.arange(1, len(jct) + 1) / len(jct), where="post", label=label)
-        ax.axvline(POLLUX_H[w], color="grey", ls=":", label="Pollux published (avg)")
-        ax.set_xscale("log")
-        ax.set_title(f"workload {w}", fontsize=9)
-        ax.set_xlabel("JCT (h)")
-        ax.legend(fontsize=6)
-    axes[0][0].set_ylabel("share of jobs")
-    fig.suptitle(f"JCT distribution, load 1.0, 64 GPUs\n{machine()}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_pollux", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.allocator.bench_pollux", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--workloads", default="1,2,3,4", help="Pollux workloads (default: %(default)s)")
     p.add_argument("--loads", default="0.5,1,1.5,2", help="arrival-rate multipliers")
     p.add_argument("--generations", type=int, default=100, help="pollux's genetic search")
     p.add_argument("--no-oracle", action="store_true", help="skip the oracle-model runs")
     p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--out-dir", type=Path, help="where the JSON and PNG go")
+    add_out_dir(p)
     args = p.parse_args(argv)
     try:
         workloads = [int(x) for x in args.workloads.split(",")]
@@ -99,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--workloads={args.workloads!r} / --loads={args.loads!r}: expected numbers")
     if any(w not in POLLUX_H for w in workloads) or any(x <= 0 for x in loads):
         p.error("workloads are 1-4 and loads > 0")
-    outs = out_paths(args.out_dir)
+    outs = outputs(args.out_dir)
     print(f"machine: {machine()}\n", flush=True)
     policies = ("goodput-dp", "pollux")
     tasks = [(w, pol, load, "online") for w in workloads for load in loads for pol in policies]
@@ -173,7 +146,20 @@ def main(argv: list[str] | None = None) -> int:
     outs("bench_pollux.json").write_text(
         json.dumps({"machine": machine(), "summary": summary}, indent=1, default=float)
     )
-    plot(runs, workloads, outs("bench_pollux.png"))
+    curves = {
+        w: {
+            (pol if learning == "online" else f"{pol} ({learning})"): (
+                [j.jct_s / 3600 for j in r.jobs if j.jct_s is not None],
+                sum(j.jct_s is not None for j in r.jobs),
+            )
+            for (ww, pol, load, learning), r in sorted(runs.items())
+            if ww == w and load == 1.0
+        }
+        for w in workloads
+    }
+    plots.jct_cdfs(
+        curves, POLLUX_H, outs("bench_pollux.png"), "JCT distribution, load 1.0, 64 GPUs"
+    )
     print(f"wrote {outs('bench_pollux.json')} and {outs('bench_pollux.png')}")
     return 0
 

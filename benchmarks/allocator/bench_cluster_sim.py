@@ -11,8 +11,8 @@ decision time at scale. Targets: ``goodput-dp`` average JCT <= 0.95x Pollux's pu
 ``elastic-dp`` >= 3x lower average JCT than ``elastic-gpu``; decisions < 10 ms at 64 GPUs and
 < 1 s at 2,048.
 
-    python -m benchmarks.bench_cluster_sim               # ~12 min on 2 cores
-    python -m benchmarks.bench_cluster_sim --workloads 3 --no-ablations --philly-jobs 0
+    python -m benchmarks.allocator.bench_cluster_sim               # ~12 min on 2 cores
+    python -m benchmarks.allocator.bench_cluster_sim --workloads 3 --no-ablations --philly-jobs 0
 """
 
 from __future__ import annotations
@@ -26,18 +26,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from benchmarks._common import machine, out_path, table
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.allocator import plots
+from benchmarks.allocator.published import DATA, POLLUX_H, TIRESIAS_H
 from dloader.allocator import Cluster
 from dloader.allocator.policies import POLICIES, DpPolicy, Policy, make_policy
 from dloader.allocator.simulator import SimResult, Simulator
-from dloader.allocator.traces import PACKAGED_TRACES, load_apps, read_philly, read_workload
+from dloader.allocator.traces import load_apps, read_philly, read_workload
 
-#: The data shipped with the package: pollux/traces, pollux/workloads, philly/philly.csv.gz.
-DATA = PACKAGED_TRACES.parents[1]
-POLLUX_H = {1: 0.58, 2: 0.92, 3: 0.61, 4: 0.76}  # Pollux's own policy, OSDI 2021 (avg JCT, h)
-TIRESIAS_H = {1: 0.69, 2: 1.43, 3: 1.08, 4: 0.91}
 #: goodput-dp ablations: label -> (DpPolicy overrides, learning)
 ABLATIONS: dict[str, tuple[dict[str, Any], str]] = {
     "goodput-dp": ({}, "online"),
@@ -73,7 +69,7 @@ def simulate(data: Path, workload: int, label: str) -> tuple[int, str, SimResult
     return workload, label, r, time.perf_counter() - began
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--data",
@@ -86,7 +82,8 @@ def main() -> int:
     p.add_argument("--philly-jobs", type=int, default=1000, help="0: skip the Philly run")
     p.add_argument("--no-ablations", action="store_true", help="only the four policies")
     p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
-    args = p.parse_args()
+    add_out_dir(p)
+    args = p.parse_args(argv)
     print(f"machine: {machine()}\n")
     workloads = [int(x) for x in args.workloads.split(",")]
     labels = [*POLICIES, *([] if args.no_ablations else list(ABLATIONS)[1:])]
@@ -194,10 +191,23 @@ def main() -> int:
     )
     if args.philly_jobs:
         philly_table(args, summary)
-    out_path("bench_cluster_sim.json").write_text(
+    outs = outputs(args.out_dir)
+    outs("bench_cluster_sim.json").write_text(
         json.dumps({"machine": machine(), "summary": summary}, indent=1)
     )
-    plot(runs)
+    curves = {
+        w: {
+            name: (
+                [j.jct_s / 3600 for j in r.jobs if j.jct_s is not None],
+                len(r.jobs),
+            )
+            for (ww, name), r in runs.items()
+            if ww == w and name in POLICIES
+        }
+        for w in workloads
+    }
+    plots.jct_cdfs(curves, POLLUX_H, outs("bench_cluster_sim.png"), "JCT per policy, 64 GPUs")
+    print(f"wrote {outs('bench_cluster_sim.json')} and {outs('bench_cluster_sim.png')}")
     return 0
 
 
@@ -246,31 +256,6 @@ def philly_table(args: argparse.Namespace, summary: dict[str, Any]) -> None:
             prow,
         )
     )
-
-
-def plot(runs: dict[tuple[int, str], SimResult]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    workloads = sorted({w for w, _ in runs})
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.8), squeeze=False)
-    for ax, w in zip(axes[0], workloads, strict=True):
-        for (ww, name), r in runs.items():
-            if ww != w or name not in POLICIES:
-                continue
-            jct = np.sort([j.jct_s / 3600 for j in r.jobs if j.jct_s is not None])
-            ax.step(jct, np.arange(1, len(jct) + 1) / len(r.jobs), where="post", label=name)
-        ax.axvline(POLLUX_H[w], color="grey", lw=0.8, ls="--")
-        ax.set_xscale("log")
-        ax.set_title(f"workload {w} (dashed: Pollux avg JCT)")
-        ax.set_xlabel("JCT (h)")
-    axes[0][0].set_ylabel("fraction of jobs")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_path("bench_cluster_sim.png"), dpi=110)
-    print(f"plot: {out_path('bench_cluster_sim.png')}")
 
 
 if __name__ == "__main__":

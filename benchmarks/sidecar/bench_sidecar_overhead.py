@@ -9,7 +9,7 @@ re-decides as it does for real jobs). Measured: the daemon's CPU time over the r
 of one core (targets: < 2% at 10 jobs, < 5% at 50), the number of model updates it made, and
 the latency of a one-report ``Report`` call on the Unix socket (p50/p99).
 
-    python -m benchmarks.bench_sidecar_overhead            # ~75 s
+    python -m benchmarks.sidecar.bench_sidecar_overhead            # ~75 s
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from pathlib import Path
 import grpc
 import psutil
 
-from benchmarks._common import machine, out_path, table
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.sidecar import plots
 from dloader.apps.experiment import sidecar_process
 from dloader.sidecar.store import SidecarStore
 from dloader.v1 import node_pb2 as pb
@@ -109,28 +110,10 @@ def process_tree() -> subprocess.Popen[bytes]:
     )
 
 
-def plot(trace: list[tuple[float, float]], split: float, goal: float | None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 3))
-    ax.plot([t for t, _ in trace], [100 * c for _, c in trace], drawstyle="steps-post")
-    ax.axvline(split, color="grey", ls=":", label="steady window starts")
-    if goal is not None:
-        ax.axhline(100 * goal, color="red", ls="--", label=f"target: {goal:.0%} of one core")
-    ax.set_xlabel("seconds since the jobs registered")
-    ax.set_ylabel("sidecar CPU, % of one core")
-    ax.legend(fontsize=8)
-    ax.set_title(f"Sidecar CPU with N jobs reporting once a second\n{machine()}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_path("bench_sidecar_overhead.png"), dpi=110)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_sidecar_overhead", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.sidecar.bench_sidecar_overhead",
+        description=__doc__.split("\n\n")[0],
     )
     p.add_argument("--jobs", type=int, default=10, help="concurrent jobs (default: %(default)s)")
     p.add_argument(
@@ -141,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         "second half the steady state (default: %(default)s)",
     )
     p.add_argument("--latency-calls", type=int, default=500)
+    add_out_dir(p)
     args = p.parse_args(argv)
     if args.jobs < 1 or args.seconds < 10:
         p.error("--jobs must be >= 1 and --seconds >= 10")
@@ -220,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{'met' if whole < goal else 'NOT met'}"
         )
     rates = [(tb, (cb - ca) / max(tb - ta, 1e-9)) for (ta, ca), (tb, cb) in itertools.pairwise(cpu)]
-    plot(rates, split, goal)
-    out_path("bench_sidecar_overhead.json").write_text(
+    outs = outputs(args.out_dir)
+    plots.overhead(rates, split, goal, outs("bench_sidecar_overhead.png"))
+    outs("bench_sidecar_overhead.json").write_text(
         json.dumps(
             {
                 "machine": machine(),
@@ -235,10 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             indent=1,
         )
     )
-    print(
-        f"wrote {out_path('bench_sidecar_overhead.json')} and "
-        f"{out_path('bench_sidecar_overhead.png')}"
-    )
+    print(f"wrote {outs('bench_sidecar_overhead.json')} and {outs('bench_sidecar_overhead.png')}")
     return 0
 
 

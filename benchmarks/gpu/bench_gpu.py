@@ -17,8 +17,8 @@ The testbed's real pipelines train real models (``--device cuda``,
 For each run: samples/s over the scored window, the trainer's data-wait share, and the GPU's
 utilisation as NVML reports it (sampled every 0.25 s by this process over the same window).
 
-    python -m benchmarks.bench_gpu                      # ~5 min on a 16-core GPU node
-    python -m benchmarks.bench_gpu --seconds 15 --counts 2,8 --splits 10/4
+    python -m benchmarks.gpu.bench_gpu                      # ~5 min on a 16-core GPU node
+    python -m benchmarks.gpu.bench_gpu --seconds 15 --counts 2,8 --splits 10/4
 
 Prints the tables and writes ``bench_gpu.json`` and ``bench_gpu.png`` into ``--out-dir``.
 """
@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import OUT_DIR, machine, table
+from benchmarks._common import add_out_dir, machine, outputs, table
+from benchmarks.gpu import plots
 from dloader.apps.experiment import Arrival, run_jobs, score, sidecar_process
 from dloader.apps.probe import gpu_utilisation
 
@@ -183,37 +184,9 @@ def pair(args: argparse.Namespace, tmp: Path, out: dict[str, Any]) -> None:
         print(f"sidecar / best static ({top}): {out['sidecar_vs_best_static']:.3f}\n", flush=True)
 
 
-def plot(out: dict[str, Any], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot", file=sys.stderr)
-        return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, (section, job) in zip(axes, (("single", "image_jpeg"), ("pair", None)), strict=True):
-        runs = out.get(section, {})
-        names = list(runs)
-        if job:
-            vals = [runs[k]["jobs"][job]["samples_per_s"] for k in names]
-            ax.set_ylabel("image_jpeg samples/s")
-        else:
-            vals = [runs[k].get("score", 0.0) for k in names]
-            ax.set_ylabel("score (sum of samples/s over each job's best)")
-        ax.bar(
-            names, vals, color=["C1" if ("auto" in k or k == "sidecar") else "C0" for k in names]
-        )
-        ax.tick_params(axis="x", rotation=30)
-    fig.suptitle(out["machine"][:110], fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_gpu",
+        prog="python -m benchmarks.gpu.bench_gpu",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -236,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         help="cuda (default), or emulated: the same runs with the testbed's emulated step, to "
         "try this harness on a machine without a GPU (its numbers say nothing about GPUs)",
     )
-    p.add_argument("--out-dir", type=Path, default=OUT_DIR, help="where results go")
+    add_out_dir(p)
     args = p.parse_args(argv)
     try:
         args.counts = [int(x) for x in args.counts.split(",") if x]
@@ -273,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                     out[f"{section}_error"] = repr(exc)
                     print(f"[{section}] failed: {exc!r}", file=sys.stderr, flush=True)
                 (args.out_dir / "bench_gpu.json").write_text(json.dumps(out, indent=1))
-    plot(out, args.out_dir / "bench_gpu.png")
+    plots.training_runs(out, outputs(args.out_dir)("bench_gpu.png"))
     return 0
 
 

@@ -1,0 +1,66 @@
+"""The sidecar benchmarks' plots: each takes the measured results and the PNG to write."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import machine, pyplot
+
+
+def jobs_timeline(
+    runs: dict[str, dict[str, Any]],
+    seconds: float,
+    png: Path,
+    title: str = "Three jobs on one node",
+) -> None:
+    """One panel per run: each job's throughput over its accelerator limit (solid) and its
+    worker count (dotted) over time, a job's curve starting when it arrived."""
+    plt = pyplot()
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.8 * len(runs)), sharex=True)
+    for ax, (label, results) in zip(axes, runs.items(), strict=True):
+        ax2 = ax.twinx()
+        first = min(r.get("started", 0.0) for r in results.values())
+        for name, r in results.items():
+            off = r.get("started", 0.0) - first  # when the job arrived
+            ts = [i * 1.0 for i in range(int(seconds))]
+            norm = [
+                sum(x[1] for x in r["timeline"] if t <= x[0] + off < t + 1) / r["limit"] for t in ts
+            ]
+            line = ax.plot(ts, norm, label=f"{name} throughput/limit")[0]
+            ax2.step(
+                [x[0] + off for x in r["timeline"]],
+                [x[3] for x in r["timeline"]],
+                where="post",
+                color=line.get_color(),
+                ls=":",
+                alpha=0.8,
+            )
+        ax.set_ylabel("throughput / limit")
+        ax2.set_ylabel("workers (dotted)")
+        ax.set_ylim(0, 1.1)
+        ax.set_title(label, fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[-1].set_xlabel("seconds")
+    fig.suptitle(f"{title}\n{machine()}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def overhead(trace: list[tuple[float, float]], split: float, goal: float | None, png: Path) -> None:
+    """The sidecar's CPU (share of a core) over the run, where its steady window starts, and
+    the target."""
+    plt = pyplot()
+
+    fig, ax = plt.subplots(figsize=(8, 3))
+    ax.plot([t for t, _ in trace], [100 * c for _, c in trace], drawstyle="steps-post")
+    ax.axvline(split, color="grey", ls=":", label="steady window starts")
+    if goal is not None:
+        ax.axhline(100 * goal, color="red", ls="--", label=f"target: {goal:.0%} of one core")
+    ax.set_xlabel("seconds since the jobs registered")
+    ax.set_ylabel("sidecar CPU, % of one core")
+    ax.legend(fontsize=8)
+    ax.set_title(f"Sidecar CPU with N jobs reporting once a second\n{machine()}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
