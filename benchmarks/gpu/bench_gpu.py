@@ -4,9 +4,11 @@ The testbed's real pipelines train real models (``--device cuda``,
 :mod:`dloader.apps.gpu_step`): ``image_jpeg`` (JPEG decode and augmentation) trains ResNet-18,
 ``text_pack`` (tokenise and pack) trains a small transformer. Each job is its own process.
 
-1. **One job** (``image_jpeg``): torch's own DataLoader at each worker count of ``--counts``
-   (the hand-tuned baseline: the best of them), then ``dloader.DataLoader(num_workers="auto")``
-   run as long and scored over the same window, so its search's cost counts.
+1. **One job** (``image_jpeg``, ``pin_memory=True``): at each worker count of ``--counts``,
+   torch's own DataLoader and ``dloader.DataLoader`` at the same count, one after the other
+   (dloader / torch at the same count: the loader's own cost; target >= 1.00), then
+   ``dloader.DataLoader(num_workers="auto")`` run as long and scored over the same window, so
+   its search's cost counts, against the best fixed torch count (the hand-tuned baseline).
 2. **Two jobs sharing the GPU** (``image_jpeg`` + ``text_pack``): every static split of
    ``--splits`` (the searched static split: the best of them), then both jobs under a real
    ``dloader-sidecar`` (adaptive policy, ``--budget`` workers) starting at 4 workers each.
@@ -92,9 +94,11 @@ def _fmt_util(u: float | None) -> str:
 def single(args: argparse.Namespace, tmp: Path, out: dict[str, Any]) -> None:
     runs = out.setdefault("single", {})
     for n in args.counts:
-        print(f"[single] torch DataLoader, {n} workers, {args.seconds:g} s ...", flush=True)
-        jobs = [Arrival("image_jpeg", n, extra=("--loader", "torch"))]
-        runs[f"torch {n}"] = measured(args, jobs, tmp / f"torch{n}", args.seconds, args.warmup)
+        for loader in ("torch", "dloader"):
+            print(f"[single] {loader} DataLoader, {n} workers, {args.seconds:g} s ...", flush=True)
+            jobs = [Arrival("image_jpeg", n, extra=("--loader", loader))]
+            folder = tmp / f"{loader}{n}"
+            runs[f"{loader} {n}"] = measured(args, jobs, folder, args.seconds, args.warmup)
     print(f"[single] dloader auto, {args.seconds:g} s ...", flush=True)
     runs["dloader auto"] = measured(
         args, [Arrival("image_jpeg", "auto")], tmp / "auto", args.seconds, args.warmup
@@ -111,7 +115,13 @@ def single(args: argparse.Namespace, tmp: Path, out: dict[str, Any]) -> None:
     ]
     best = max((k for k in runs if k.startswith("torch")), key=lambda k: rows_rate(runs, k))
     out["single_auto_vs_best"] = rows_rate(runs, "dloader auto") / rows_rate(runs, best)
+    out["same_count"] = {
+        n: rows_rate(runs, f"dloader {n}") / max(rows_rate(runs, f"torch {n}"), 1e-9)
+        for n in args.counts
+    }
     print(table(["image_jpeg (ResNet-18)", "samples/s", "data wait", "workers", "GPU util"], rows))
+    same = ", ".join(f"{n}: {r:.3f}" for n, r in out["same_count"].items())
+    print(f"dloader / torch at the same worker count, pinned (target >= 1.00): {same}")
     print(f"auto / best fixed ({best}): {out['single_auto_vs_best']:.3f}\n", flush=True)
 
 

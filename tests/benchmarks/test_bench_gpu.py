@@ -19,13 +19,15 @@ def test_bench_gpu_harness(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     argv += ["--counts", "1,2", "--splits", "1/1", "--budget", "2", "--out-dir", str(tmp_path)]
     assert bench_gpu.main(argv) == 0
     data = json.loads((tmp_path / "bench_gpu.json").read_text())
-    assert set(data["single"]) == {"torch 1", "torch 2", "dloader auto"}
+    assert set(data["single"]) == {"torch 1", "dloader 1", "torch 2", "dloader 2", "dloader auto"}
+    assert set(data["same_count"]) == {"1", "2"} and all(r > 0 for r in data["same_count"].values())
     auto = data["single"]["dloader auto"]["jobs"]["image_jpeg"]
     assert auto["samples_per_s"] > 0 and auto["tuner"].startswith("auto: ")
     assert set(data["pair"]) == {"static 1/1", "sidecar"} and data["sidecar_vs_best_static"] > 0
     assert "dloaderctl status" in (tmp_path / "bench_gpu_sidecar_view.txt").read_text()
     assert (tmp_path / "bench_gpu.png").stat().st_size > 0
-    assert "auto / best fixed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "auto / best fixed" in out and "dloader / torch at the same worker count" in out
 
 
 def test_bench_gpu_says_what_it_needs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
