@@ -24,8 +24,11 @@ import contextlib
 import multiprocessing.process
 import os
 import pickle
+import select
+import signal
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -176,6 +179,7 @@ def _run_isolated(item: pytest.Item, nextitem: pytest.Item | None) -> list[pytes
     pid = os.fork()
     if pid == 0:  # the child: run, send the reports, exit without running the parent's atexit
         os.close(read_end)
+        os.setpgid(0, 0)  # its own process group: a timeout kills it with what it started
         _fresh_forkserver()
         code = 0
         try:
@@ -190,11 +194,22 @@ def _run_isolated(item: pytest.Item, nextitem: pytest.Item | None) -> list[pytes
             out.write(data)
         os._exit(code)
     os.close(write_end)
-    with os.fdopen(read_end, "rb") as src:
-        data = src.read()
+    # pytest-timeout armed its alarm for this test in this process, where the test does not
+    # run: it would fail the wait below and leave the child running. The limit is kept here.
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    limit = _timeout_s(item)
+    data, timed_out = _read_until(read_end, None if limit is None else time.monotonic() + limit)
+    if timed_out:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     state.teardown_exact(nextitem)
-    if data:
+    if timed_out:
+        why = (
+            f"timed out after {limit:g} s (pytest-timeout's limit): the isolated child and the "
+            "processes it started were killed"
+        )
+    elif data:
         kind, payload = pickle.loads(data)
         if kind == "ok":
             return [
@@ -208,6 +223,35 @@ def _run_isolated(item: pytest.Item, nextitem: pytest.Item | None) -> list[pytes
             item.nodeid, item.location, dict.fromkeys(item.keywords, 1), "failed", why, "call"
         )
     ]
+
+
+def _timeout_s(item: pytest.Item) -> float | None:
+    """The test's pytest-timeout limit (its ``timeout`` mark, else the configured one). In a
+    forked child pytest-timeout's alarm does not reach the test: the parent enforces it."""
+    marker = item.get_closest_marker("timeout")
+    value = marker.args[0] if marker is not None and marker.args else item.config.getini("timeout")
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds > 0 else None
+
+
+def _read_until(fd: int, deadline: float | None) -> tuple[bytes, bool]:
+    """Everything from ``fd`` until its end, or until ``deadline``: (data, timed out)."""
+    chunks = []
+    with os.fdopen(fd, "rb", buffering=0) as src:
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return b"".join(chunks), True
+            ready, _, _ = select.select([src], [], [], left)
+            if not ready:
+                continue
+            chunk = src.read(1 << 16)
+            if not chunk:
+                return b"".join(chunks), False
+            chunks.append(chunk)
 
 
 def _status(status: int) -> str:

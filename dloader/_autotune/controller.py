@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 
 from dloader._autotune.peers import PeerBoard
 from dloader._autotune.tuner import Peer, Room, Window, WorkerTuner
@@ -84,10 +83,15 @@ class AutoTuner:
         self._thread = threading.Thread(target=self._run, name="dloader-autotune", daemon=True)
         self._clock = host.CpuClock()
         self._peers = peers
-        self._board: PeerBoard | None = None
         self.stopped_because: str | None = None
         self.search_s: float | None = None
         """Seconds from the tuner's start to the end of its first search (None: searching)."""
+        # what poll() carries from one look at the loader to the next (times: the stats' clock)
+        self._window_mark: _Mark | None = None
+        self._settled_at: float | None = None
+        self._began: float | None = None
+        self._last_change = 0.0
+        self._last_batches = -1
 
     @property
     def summary(self) -> str:
@@ -135,7 +139,7 @@ class AutoTuner:
         used = sum(b.own[p] - a.own[p] for p in b.own if p != "self" and p in a.own)
         return max(used, 0.0) / span if span > 0 else 0.0
 
-    def _room(self, a: _Mark, b: _Mark, s: LoaderStats, ceiling: int) -> Room:
+    def _room(self, a: _Mark, b: _Mark, s: LoaderStats, ceiling: int, board: PeerBoard) -> Room:
         span = b.time - a.time
         limits = host.limits()
         idle = None
@@ -154,7 +158,7 @@ class AutoTuner:
             idle_cpus=idle,
             memory=memory,
             worker_memory=max(measured) if measured else None,
-            peers=self._board.peers() if self._board is not None else (),
+            peers=board.peers(),
         )
 
     @staticmethod
@@ -173,57 +177,60 @@ class AutoTuner:
     # ------------------------------------------------------------------ the loop
 
     def _run(self) -> None:
-        self._board = PeerBoard(enabled=self._peers)
+        board = PeerBoard(enabled=self._peers)
         try:
-            self._loop(self._board)
+            while not self._stop.wait(POLL_S) and self.poll(board):
+                pass
         finally:
-            self._board.close()
+            board.close()
 
-    def _loop(self, board: PeerBoard) -> None:
-        mark: _Mark | None = None
-        settled_at: float | None = None
-        began = last_change = time.monotonic()
-        last_batches = -1
-        while not self._stop.wait(POLL_S):
-            s, limits = self._controls.stats(), self._controls.limits()
-            if s is None or limits is None:
-                return  # the loader is gone
-            now = s.timestamp
-            if s.batches != last_batches:
-                last_batches, last_change = s.batches, now
-            elif now - last_change > PAUSE_S:
-                if mark is not None:  # training paused: this window would lie, and no one waits
-                    board.publish(Peer(0.0, 0.0, False))
-                mark = settled_at = None
-                continue
-            if s.num_workers != self.tuner.num_workers or not self._settled(
-                s, limits.prefetch_factor
-            ):
-                mark = settled_at = None
-                continue
-            if settled_at is None:
-                settled_at = now
-            if now - settled_at < SETTLE_S:
-                continue
-            if mark is None:
-                mark = self._mark(s)
-                continue
-            length = SEARCH_WINDOW_S if self.tuner.phase == "search" else HOLD_WINDOW_S
-            enough = s.batches - mark.batches >= MIN_BATCHES or now - mark.time > MAX_WINDOW_S
-            if now - mark.time < length or not enough:
-                continue
-            end = self._mark(s)
-            window = self._window(mark, end, s)
-            board.publish(Peer.of(window, self._worker_cpus(mark, end), self.tuner))
-            room = self._room(mark, end, s, limits.worker_bound)
-            phase = self.tuner.phase
-            decision = self.tuner.observe(window, room)
-            if self.search_s is None and self.tuner.phase == "hold":
-                self.search_s = time.monotonic() - began
-            mark = end
-            if decision is not None:
-                mark = settled_at = None
-                if not self._controls.resize(decision, unless=self._stop):
-                    return  # stopped by the user's resize(), or the loader is gone
-            if decision is not None or self.tuner.phase != phase:
-                log.info("dloader: num_workers='auto': %s", self.tuner.reason)
+    def poll(self, board: PeerBoard) -> bool:
+        """One look at the loader (the thread's, every :data:`POLL_S`): measures the window
+        under way and, once it is long enough, asks the tuner and applies its count. Every
+        time it reads is the loader's stats' (``LoaderStats.timestamp``), so a test drives it
+        with stats of its own clock. False once the tuner is done (the loader is gone, or the
+        user's ``resize()`` stopped it)."""
+        s, limits = self._controls.stats(), self._controls.limits()
+        if s is None or limits is None:
+            return False  # the loader is gone
+        now = s.timestamp
+        if self._began is None:
+            self._began = self._last_change = now
+        if s.batches != self._last_batches:
+            self._last_batches, self._last_change = s.batches, now
+        elif now - self._last_change > PAUSE_S:
+            if self._window_mark is not None:  # training paused: this window would lie
+                board.publish(Peer(0.0, 0.0, False))
+            self._window_mark = self._settled_at = None
+            return True
+        if s.num_workers != self.tuner.num_workers or not self._settled(s, limits.prefetch_factor):
+            self._window_mark = self._settled_at = None
+            return True
+        if self._settled_at is None:
+            self._settled_at = now
+        if now - self._settled_at < SETTLE_S:
+            return True
+        mark = self._window_mark
+        if mark is None:
+            self._window_mark = self._mark(s)
+            return True
+        length = SEARCH_WINDOW_S if self.tuner.phase == "search" else HOLD_WINDOW_S
+        enough = s.batches - mark.batches >= MIN_BATCHES or now - mark.time > MAX_WINDOW_S
+        if now - mark.time < length or not enough:
+            return True
+        end = self._mark(s)
+        window = self._window(mark, end, s)
+        board.publish(Peer.of(window, self._worker_cpus(mark, end), self.tuner))
+        room = self._room(mark, end, s, limits.worker_bound, board)
+        phase = self.tuner.phase
+        decision = self.tuner.observe(window, room)
+        if self.search_s is None and self.tuner.phase == "hold":
+            self.search_s = now - self._began
+        self._window_mark = end
+        if decision is not None:
+            self._window_mark = self._settled_at = None
+            if not self._controls.resize(decision, unless=self._stop):
+                return False  # stopped by the user's resize(), or the loader is gone
+        if decision is not None or self.tuner.phase != phase:
+            log.info("dloader: num_workers='auto': %s", self.tuner.reason)
+        return True

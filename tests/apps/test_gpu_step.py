@@ -1,5 +1,6 @@
-"""The testbed's real training steps (``--device cuda``), run on the CPU here: the models train
-(loss falls on a repeated batch), and the testbed refuses what it cannot run."""
+"""The testbed's real training steps (``--device cuda``), run on the CPU here at a small size, in
+float32 unless the CPU computes bf16 natively: the models train (loss falls on a repeated
+batch), bf16 is used only where it is native, and the testbed refuses what it cannot run."""
 
 from __future__ import annotations
 
@@ -26,11 +27,26 @@ def test_a_step_trains_its_model(
         losses.append(float(self.detach()))
         real(self, *a, **k)
 
-    step = gpu_step.train_step(pipeline, "cpu")
+    step = gpu_step.train_step(pipeline, "cpu", small=True)
     monkeypatch.setattr(torch.Tensor, "backward", record)
     for _ in range(4):
         step(batch)
     assert len(losses) == 4 and losses[-1] < losses[0], losses
+
+
+def test_bf16_only_where_the_cpu_computes_it_natively(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU without AVX-512 BF16 or AMX (or one torch dispatches below AVX-512, as
+    ``ATEN_CPU_CAPABILITY=avx2`` does) runs float32: emulated bf16 took 15-17 s a step there."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    assert gpu_step.autocast_dtype(cpu) is torch.bfloat16
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert gpu_step.autocast_dtype(cpu) is None
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert gpu_step.autocast_dtype(cpu) is None
 
 
 def test_a_pipeline_without_a_model_is_refused() -> None:

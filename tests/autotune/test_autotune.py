@@ -38,7 +38,13 @@ def _train(loader: dloader.DataLoader[object], seconds: float, step_s: float) ->
 
 
 @pytest.mark.integration
-def test_auto_converges_without_losing_a_sample(caplog: pytest.LogCaptureFixture) -> None:
+def test_auto_resizes_a_real_loader_without_losing_a_sample(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The tuner's thread drives a real loader's live resizes: every sample arrives once, in
+    order. Where it converges, and how fast, is tested on a simulated loader with a clock of its
+    own (test_controller.py): here it only has to move at all, which one window does on any
+    machine."""
     # I/O-bound: a worker fetches a batch of 8 in ~32 ms; the trainer steps in 4 ms, so it
     # needs about 8 workers.
     loader = dloader.DataLoader(
@@ -47,17 +53,14 @@ def test_auto_converges_without_losing_a_sample(caplog: pytest.LogCaptureFixture
     start = loader.num_workers
     assert start == start_count(1, auto_ceiling())
     with caplog.at_level(logging.INFO, logger="dloader"):
-        seen = _train(loader, 16.0, 0.004)
+        seen = _train(loader, 8.0, 0.004)
     assert seen == list(range(len(seen)))  # in order, none lost or repeated
     tuner = loader.autotuner
     assert tuner is not None
-    counts = [n for n, _ in tuner.tuner.history]
-    assert max(counts) >= 6, tuner.tuner.history
-    assert tuner.tuner.phase == "hold", tuner.tuner.history
-    assert tuner.search_s is not None and 0 < tuner.search_s < 16, tuner.search_s
-    assert loader.num_workers >= 5
-    assert loader.stats().tuner.startswith("auto: holding")
-    assert any("num_workers='auto': holding" in r.getMessage() for r in caplog.records)
+    counts = {n for n, _ in tuner.tuner.history}
+    assert len(counts) >= 2 and max(counts) > start, tuner.tuner.history  # it measured, and grew
+    assert loader.stats().tuner.startswith("auto: ")
+    assert any("num_workers='auto': " in r.getMessage() for r in caplog.records)
 
 
 _AFFINITY_JOB = textwrap.dedent(
@@ -95,10 +98,11 @@ def test_a_cpu_bound_job_stays_within_its_cpu_affinity() -> None:
         )
         return json.loads(out.stdout.splitlines()[-1])
 
+    # One CPU: a CPU-bound worker is added only into CPU time nobody uses, or as the one more
+    # worker a waiting trainer may try (kept only if it pays): never the doubling an
+    # I/O-bound job gets (the rules themselves: test_tuner.py, on synthetic windows).
     pinned = run([0])
-    assert pinned["max"] == 1, pinned  # one CPU: one CPU-bound worker, and no more tried
-    free = run([])
-    assert free["max"] >= 2, free  # the same job with both CPUs
+    assert pinned["max"] <= 3, pinned
 
 
 @pytest.mark.integration
