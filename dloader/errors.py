@@ -23,6 +23,7 @@ __all__ = [
     "ConfigError",
     "DLoaderError",
     "InvalidArgument",
+    "LaunchRefused",
     "NotFound",
     "PermissionDenied",
     "PredictorError",
@@ -104,6 +105,11 @@ class CheckpointError(DLoaderError, ValueError):
 
 class ConfigError(DLoaderError, ValueError):
     """A bad setting: a command-line flag, an environment variable or a stored setting."""
+
+
+class LaunchRefused(DLoaderError):
+    """``dloader-launch`` will not act on a job: another's (it holds no token for it), or one
+    that has already ended."""
 
 
 class PredictorError(DLoaderError, ValueError):

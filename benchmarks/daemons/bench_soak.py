@@ -5,10 +5,18 @@ Honest clients: jobs that register with the sidecar, report and deregister, each
 jobs submitted to the allocator, timed until the allocator gives them GPUs (decision latency),
 then completed. Hostile clients, all the while: 16 KB ids, non-finite numbers, oversized and
 over-long lists, wrong tokens, messages over the size cap, watch streams opened and dropped.
-Every second the daemons' CPU, RSS, threads and file descriptors are sampled.
+Every second the daemons' CPU, RSS, threads, file descriptors and state files are sampled,
+and every 30 s each daemon writes its Python heap (``DLOADER_TRACEMALLOC``: bytes traced and
+the largest allocation sites).
 
-    python -m benchmarks.daemons.bench_soak                 # 3 minutes
-    python -m benchmarks.daemons.bench_soak --seconds 30    # a quick look
+    python -m benchmarks.daemons.bench_soak                   # 3 minutes
+    python -m benchmarks.daemons.bench_soak --seconds 3600    # the hour the docs report
+    python -m benchmarks.daemons.bench_soak --seconds 30      # a quick look
+
+For each daemon it reports the growth per hour of RSS, Python heap, threads, descriptors and
+state file (a least-squares line through the samples after the first ``--window``), and the
+allocation sites whose size grew the most between the first heap snapshot after warm-up and
+the last: a leak grows steadily, a cache levels off.
 
 An operator probe (the daemons' own user, on their sockets) calls each daemon twice a second
 all the while: its p99 must stay under 1 s, whatever the hostile clients do. Prints a table per
@@ -61,6 +69,7 @@ def start(module: str, folder: Path, *extra: str) -> tuple[subprocess.Popen[byte
             *("--log-level", "WARNING", *extra),
         ],
         stderr=open(folder / "daemon.log", "w"),  # noqa: SIM115 - the daemon owns it
+        env={**os.environ, "DLOADER_TRACEMALLOC": str(folder / "heap")},
     )
     channel = grpc.insecure_channel(f"unix://{sock}")
     grpc.channel_ready_future(channel).result(timeout=60)
@@ -266,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                     row[f"{name} rss MB"] = pr.memory_info().rss / 2**20
                     row[f"{name} threads"] = pr.num_threads()
                     row[f"{name} fds"] = pr.num_fds()
+                state = Path(tmp) / name[0] / "state"
+                row[f"{name} state MB"] = sum(f.stat().st_size for f in state.glob("*.db*")) / 2**20
             samples.append(row)
             print(
                 f"\r{row['t']:5.0f} s  hostile requests {rec.hostile:,}  "
@@ -278,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
         for t in threads:
             t.join(15)
+        heaps = {name: _heap(Path(tmp) / name[0] / "heap") for name in procs}
         for proc in (side, alloc_proc):
             proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -323,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"honest operations: {honest}")
     summary = _summary(rec, samples, args.window)
     print(table(["measure", *summary["columns"]], summary["rows"]))
+    growth = _growth(samples, heaps, args.window)
+    print(table(["growth per hour", "sidecar", "allocator"], growth["rows"]))
+    for name in procs:
+        print(f"\n{name}: the allocation sites that grew most (first heap after warm-up -> last)")
+        print(table(["site", "KiB then", "KiB at the end", "growth KiB"], growth[name]["sites"]))
     outs = outputs(args.out_dir)
     outs("bench_soak.json").write_text(
         json.dumps(
@@ -334,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                 "codes": rec.codes,
                 "honest": honest,
                 "summary": summary,
+                "growth": growth,
                 "samples": samples,
             },
             indent=1,
@@ -341,6 +359,70 @@ def main(argv: list[str] | None = None) -> int:
     )
     plots.soak(rec.events, samples, outs("bench_soak.png"))
     return 0
+
+
+def _heap(folder: Path) -> list[dict[str, Any]]:
+    """A daemon's heap snapshots (``DLOADER_TRACEMALLOC``), oldest first."""
+    lines = []
+    for path in folder.glob("*.jsonl"):
+        lines += [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return sorted(lines, key=lambda h: h["t"])
+
+
+def _per_hour(ts: list[float], ys: list[float]) -> float:
+    """The slope of the least-squares line through the points, per hour (0 for < 2 points)."""
+    if len(ts) < 2 or max(ts) == min(ts):
+        return 0.0
+    return float(np.polyfit(ts, ys, 1)[0]) * 3600
+
+
+def _growth(
+    samples: list[dict[str, float]], heaps: dict[str, list[dict[str, Any]]], warmup: float
+) -> dict[str, Any]:
+    """Per daemon: growth per hour of RSS, Python heap, threads, descriptors and state file
+    after warm-up, with the values at its start and end; and the allocation sites that grew
+    most between the first heap snapshot after warm-up and the last."""
+    steady = [s for s in samples if s["t"] >= warmup] or samples
+    out: dict[str, Any] = {"rows": []}
+    measures = (("RSS MB", "rss MB"), ("threads", "threads"), ("fds", "fds"))
+    measures += (("state file MB", "state MB"),)
+    values: dict[str, dict[str, str]] = {}
+    for name in ("sidecar", "allocator"):
+        mine: dict[str, Any] = {}
+        for label, key in measures:
+            ys = [s[f"{name} {key}"] for s in steady]
+            rate = _per_hour([s["t"] for s in steady], ys)
+            mine[label] = {
+                "per_hour": rate,
+                "start": ys[0] if ys else 0,
+                "end": ys[-1] if ys else 0,
+            }
+        heap = [h for h in heaps.get(name, []) if h["t"] >= warmup] or heaps.get(name, [])
+        traced = [h["traced"] / 2**20 for h in heap]
+        mine["Python heap MB"] = {
+            "per_hour": _per_hour([h["t"] for h in heap], traced),
+            "start": traced[0] if traced else float("nan"),
+            "end": traced[-1] if traced else float("nan"),
+        }
+        sites: list[list[Any]] = []
+        if len(heap) >= 2:
+            first = {s[0]: s[1] for s in heap[0]["top"]}
+            last = {s[0]: s[1] for s in heap[-1]["top"]}
+            grown = sorted(last, key=lambda k: last[k] - first.get(k, 0), reverse=True)[:5]
+            sites = [
+                [k, first.get(k, 0) / 1024, last[k] / 1024, (last[k] - first.get(k, 0)) / 1024]
+                for k in grown
+            ]
+        mine["sites"] = sites
+        out[name] = mine
+        values[name] = {
+            label: f"{m['per_hour']:+,.1f} ({m['start']:,.1f} -> {m['end']:,.1f})"
+            for label, m in mine.items()
+            if label != "sites"
+        }
+    for label in (*(m[0] for m in measures), "Python heap MB"):
+        out["rows"].append([label, values["sidecar"][label], values["allocator"][label]])
+    return out
 
 
 def _summary(rec: Recorder, samples: list[dict[str, float]], warmup: float) -> dict[str, Any]:

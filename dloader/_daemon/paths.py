@@ -26,7 +26,11 @@ __all__ = ["SocketClaim", "own_folder", "private_file"]
 
 
 def own_folder(path: str | Path, *, mode: int, what: str) -> Path:
-    """``path`` as a folder fit for the daemon: created with ``mode``, or checked if it exists."""
+    """``path`` as a folder fit for the daemon: created with ``mode``, or checked if it exists:
+    this user's or root's, and writable by no one else (a state folder: by no group either,
+    whatever ``mode`` says of reading)."""
+    if not str(path).strip():
+        raise ConfigError(f"{what} folder '': expected a path (--{_FLAG.get(what, what)})")
     folder = Path(path)
     try:
         folder.mkdir(parents=True, exist_ok=False, mode=mode)
@@ -42,17 +46,25 @@ def own_folder(path: str | Path, *, mode: int, what: str) -> Path:
         raise ConfigError(f"{what} folder {str(folder)!r}: {exc}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"{what} folder {str(folder)!r} exists and is not a folder")
+    flag = _FLAG.get(what, what)
     if st.st_uid not in (os.geteuid(), 0):
         raise ConfigError(
             f"{what} folder {str(folder)!r} belongs to uid {st.st_uid}, not to this user "
-            f"(uid {os.geteuid()}) or root: choose a folder of your own"
+            f"(uid {os.geteuid()}) or root: someone else created it first. Give --{flag} a "
+            f"path in a folder of your own (e.g. under $HOME), or set XDG_RUNTIME_DIR"
         )
-    if st.st_mode & stat.S_IWOTH:
+    writable = stat.S_IWOTH | (stat.S_IWGRP if not mode & stat.S_IWGRP else 0)
+    if st.st_mode & writable:
+        whom = "other users" if st.st_mode & stat.S_IWOTH else "its group"
         raise ConfigError(
-            f"{what} folder {str(folder)!r} is writable by other users (mode "
-            f"{stat.S_IMODE(st.st_mode):o}): choose a folder of your own"
+            f"{what} folder {str(folder)!r} is writable by {whom} (mode "
+            f"{stat.S_IMODE(st.st_mode):o}): anyone who may write it can replace what the "
+            f"daemon keeps there. chmod {mode:o} it, or give --{flag} a folder of your own"
         )
     return folder
+
+
+_FLAG = {"socket": "socket", "state": "state-dir"}
 
 
 def private_file(path: str | Path) -> None:

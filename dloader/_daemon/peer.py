@@ -23,12 +23,14 @@ import contextlib
 import contextvars
 import enum
 import logging
+import math
 import os
 import secrets
 import socket
 import struct
+import time
 from collections import Counter
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,9 @@ class Caller:
     """Its uid (callers on the Unix socket; None on TCP)."""
     pid: int | None = None
     """The connecting process (callers on the Unix socket)."""
+    certificate: str | None = None
+    """On TCP with client certificates (mutual TLS): the verified certificate's subject
+    (its common name), which names the caller as the uid does on the Unix socket."""
 
     @property
     def local(self) -> bool:
@@ -82,8 +87,32 @@ class Caller:
         """Whether it may act as ``role``."""
         return self.role >= role
 
+    @property
+    def identified(self) -> bool:
+        """Whether it is known as one user: by uid (the Unix socket) or by its certificate
+        (mutual TLS); a TCP caller known only by a shared token is not."""
+        return self.local or self.certificate is not None
+
+    @property
+    def owner(self) -> str:
+        """Who it counts as for per-caller caps and ownership: "" for an operator (capped by
+        nothing but the totals), ``uid N`` on the Unix socket, ``cert NAME`` with a client
+        certificate, else the role's token on TCP."""
+        if self.at_least(Role.OPERATOR):
+            return ""
+        if self.local:
+            return f"uid {self.uid}"
+        if self.certificate is not None:
+            return f"cert {self.certificate}"
+        return f"{self.role.name.lower()} token"
+
     def __str__(self) -> str:
-        who = f"uid {self.uid}, pid {self.pid}" if self.local else "a TCP caller"
+        if self.local:
+            who = f"uid {self.uid}, pid {self.pid}"
+        elif self.certificate is not None:
+            who = f"certificate {self.certificate!r}"
+        else:
+            who = "a TCP caller"
         return f"{who} ({self.role.name.lower()})"
 
 
@@ -150,6 +179,38 @@ def local_role(uid: int) -> Role:
 CONNECTIONS = Shares(MAX_CONNECTIONS, OPERATOR_CONNECTIONS, MAX_CONNECTIONS_PER_USER)
 
 
+class RefusalLog:
+    """Refused connections, logged at most once per ``every_s`` per uid: the first as it
+    happens, then how many more there were (40,000 refused connects once wrote 40,000 warning
+    lines, 6.3 MB, and the logging starved other users' connections)."""
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self._clock = clock
+        self._last: dict[int, float] = {}
+        self._held: Counter[int] = Counter()
+
+    def note(self, uid: int, why: str) -> bool:
+        """Records a refusal of ``uid``'s connection; True if it was logged now."""
+        now = self._clock()
+        if now - self._last.get(uid, -math.inf) < self.every_s:
+            self._held[uid] += 1
+            return False
+        more = self._held.pop(uid, 0)
+        self._last[uid] = now
+        if len(self._last) > 4096:  # bounded: forget the oldest uids
+            for old in sorted(self._last, key=self._last.__getitem__)[:2048]:
+                del self._last[old]
+                self._held.pop(old, None)
+        log.warning(
+            "refused a connection from uid %d: %s%s",
+            uid,
+            why,
+            f" ({more} more refused since the last such line)" if more else "",
+        )
+        return True
+
+
 class UnixFront:
     """Serves the Unix socket at ``path`` and relays each connection to ``127.0.0.1:port``,
     remembering the connecting process's credentials by the relay's address."""
@@ -163,6 +224,7 @@ class UnixFront:
         self._open: Counter[int | None] = Counter()
         """Open connections per uid, operators' under None (counted from accept, before the
         relay connects)."""
+        self._refusals = RefusalLog()
 
     async def start(self) -> None:
         """Listens on the socket (mode 0660)."""
@@ -198,7 +260,7 @@ class UnixFront:
                 "for operators)",
                 "owner": f"uid {uid} holds {n} connections, the most one user may",
             }[bound]
-            log.warning("refused a connection from pid %d (uid %d): %s", pid, uid, why)
+            self._refusals.note(uid, why)
             writer.close()
             return
         self._open[owner] += 1

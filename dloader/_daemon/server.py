@@ -57,25 +57,35 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Finds each call's caller (or refuses it), and maps exceptions to status codes."""
 
     def __init__(
-        self, tokens: dict[Role, str] | None = None, peers: dict[str, Caller] | None = None
+        self,
+        tokens: dict[Role, str] | None = None,
+        peers: dict[str, Caller] | None = None,
+        *,
+        certificates: bool = False,
     ) -> None:
         """Args:
         tokens: the bearer token of each role on TCP (a role without one cannot call on TCP).
         peers: the Unix front's relay connections by peer address, and their callers.
+        certificates: TCP with mutual TLS: each caller is named by its verified client
+            certificate, which alone makes it a client (a token still raises it to its role).
         """
         self._tokens = [(f"Bearer {t}".encode(), role) for role, t in (tokens or {}).items() if t]
         self._peers = peers if peers is not None else {}
+        self._certificates = certificates
 
     def _caller(self, context: grpc.aio.ServicerContext) -> Caller | None:
         peer = context.peer()
         local = self._peers.get(peer)
         if local is not None:
             return local
+        name = _certificate_name(context) if self._certificates else None
         given = dict(context.invocation_metadata() or ()).get("authorization", "")
         raw = given.encode() if isinstance(given, str) else bytes(given)
         for expected, role in self._tokens:
             if secrets.compare_digest(raw, expected):
-                return Caller(role)
+                return Caller(role, certificate=name)
+        if name is not None:
+            return Caller(Role.CLIENT, certificate=name)
         return None
 
     @contextlib.asynccontextmanager
@@ -151,14 +161,36 @@ class ListenConfig:
     tls_cert: str | None = None
     """PEM certificate for TCP (with ``tls_key``): TLS instead of plain TCP."""
     tls_key: str | None = None
+    tls_client_ca: str | None = None
+    """PEM CA whose certificates name TCP clients (mutual TLS; needs ``tls_cert``)."""
 
     def __post_init__(self) -> None:
         if self.socket is None and self.tcp is None:
             raise ConfigError("listen on a Unix socket (--socket) or TCP (--listen)")
+        if self.socket is not None and not self.socket.strip():
+            raise ConfigError("--socket '': expected a path for the Unix socket")
         if self.tcp is not None and not self.token:
             raise ConfigError(f"--listen {self.tcp}: TCP needs --token")
+        tokens = {
+            "--token": self.token,
+            "--node-token": self.node_token,
+            "--client-token": self.client_token,
+        }
+        given = [(flag, t) for flag, t in tokens.items() if t]
+        for i, (flag, token) in enumerate(given):
+            for other, theirs in given[i + 1 :]:
+                if token == theirs:
+                    raise ConfigError(
+                        f"{flag} and {other} are the same token: each role needs its own "
+                        "(else a client would hold the operator's or a node's rights)"
+                    )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError(
+                "--tls-client-ca needs --tls-cert and --tls-key (client certificates are "
+                "checked in a TLS handshake)"
+            )
         if self.tcp is not None:
             host, sep, port = self.tcp.rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -168,12 +200,33 @@ class ListenConfig:
                 )
 
 
-def _server_credentials(cert: str, key: str) -> grpc.ServerCredentials:
+def _certificate_name(context: grpc.aio.ServicerContext) -> str | None:
+    """The verified client certificate's common name (else its first subject alternative
+    name); None without one."""
+    auth = context.auth_context() or {}
+    for key in ("x509_common_name", "x509_subject_alternative_name"):
+        for value in auth.get(key, ()):
+            text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+            if text:
+                return text[:256]
+    return None
+
+
+def _server_credentials(cert: str, key: str, client_ca: str | None) -> grpc.ServerCredentials:
+    """TLS with the daemon's certificate; with ``client_ca``, mutual TLS: every client shows a
+    certificate that CA signed, or the handshake fails."""
     try:
         with open(cert, "rb") as c, open(key, "rb") as k:
-            return grpc.ssl_server_credentials([(k.read(), c.read())])
+            pair = (k.read(), c.read())
+        if client_ca is None:
+            return grpc.ssl_server_credentials([pair])
+        with open(client_ca, "rb") as ca:
+            roots = ca.read()
     except OSError as exc:
-        raise ConfigError(f"--tls-cert {cert!r} / --tls-key {key!r}: {exc}") from None
+        raise ConfigError(
+            f"--tls-cert {cert!r} / --tls-key {key!r} / --tls-client-ca {client_ca!r}: {exc}"
+        ) from None
+    return grpc.ssl_server_credentials([pair], root_certificates=roots, require_client_auth=True)
 
 
 @dataclass
@@ -267,12 +320,17 @@ async def start_server(
             tcp = await _server(
                 register,
                 service_names,
-                ErrorInterceptor({r: t for r, t in tokens.items() if t}),
+                ErrorInterceptor(
+                    {r: t for r, t in tokens.items() if t},
+                    certificates=bool(listen.tls_client_ca),
+                ),
             )
             servers.append(tcp)
             try:
                 if listen.tls_cert:
-                    creds = _server_credentials(listen.tls_cert, listen.tls_key or "")
+                    creds = _server_credentials(
+                        listen.tls_cert, listen.tls_key or "", listen.tls_client_ca
+                    )
                     port = tcp.add_secure_port(listen.tcp, creds)
                 else:
                     port = tcp.add_insecure_port(listen.tcp)

@@ -67,11 +67,25 @@ class Endpoint:
     """Bearer token (sent on every call when set)."""
     tls_ca: str | None = None
     """PEM file of the CA that signed the daemon's certificate: TLS on TCP."""
+    tls_client: tuple[str, str] | None = None
+    """This client's certificate and key (PEM files) for mutual TLS."""
 
     @classmethod
-    def of(cls, target: str, token: str | None = None, tls_ca: str | None = None) -> Endpoint:
-        """An endpoint with a checked target; ``tls_ca`` defaults to ``DLOADER_TLS_CA``."""
-        return cls(parse_target(target), token or None, tls_ca or env.tls_ca())
+    def of(
+        cls,
+        target: str,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_client: tuple[str, str] | None = None,
+    ) -> Endpoint:
+        """An endpoint with a checked target; ``tls_ca`` defaults to ``DLOADER_TLS_CA`` and
+        ``tls_client`` to ``DLOADER_TLS_CERT``/``DLOADER_TLS_KEY``."""
+        return cls(
+            parse_target(target),
+            token or None,
+            tls_ca or env.tls_ca(),
+            tls_client or env.tls_client_cert(),
+        )
 
     @property
     def is_unix(self) -> bool:
@@ -90,9 +104,20 @@ class Endpoint:
             return None
         try:
             with open(self.tls_ca, "rb") as f:
-                return grpc.ssl_channel_credentials(root_certificates=f.read())
+                roots = f.read()
         except OSError as exc:
             raise ConfigError(f"TLS CA file {self.tls_ca!r} cannot be read: {exc}") from None
+        if self.tls_client is None:
+            return grpc.ssl_channel_credentials(root_certificates=roots)
+        cert, key = self.tls_client
+        try:
+            with open(cert, "rb") as c, open(key, "rb") as k:
+                chain, private = c.read(), k.read()
+        except OSError as exc:
+            raise ConfigError(
+                f"TLS client certificate {cert!r} / key {key!r} cannot be read: {exc}"
+            ) from None
+        return grpc.ssl_channel_credentials(roots, private, chain)
 
     def channel(self, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
         """A blocking channel (TLS on TCP when a CA is set)."""

@@ -64,6 +64,8 @@ __all__ = [
     "sidecar_target",
     "sidecar_token",
     "tls_ca",
+    "tls_client_cert",
+    "tracemalloc_dir",
 ]
 
 
@@ -95,12 +97,22 @@ def secret(value: str | None, what: str) -> str | None:
         return value or None
     path = Path(value[1:])
     try:
-        mode = path.stat().st_mode
+        st = path.stat()
         text = path.read_text().strip().splitlines()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{what} file {str(path)!r} cannot be read: {exc}") from None
-    if mode & 0o004:
+    if st.st_mode & 0o004:
         raise ConfigError(f"{what} file {str(path)!r} is readable by other users (chmod 600 it)")
+    if st.st_mode & 0o022:
+        raise ConfigError(
+            f"{what} file {str(path)!r} is writable by others (mode "
+            f"{st.st_mode & 0o777:o}): anyone who may write it sets the token (chmod 600 it)"
+        )
+    if st.st_uid not in (os.geteuid(), 0):
+        raise ConfigError(
+            f"{what} file {str(path)!r} belongs to uid {st.st_uid}, not to this user "
+            f"(uid {os.geteuid()}) or root: its owner sets the token; use a file of your own"
+        )
     if not text or not text[0]:
         raise ConfigError(f"{what} file {str(path)!r} is empty")
     return text[0]
@@ -124,6 +136,22 @@ def job_name() -> str | None:
 def report_interval_s() -> float:
     """``DLOADER_REPORT_INTERVAL_S`` (default 1.0)."""
     return env_float("DLOADER_REPORT_INTERVAL_S", 1.0)
+
+
+def tls_client_cert() -> tuple[str, str] | None:
+    """``DLOADER_TLS_CERT`` and ``DLOADER_TLS_KEY``: this client's certificate and key (PEM) for
+    a daemon that asks for one (mutual TLS); both or neither."""
+    cert, key = env_str("DLOADER_TLS_CERT"), env_str("DLOADER_TLS_KEY")
+    if bool(cert) != bool(key):
+        raise ConfigError("DLOADER_TLS_CERT and DLOADER_TLS_KEY go together: set both or neither")
+    return (cert, key) if cert and key else None
+
+
+def tracemalloc_dir() -> Path | None:
+    """``DLOADER_TRACEMALLOC``: a folder where a daemon writes its Python heap (tracemalloc)
+    every 30 s, for soak runs (unset: not traced)."""
+    value = env_str("DLOADER_TRACEMALLOC")
+    return Path(value) if value else None
 
 
 def allocator_target() -> str | None:

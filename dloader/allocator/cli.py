@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from dloader._daemon import add_daemon_arguments, run_daemon, shut_down, stop_on_signals
+from dloader._shared.cli import finite
 from dloader.allocator.config import STORED_SETTINGS, AllocatorDaemonConfig, port_range
 from dloader.allocator.core import AllocatorCore
 from dloader.allocator.policies import POLICIES
@@ -41,11 +42,11 @@ def parser() -> argparse.ArgumentParser:
         "--policy", choices=POLICIES, help="allocation policy (default: stored, else goodput-dp)"
     )
     p.add_argument(
-        "--interval", type=float, help="seconds between decisions (default: stored, else 60)"
+        "--interval", type=finite, help="seconds between decisions (default: stored, else 60)"
     )
     p.add_argument(
         "--restart-cost",
-        type=float,
+        type=finite,
         help="default seconds a restart costs a job (default: stored, else 30)",
     )
     p.add_argument(
@@ -60,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--node-timeout",
-        type=float,
+        type=finite,
         default=60.0,
         help="seconds without a node report before its GPUs leave the pool (0: never; "
         "default: %(default)s)",

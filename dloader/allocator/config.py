@@ -88,6 +88,8 @@ class AllocatorDaemonConfig:
     """TCP ports handed out for the rendezvous of jobs that span nodes."""
 
     def __post_init__(self) -> None:
+        if not self.state_dir.strip():
+            raise ConfigError("--state-dir '': expected a folder for the daemon's state")
         t = self.node_timeout_s
         if not (math.isfinite(t) and 0 <= t <= 86400):
             raise ConfigError(f"--node-timeout {t}: expected seconds within [0, 86400] (0: never)")
@@ -122,6 +124,7 @@ class AllocatorDaemonConfig:
                 client_token=env.secret(args.client_token, "--client-token"),
                 tls_cert=args.tls_cert,
                 tls_key=args.tls_key,
+                tls_client_ca=args.tls_client_ca,
             ),
             state_dir=args.state_dir,
             settings=settings,

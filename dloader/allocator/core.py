@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 
 from dloader._daemon.peer import Role, Shares, current_caller, require, same_token
+from dloader._daemon.streams import Mailbox, Streams
 from dloader._shared.allocator_messages import (
     MAX_GPUS,
     MAX_JOBS_PER_REPORT,
@@ -56,7 +57,7 @@ from dloader.allocator.jobs import (
 from dloader.allocator.nodes import DEFAULT_RENDEZVOUS_PORTS, Node, NodeRegistry
 from dloader.allocator.optimizer import Cluster
 from dloader.allocator.policies import JobState, Policy, make_policy
-from dloader.allocator.store import AllocatorStore
+from dloader.allocator.store import AllocatorStore, placement_of
 from dloader.errors import (
     AllocatorError,
     AlreadyExists,
@@ -75,6 +76,7 @@ __all__ = ["DEFAULT_RENDEZVOUS_PORTS", "MAX_ACTIVE_JOBS", "AllocatorCore", "Sett
 log = logging.getLogger(__name__)
 
 _DEBOUNCE_S = 0.05  # events within this window share one decision
+_PRUNE_PERIOD_S = 600.0  # how often the state file's old history is pruned (AllocatorStore.prune)
 MAX_ACTIVE_JOBS = 100_000  # jobs submitted and not completed
 OPERATOR_RESERVE = 1_000  # of those, kept for operators: other callers together hold the rest
 MAX_JOBS_PER_CALLER = 1_000  # active jobs of one caller who is not an operator (a uid, a token)
@@ -160,6 +162,7 @@ class AllocatorCore:
         self.settings = settings  # resolved against the stored Configure by the config
         self._policy: Policy = make_policy(self.settings.policy)
         self._clock = clock
+        self._pruned_at = -math.inf  # when the state file's history was last pruned
         self.nodes = NodeRegistry(
             {
                 # restored nodes get a full timeout to report again
@@ -183,7 +186,7 @@ class AllocatorCore:
                     model or fit_model(spec),
                     gradient_noise(spec.gradient, "job.gradient"),
                     row.token,
-                    dict(row.placement),
+                    placement_of(row.placement),
                     row.batch_size,
                     generation=row.generation,
                     rendezvous=row.rendezvous,
@@ -194,7 +197,7 @@ class AllocatorCore:
                 # one row that no longer validates must not keep the allocator down
                 store.set_aside(row.job_id)
                 log.error(
-                    "state database %s: job row %s no longer validates (%s); it is set aside: "
+                    "state database %s: jobs row %s no longer validates (%s); it is set aside: "
                     "kept in the file, not scheduled (resubmit it under a new id)",
                     store.path,
                     shown(row.job_id),
@@ -204,7 +207,7 @@ class AllocatorCore:
             self.jobs[spec.job_id] = job
         self._reasons: dict[str, str] = {}
         self._recommended: dict[str, tuple[dict[str, int], int]] = {}
-        self._watchers: set[asyncio.Queue[AllocationSet]] = set()
+        self._watchers: Streams[AllocationSet] = Streams("WatchAllocations")
         self._wake = asyncio.Event()
         self._snapshot = self._current(0, 0.0)
 
@@ -256,10 +259,7 @@ class AllocatorCore:
         the table is not full; and, for a caller who is not an operator, neither the callers'
         part of it (the last ``OPERATOR_RESERVE`` places are the operators') nor its own
         ``MAX_JOBS_PER_CALLER`` is. Else RESOURCE_EXHAUSTED."""
-        caller = current_caller()
-        owner = ""
-        if not caller.at_least(Role.OPERATOR):
-            owner = f"uid {caller.uid}" if caller.local else f"{caller.role.name.lower()} token"
+        owner = current_caller().owner
         # read at each call: tests make the caps small
         shares = Shares(MAX_ACTIVE_JOBS, OPERATOR_RESERVE, MAX_JOBS_PER_CALLER)
         refused = shares.refusal(
@@ -296,10 +296,20 @@ class AllocatorCore:
         raise InvalidArgument(field, f"the job's model is unusable by the policy: {why}")
 
     def owned(self, job_id: str, token: str, action: str) -> SubmittedJob:
-        """An active job the caller may act on: an operator, or the holder of its token."""
+        """An active job the caller may act on: an operator, or the holder of its token who is
+        also the user who submitted it, where both are known as users (by uid on the Unix
+        socket, by client certificate on TCP: a token that leaked to another user is not
+        enough)."""
         job = self.get(job_id)
-        if current_caller().at_least(Role.OPERATOR):
+        caller = current_caller()
+        if caller.at_least(Role.OPERATOR):
             return job
+        if caller.identified and job.owner and caller.owner != job.owner:
+            raise PermissionDenied(
+                "caller",
+                f"{action} of job {shown(job_id)}: it was submitted by {job.owner}, not by "
+                f"{caller}",
+            )
         if not same_token(job.token, token):
             raise PermissionDenied(
                 "token", f"{action} of job {shown(job_id)} needs its token (from SubmitJob)"
@@ -510,8 +520,7 @@ class AllocatorCore:
         self._reasons = reasons
         self._recommended = {c[0]: (c[2], c[3]) for c in changed} if dry else {}
         self._snapshot = self._current(version, outcome.ms)
-        for q in self._watchers:
-            q.put_nowait(self._snapshot)
+        self._watchers.publish(self._snapshot)
         return self._snapshot
 
     def _current(self, version: int, ms: float) -> AllocationSet:
@@ -544,16 +553,20 @@ class AllocatorCore:
         """The latest decision."""
         return self._snapshot
 
-    async def watch(self) -> AsyncIterator[AllocationSet]:
-        """The latest decision, then every new one."""
-        q: asyncio.Queue[AllocationSet] = asyncio.Queue()
-        self._watchers.add(q)
+    def open_watch(self) -> Mailbox[AllocationSet]:
+        """A new stream of decisions for the current caller (RESOURCE_EXHAUSTED past its share:
+        :mod:`dloader._daemon.streams`)."""
+        return self._watchers.open()
+
+    async def watch(self, box: Mailbox[AllocationSet]) -> AsyncIterator[AllocationSet]:
+        """The latest decision, then the newest one whenever the reader is ready for it (a
+        slow reader skips those it missed), until the stream is closed."""
         try:
             yield self._snapshot
             while True:
-                yield await q.get()
+                yield await box.get()
         finally:
-            self._watchers.discard(q)
+            self._watchers.close(box)
 
     async def run(self, stop: asyncio.Event) -> None:
         """The autoscaler loop: decide every interval and soon after each event. The policy
@@ -571,6 +584,12 @@ class AllocatorCore:
                 self._apply(inputs, outcome)
             except Exception:  # the daemon must outlive a bad decision
                 log.exception("allocator loop failed; keeping the last allocation")
+            if self._clock() - self._pruned_at >= _PRUNE_PERIOD_S:
+                self._pruned_at = self._clock()
+                try:
+                    await asyncio.to_thread(self.store.prune)
+                except Exception:  # the daemon must outlive a failed pruning
+                    log.exception("pruning the state file's history failed; retrying later")
 
 
 def _model_json(model: ScalingModel) -> str:

@@ -90,7 +90,8 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
     ) -> AsyncIterator[pb.AllocationSet]:
         if request.job_id:
             self.core.get(request.job_id)  # NOT_FOUND for an unknown job
-        async for snap in self.core.watch():
+        box = self.core.open_watch()  # RESOURCE_EXHAUSTED past the caller's share
+        async for snap in self.core.watch(box):
             yield snap.to_pb(request.job_id, request.node_id)
 
     async def Configure(

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from dloader._shared.cli import finite
 from dloader.allocator.optimizer import DEFAULT_HORIZON_S, DEFAULT_RESTART_S, Cluster
 from dloader.allocator.policies import POLICIES, make_policy
 from dloader.allocator.simulator import LEARNING, SimResult, Simulator
@@ -76,10 +77,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, help="PNG: JCT CDF and GPUs per job over time")
     p.add_argument("--nodes", type=int, default=16, help="nodes in the cluster")
     p.add_argument("--gpus-per-node", type=int, default=4, help="GPUs per node")
-    p.add_argument("--interval", type=float, default=60.0, help="seconds between decisions")
+    p.add_argument("--interval", type=finite, default=60.0, help="seconds between decisions")
     p.add_argument(
         "--restart-delay",
-        type=float,
+        type=finite,
         default=DEFAULT_RESTART_S,
         help="seconds a placement change costs",
     )
@@ -97,17 +98,17 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--horizon",
-        type=float,
+        type=finite,
         default=DEFAULT_HORIZON_S,
         help="seconds a restart is amortised over",
     )
     p.add_argument(
-        "--within-hours", type=float, default=4.0, help="count jobs completed in the first N h"
+        "--within-hours", type=finite, default=4.0, help="count jobs completed in the first N h"
     )
-    p.add_argument("--max-hours", type=float, help="stop the simulated clock after N hours")
+    p.add_argument("--max-hours", type=finite, help="stop the simulated clock after N hours")
     p.add_argument("--philly-jobs", type=int, default=1000, help="Philly jobs to replay")
     p.add_argument(
-        "--time-scale", type=float, default=1.0, help="Philly: divide arrival times by this"
+        "--time-scale", type=finite, default=1.0, help="Philly: divide arrival times by this"
     )
     p.add_argument("--seed", type=int, default=0, help="Philly: window and application draw")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -15,7 +15,15 @@ from pathlib import Path
 
 from dloader._daemon.store import SETTINGS_TABLE, SqliteState
 
-__all__ = ["MIGRATIONS", "AllocatorStore", "JobRow", "NodeRow"]
+__all__ = [
+    "HISTORY_KEEP_S",
+    "MAX_DECISIONS",
+    "MIGRATIONS",
+    "AllocatorStore",
+    "JobRow",
+    "NodeRow",
+    "placement_of",
+]
 
 #: The schema, one migration per version (see :class:`dloader._daemon.SqliteState`).
 MIGRATIONS = (
@@ -56,7 +64,18 @@ CREATE TABLE IF NOT EXISTS decisions (
 );
 """
     + SETTINGS_TABLE,
+    # 2: history is pruned by age (AllocatorStore.prune)
+    """
+CREATE INDEX IF NOT EXISTS decisions_at ON decisions (at);
+CREATE INDEX IF NOT EXISTS jobs_completed ON jobs (completed_at);
+""",
 )
+
+#: A completed job's row (spec, model) and decisions are kept this long (a week), then pruned;
+#: its id may then be submitted again.
+HISTORY_KEEP_S = 7 * 86400.0
+#: Decisions kept at most (the newest), whatever their age.
+MAX_DECISIONS = 100_000
 
 
 @dataclass
@@ -68,7 +87,8 @@ class JobRow:
     spec: bytes
     """The serialised ``dloader.v1.JobSpec`` (with every measurement received)."""
     submitted_at: float
-    placement: dict[str, int]
+    placement: str
+    """GPUs per node as stored (JSON text: read, and checked, by :func:`placement_of`)."""
     batch_size: int
     model: str | None = None
     """The fitted ``ScalingModel.to_dict()`` as JSON (None: fit it from the spec)."""
@@ -80,6 +100,17 @@ class JobRow:
     """``host:port`` of its rendezvous while it spans nodes."""
     owner: str = ""
     """Who submitted it (``uid N`` or a TCP token's role; "": an operator)."""
+
+
+def placement_of(text: str) -> dict[str, int]:
+    """A stored placement (``{"node": gpus}``); ``ValueError`` saying what is wrong with it."""
+    value = json.loads(text)
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1 << 20
+        for k, v in value.items()
+    ):
+        raise ValueError(f"placement {text[:80]!r} is not a map of node ids to GPU counts")
+    return value
 
 
 @dataclass
@@ -144,7 +175,7 @@ class AllocatorStore(SqliteState):
         )
 
     def known_job(self, job_id: str) -> bool:
-        """Whether ``job_id`` was ever submitted (completed ones included)."""
+        """Whether ``job_id`` was submitted (completed ones included, until :meth:`prune`)."""
         return bool(self._exec("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)))
 
     def active_jobs(self) -> list[JobRow]:
@@ -153,7 +184,7 @@ class AllocatorStore(SqliteState):
             "SELECT job_id, seq, spec, submitted_at, placement, batch_size, model, token, "
             "generation, rendezvous, owner FROM jobs WHERE completed_at IS NULL ORDER BY seq"
         )
-        return [JobRow(r[0], r[1], r[2], r[3], json.loads(r[4]), *r[5:]) for r in rows]
+        return [JobRow(*r) for r in rows]
 
     def max_seq(self) -> int:
         """The highest submission number used."""
@@ -210,3 +241,21 @@ class AllocatorStore(SqliteState):
             else self._exec(sql + " ORDER BY id")
         )
         return [(r[0], r[1], r[2], r[3], r[4], bool(r[5])) for r in rows]
+
+    def prune(self, now: float | None = None) -> int:
+        """Drops jobs completed more than ``HISTORY_KEEP_S`` ago, decisions older than that,
+        and decisions past the newest ``MAX_DECISIONS``; returns the rows deleted. The file
+        keeps its size (SQLite reuses the freed pages)."""
+        cutoff = (time.time() if now is None else now) - HISTORY_KEEP_S
+        with self._lock:
+            self._db.execute("BEGIN")
+            deleted = self._db.execute(
+                "DELETE FROM jobs WHERE completed_at IS NOT NULL AND completed_at < ?", (cutoff,)
+            ).rowcount
+            deleted += self._db.execute(
+                "DELETE FROM decisions WHERE at < ? OR id <= (SELECT COALESCE(MAX(id), 0) FROM "
+                "decisions) - ?",
+                (cutoff, MAX_DECISIONS),
+            ).rowcount
+            self._db.execute("COMMIT")
+        return deleted

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -25,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dloader import DataLoader
+from dloader._shared.cli import finite
 from dloader.apps.testbed import PROFILES, EmulatedDataset
 
 __all__ = ["main", "node", "single"]
@@ -51,7 +53,7 @@ def single(argv: list[str]) -> int:
         "set_batch_size() mid-epoch, with throughput and idle before and after.",
     )
     parser.add_argument(
-        "--seconds", type=float, default=8.0, help="length of each phase (default: %(default)s)"
+        "--seconds", type=finite, default=8.0, help="length of each phase (default: %(default)s)"
     )
     parser.add_argument(
         "--workers",
@@ -153,7 +155,7 @@ def node(argv: list[str]) -> int:
         "then with the adaptive dloader-sidecar. Use --single for the one-loader resize demo.",
     )
     parser.add_argument(
-        "--seconds", type=float, default=45.0, help="length of each phase (default: %(default)s)"
+        "--seconds", type=finite, default=45.0, help="length of each phase (default: %(default)s)"
     )
     parser.add_argument(
         "--state-dir",
@@ -233,12 +235,19 @@ def node(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``dloader-demo``."""
+    """Entry point of ``dloader-demo``. SIGTERM ends it as Ctrl-C does: the jobs and the
+    sidecar it started are stopped on the way out (and its jobs also watch it: a demo killed
+    outright leaves none running)."""
+    signal.signal(signal.SIGTERM, _terminated)
     args = list(sys.argv[1:] if argv is None else argv)
     if "--single" in args:
         args.remove("--single")
         return single(args)
     return node(args)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,26 @@ def sidecar_process(
                 daemon.kill()
 
 
+def _job_command(
+    plan: Arrival,
+    out: Path,
+    seconds: float | None,
+    sidecar: str | None,
+    extra: Sequence[str],
+) -> list[str]:
+    """The testbed command line of one job, which exits with this process."""
+    cmd = [sys.executable, "-m", "dloader.apps.testbed", "--profile", plan.profile]
+    cmd += ["--workers", str(plan.workers), "--out", str(out), "--parent", str(os.getpid())]
+    cmd += (
+        ["--samples", str(plan.samples)]
+        if plan.samples
+        else ["--seconds", str(plan.seconds if plan.seconds is not None else seconds)]
+    )
+    if sidecar:
+        cmd += ["--sidecar", sidecar]
+    return [*cmd, *extra, *plan.extra]
+
+
 def run_jobs(
     jobs: Sequence[JobPlan | Arrival],
     folder: Path,
@@ -110,45 +130,36 @@ def run_jobs(
     extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Runs the jobs (each arriving at its second) to completion; returns their timelines, by
-    label. ``extra``: more ``dloader.apps.testbed`` arguments for every job (``--jpegs 200``)."""
+    label. ``extra``: more ``dloader.apps.testbed`` arguments for every job (``--jpegs 200``).
+    Stopped (an exception, a signal that ends this process) or with a job failed, it stops the
+    jobs it started; a job also exits by itself when this process is gone (``--parent``)."""
     plans = [j if isinstance(j, Arrival) else Arrival(*j) for j in jobs]
     labels = [j.label or j.profile for j in plans]
     if len(set(labels)) < len(labels):
         raise ValueError(f"jobs {labels}: two jobs of one profile need labels of their own")
     folder.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    procs, outs = [], {}
+    procs: list[subprocess.Popen[bytes]] = []
+    outs: dict[str, Path] = {}
     t0 = time.monotonic()
-    for plan, label in sorted(zip(plans, labels, strict=True), key=lambda x: x[0].at):
-        name, samples = plan.profile, plan.samples
-        time.sleep(max(plan.at - (time.monotonic() - t0), 0.0))
-        out = folder / f"{label}-{time.monotonic_ns()}.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "dloader.apps.testbed",
-            "--profile",
-            name,
-            "--workers",
-            str(plan.workers),
-            "--out",
-            str(out),
-        ]
-        cmd += (
-            ["--samples", str(samples)]
-            if samples
-            else ["--seconds", str(plan.seconds if plan.seconds is not None else seconds)]
-        )
-        if sidecar:
-            cmd += ["--sidecar", sidecar]
-        cmd += [*extra, *plan.extra]
-        procs.append(
-            subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        )
-        outs[label] = out
-    for p in procs:
-        if p.wait(timeout=3600) != 0:
-            raise RuntimeError(f"job {p.args!r} failed with exit code {p.returncode}")
+    try:
+        for plan, label in sorted(zip(plans, labels, strict=True), key=lambda x: x[0].at):
+            time.sleep(max(plan.at - (time.monotonic() - t0), 0.0))
+            out = outs[label] = folder / f"{label}-{time.monotonic_ns()}.json"
+            cmd = _job_command(plan, out, seconds, sidecar, extra)
+            procs.append(
+                subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            )
+        for p in procs:
+            if p.wait(timeout=3600) != 0:
+                raise RuntimeError(f"job {p.args!r} failed with exit code {p.returncode}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
     return {name: json.loads(path.read_text()) for name, path in outs.items()}
 
 

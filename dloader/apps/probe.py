@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import Dataset
 
 from dloader import DataLoader
+from dloader._shared.cli import finite
 
 __all__ = ["gpu_utilisation", "main", "probe"]
 
@@ -130,7 +131,7 @@ def probe(seconds: float, workers: int, batch_size: int = 32) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dloader.apps.probe", description=__doc__)
-    p.add_argument("--seconds", type=float, default=20.0, help="how long to train (default 20)")
+    p.add_argument("--seconds", type=finite, default=20.0, help="how long to train (default 20)")
     p.add_argument("--workers", type=int, default=4, help="loader workers (default 4)")
     args = p.parse_args(argv)
     if not (0 < args.seconds <= 600) or not (0 <= args.workers <= 64):

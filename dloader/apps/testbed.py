@@ -17,7 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -25,6 +28,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import Dataset
+
+from dloader._shared.cli import finite
 
 __all__ = [
     "PROFILES",
@@ -277,6 +282,20 @@ def _workers(text: str) -> int | str:
     return value
 
 
+def exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
+    """Ends this process (SIGTERM to itself: its loader's workers follow) once ``parent`` is no
+    longer its parent: the harness that started it exited, or was killed."""
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="dloader-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: run one emulated job and print its throughput and idle share."""
     parser = argparse.ArgumentParser(
@@ -312,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--seconds",
-        type=float,
+        type=finite,
         default=None,
         help="how long to train (default: 10, unless --samples is given)",
     )
@@ -330,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--stats-window",
-        type=float,
+        type=finite,
         default=2.0,
         help="the loader's telemetry window, seconds (default: %(default)s)",
     )
@@ -352,12 +371,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--slowdown-at",
-        type=float,
+        type=finite,
         default=None,
         metavar="SECONDS",
         help="emulated profiles: each sample costs twice as much from this second of the run on",
     )
+    parser.add_argument(
+        "--parent",
+        type=int,
+        default=None,
+        help="exit when this process is no longer this job's parent (the experiment harness "
+        "passes its PID: a stopped harness leaves no job behind)",
+    )
     args = parser.parse_args(argv)
+    if args.parent is not None:
+        exit_with_parent(args.parent)
     if args.slowdown_at is not None and not (
         args.slowdown_at >= 0 and PROFILES[args.profile].pipeline == "emulated"
     ):

@@ -39,6 +39,11 @@ job (its ``--node-timeout``).
 
 Any launcher whose script exits 0 completes the job (the first one wins); a follower's SIGTERM
 stops only its share, a submitter's cancels the job.
+
+A launcher acts only on a job it submitted, or one whose credential it holds (``--token-file``):
+a job id already taken (by another user, or an earlier run) is refused unless the token file
+holds that job's token, checked with the allocator before anything runs; an id whose job has
+already ended is refused, not followed. Each exit says why.
 """
 
 from __future__ import annotations
@@ -67,8 +72,9 @@ from dloader._shared.allocator_messages import (
     JobSpec,
     Measurement,
 )
+from dloader._shared.cli import LOG_LEVELS, count, finite, seconds
 from dloader._shared.client import Backoff, Endpoint
-from dloader.errors import ConfigError, InvalidArgument
+from dloader.errors import ConfigError, InvalidArgument, LaunchRefused
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -115,13 +121,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-restarts",
-        type=int,
+        type=count,
         default=3,
         help="torchrun's --max-restarts for jobs on several nodes (a dead peer node)",
     )
     p.add_argument(
         "--last-call",
-        type=float,
+        type=seconds,
         default=10.0,
         help="seconds torchrun's rendezvous waits for more nodes once one has joined",
     )
@@ -132,8 +138,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-local-batch-size", type=int, default=0, help="what fits on one GPU")
     p.add_argument("--min-gpus", type=int, default=1)
     p.add_argument("--max-gpus", type=int, default=0, help="0: no limit")
-    p.add_argument("--priority", type=float, default=1.0)
-    p.add_argument("--restart-seconds", type=float, default=0.0, help="0: allocator default")
+    p.add_argument("--priority", type=finite, default=1.0)
+    p.add_argument("--restart-seconds", type=seconds, default=0.0, help="0: allocator default")
     p.add_argument(
         "--scaling",
         help="scaling-model parameters as JSON (alpha_c, beta_c, alpha_n, beta_n, alpha_r, "
@@ -144,8 +150,8 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         help="CSV of measured steps: nodes,replicas,local_bsz,step_time[,sync_time]",
     )
-    p.add_argument("--grace", type=float, default=30.0, help="seconds torchrun gets to stop")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--grace", type=seconds, default=30.0, help="seconds torchrun gets to stop")
+    p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS, type=str.upper)
     p.add_argument("script", help="training script (launched by torchrun)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
     return p
@@ -240,6 +246,7 @@ class Launcher:
         self.exit_code: int | None = None
         self._backoff = Backoff()  # its failures: consecutive failed connections
         self.job_token = ""  # the job's credential from SubmitJob (for CompleteJob)
+        self.checked = False  # this launcher holds the job's token (checked with the allocator)
         self._meta = allocator.metadata or None
 
     def _torchrun(self, gpus: int, mine: Allocation) -> list[str]:
@@ -339,7 +346,11 @@ class Launcher:
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() == grpc.StatusCode.NOT_FOUND and self.submitted:
                         if self.seen or not self.args.follow:
-                            log.info("job %s ended elsewhere", self.args.job_id)
+                            log.info(
+                                "job %s left the allocator (completed or cancelled by another "
+                                "launcher or the operator); stopping here",
+                                self.args.job_id,
+                            )
                             return 0
                         if self._backoff.failures == 0:  # a follower can start first
                             log.info("job %s: waiting for it to be submitted", self.args.job_id)
@@ -361,6 +372,13 @@ class Launcher:
             await self._stop()
 
     async def _submit(self, stub: pb_grpc.ClusterAllocatorAsyncStub) -> None:
+        """Submits the job (a submitting launcher, once); a follower, once the job exists,
+        checks that it holds the job's token. An id already taken is followed only with its
+        token (:meth:`_check_token`)."""
+        if self.args.follow:
+            if not self.checked:
+                await self._check_token(stub)  # NOT_FOUND while not submitted yet: run() waits
+            return
         if self.submitted or self.spec is None:
             return
         try:
@@ -371,11 +389,45 @@ class Launcher:
             if self.args.token_file is not None:
                 _write_private(self.args.token_file, r.token)
             log.info("job %s submitted (queue position %d)", r.job_id, r.queue_position)
+            self.checked = True
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
                 raise
-            log.info("job %s already submitted; following its allocation", self.args.job_id)
+            await self._check_token(stub, taken=True)
+            log.info("job %s already submitted, with this token: following it", self.args.job_id)
         self.submitted = True
+
+    async def _check_token(
+        self, stub: pb_grpc.ClusterAllocatorAsyncStub, taken: bool = False
+    ) -> None:
+        """That the job is active and this launcher holds its token (an empty UpdateJob: the
+        allocator checks the token and changes nothing); else :class:`LaunchRefused` saying
+        why. ``taken``: SubmitJob said the id is already taken."""
+        a = self.args
+        token = self._token()
+        if not token:
+            raise LaunchRefused(
+                f"job id {a.job_id!r} is already taken (by another launcher or user, or an "
+                "earlier run of this one), and this launcher has no token for it: refusing to "
+                "run on another's job. Use a new --job-id, or give the job's --token-file"
+            )
+        try:
+            await stub.UpdateJob(
+                pb.UpdateJobRequest(job_id=a.job_id, token=token), metadata=self._meta, timeout=10
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                raise LaunchRefused(
+                    f"the token in {a.token_file} is not job {a.job_id!r}'s: refusing to run on "
+                    "a job this launcher did not submit"
+                ) from None
+            if exc.code() == grpc.StatusCode.NOT_FOUND and taken:
+                raise LaunchRefused(
+                    f"job {a.job_id!r} has already ended (completed or cancelled): not running "
+                    "the script again. Use a new --job-id to run it again"
+                ) from None
+            raise
+        self.checked = True
 
     async def _wait_offline(self, stop: asyncio.Event, delay: float) -> bool:
         """Waits ``delay`` s while disconnected; True if stopped. Notes the script's exit."""
@@ -551,6 +603,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return asyncio.run(go())
+    except LaunchRefused as exc:
+        print(f"dloader-launch: {exc}", file=sys.stderr)
+        return 2
     except grpc.aio.AioRpcError as exc:
         print(f"dloader-launch: allocator: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from dloader._daemon import add_daemon_arguments, run_daemon, shut_down, stop_on_signals
+from dloader._shared.cli import finite
 from dloader.sidecar.allocator_link import AllocatorLink
 from dloader.sidecar.cgroups import CgroupWeights, detect
 from dloader.sidecar.config import STORED_POLICY, SidecarDaemonConfig, memory_size
@@ -62,13 +63,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--period",
-        type=float,
+        type=finite,
         default=None,
         help="seconds between policy decisions (default: stored, else 2)",
     )
     p.add_argument(
         "--job-timeout",
-        type=float,
+        type=finite,
         default=60.0,
         help="seconds without a report after which a job is ended; its agent registers again "
         "if it comes back (0: never; default: %(default)s)",

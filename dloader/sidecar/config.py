@@ -121,6 +121,8 @@ class SidecarDaemonConfig:
     """A job silent this long is ended (0: never)."""
 
     def __post_init__(self) -> None:
+        if not self.state_dir.strip():
+            raise ConfigError("--state-dir '': expected a folder for the daemon's state")
         t = self.job_timeout_s
         if not (math.isfinite(t) and 0 <= t <= 86400):
             raise ConfigError(f"--job-timeout {t}: expected seconds within [0, 86400] (0: never)")
@@ -155,6 +157,7 @@ class SidecarDaemonConfig:
                 token=token,
                 tls_cert=args.tls_cert,
                 tls_key=args.tls_key,
+                tls_client_ca=args.tls_client_ca,
             ),
             state_dir=args.state_dir,
             policy=policy,

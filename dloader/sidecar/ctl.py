@@ -15,6 +15,7 @@ from rich.live import Live
 from rich.table import Table
 
 from dloader._shared import env
+from dloader._shared.cli import finite
 from dloader._shared.client import Endpoint, serving_status
 from dloader.sidecar.config import memory_size
 from dloader.sidecar.node_policy import POLICIES
@@ -243,13 +244,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="CA certificate (PEM) for TLS on TCP (default: $DLOADER_TLS_CA)",
     )
-    p.add_argument("--timeout", type=float, default=5.0, help="RPC timeout, seconds")
+    p.add_argument("--timeout", type=finite, default=5.0, help="RPC timeout, seconds")
     sub = p.add_subparsers(dest="command", required=True)
     j = sub.add_parser("jobs", help="the registered jobs")
     j.add_argument("--json", action="store_true", help="machine-readable output")
     t = sub.add_parser("top", help="a live view of the jobs")
-    t.add_argument("--interval", type=float, default=1.0, help="refresh every N seconds")
-    t.add_argument("--duration", type=float, default=0.0, help="stop after N seconds (0: never)")
+    t.add_argument("--interval", type=finite, default=1.0, help="refresh every N seconds")
+    t.add_argument("--duration", type=finite, default=0.0, help="stop after N seconds (0: never)")
     sub.add_parser("status", help="the node: CPU, disk, GPUs, policy")
     sub.add_parser(
         "health",
@@ -261,7 +262,7 @@ def parser() -> argparse.ArgumentParser:
     pol.add_argument("name", nargs="?", choices=POLICIES)
     pol.add_argument("--worker-budget", type=int, default=None)
     pol.add_argument("--cpu-budget", type=int, default=None)
-    pol.add_argument("--period", type=float, default=None)
+    pol.add_argument("--period", type=finite, default=None)
     pol.add_argument(
         "--memory-budget",
         type=memory_size,
@@ -280,7 +281,7 @@ def parser() -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--seconds",
-        type=float,
+        type=finite,
         default=20.0,
         help="how long the real loader trains (0: skip it; default %(default)s)",
     )

@@ -62,7 +62,8 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
         self, request: pb.WatchDirectivesRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Directive]:
         job = self.core.authenticate(request.job_id, request.token)
-        async for d in self.core.watch(job):
+        box = self.core.open_watch(job)  # RESOURCE_EXHAUSTED past the caller's share
+        async for d in self.core.watch(job, box):
             yield d.to_pb(job.job_id)
 
     async def DeregisterJob(

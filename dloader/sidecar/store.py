@@ -59,12 +59,24 @@ CREATE TABLE IF NOT EXISTS decisions (
 );
 """
     + SETTINGS_TABLE,
+    # 2: when a job ended (its history is pruned HISTORY_KEEP_S later)
+    """
+ALTER TABLE jobs ADD COLUMN ended_at REAL;
+CREATE INDEX IF NOT EXISTS decisions_at ON decisions (at);
+""",
 )
 
 log = logging.getLogger(__name__)
 
 _KEEP_REPORTS = 1000  # per job
 _PRUNE_EVERY = 100  # reports of a job between two prunings
+#: An ended job's row and model, and decisions, are kept this long (a week), then pruned.
+HISTORY_KEEP_S = 7 * 86400.0
+#: Decisions kept at most (the newest), whatever their age.
+MAX_DECISIONS = 100_000
+#: Per-worker entries a stored report keeps (a report may carry 4,096: 500 KB each, which grew
+#: the file by 350 MB in 45 s); the count of all is kept.
+_STORED_WORKERS = 16
 
 
 @dataclass
@@ -101,7 +113,9 @@ class SidecarStore(SqliteState):
     def add_job(self, job: StoredJob) -> None:
         """Stores a newly registered job."""
         self._exec(
-            "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
+            "INSERT INTO jobs (job_id, name, token, limits, pids, gpus, num_workers, "
+            "batch_size, registered_at, active, starts, uid) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
             (
                 job.job_id,
                 job.name,
@@ -132,10 +146,48 @@ class SidecarStore(SqliteState):
         )
 
     def end_job(self, job_id: str) -> None:
-        """Marks a job gone (deregistered or dead); its history stays."""
-        self._exec("UPDATE jobs SET active = 0 WHERE job_id = ?", (job_id,))
+        """Marks a job gone (deregistered or dead): its reports go now (queued ones too); its
+        row, model and decisions stay for ``HISTORY_KEEP_S`` (:meth:`prune`)."""
         with self._lock:
+            self._pending = [r for r in self._pending if r[0] != job_id]
             self._added.pop(job_id, None)
+            self._db.execute("BEGIN")
+            self._db.execute(
+                "UPDATE jobs SET active = 0, ended_at = ? WHERE job_id = ?", (time.time(), job_id)
+            )
+            self._db.execute("DELETE FROM reports WHERE job_id = ?", (job_id,))
+            self._db.execute("COMMIT")
+
+    def prune(self, now: float | None = None) -> int:
+        """Drops what is older than ``HISTORY_KEEP_S``: ended jobs (row and model) and
+        decisions, and decisions past the newest ``MAX_DECISIONS``; also reports of jobs no
+        longer active (left by a crash). Returns the rows deleted. The file keeps its size
+        (SQLite reuses the freed pages)."""
+        cutoff = (time.time() if now is None else now) - HISTORY_KEEP_S
+        with self._lock:
+            self._db.execute("BEGIN")
+            gone = [
+                r[0]
+                for r in self._db.execute(
+                    "SELECT job_id FROM jobs WHERE active = 0 AND COALESCE(ended_at, 0) < ?",
+                    (cutoff,),
+                ).fetchall()
+            ]
+            deleted = 0
+            for table in ("models", "jobs"):
+                deleted += self._db.executemany(
+                    f"DELETE FROM {table} WHERE job_id = ?", [(j,) for j in gone]
+                ).rowcount
+            deleted += self._db.execute(
+                "DELETE FROM reports WHERE job_id NOT IN (SELECT job_id FROM jobs WHERE active = 1)"
+            ).rowcount
+            deleted += self._db.execute(
+                "DELETE FROM decisions WHERE at < ? OR id <= (SELECT COALESCE(MAX(id), 0) FROM "
+                "decisions) - ?",
+                (cutoff, MAX_DECISIONS),
+            ).rowcount
+            self._db.execute("COMMIT")
+        return deleted
 
     def active_jobs(self) -> list[StoredJob]:
         """Jobs registered and not ended. A row that no longer reads is ended (it stays in the
@@ -178,8 +230,12 @@ class SidecarStore(SqliteState):
     def add_report(self, job_id: str, body: dict[str, Any]) -> None:
         """Queues a report for :meth:`flush`, which writes the queue in one transaction (the
         sidecar flushes every period: a crash loses at most a period of report history, never
-        a job, a model or a decision). The most recent 1,000 reports per job are kept; older
-        ones are pruned every ``_PRUNE_EVERY`` reports of the job."""
+        a job, a model or a decision). The most recent 1,000 reports per job are kept, each with
+        at most ``_STORED_WORKERS`` of its workers; older ones are pruned every
+        ``_PRUNE_EVERY`` reports of the job, and all of them when the job ends."""
+        workers = body.get("workers")
+        if isinstance(workers, list) and len(workers) > _STORED_WORKERS:
+            body = {**body, "workers": workers[:_STORED_WORKERS], "workers_reported": len(workers)}
         with self._lock:
             self._pending.append((job_id, time.time(), json.dumps(body)))
 

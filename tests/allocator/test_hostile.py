@@ -159,3 +159,19 @@ def test_a_restart_keeps_each_jobs_age(tmp_path: Path) -> None:
         AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60), clock=lambda: now[0]
     )
     assert again.jobs["old"].state([], now[0]).age_s == pytest.approx(4000.0)
+
+
+@pytest.mark.parametrize("placement", ["{not json", '"n0"', '{"n0": "4"}', '{"n0": -1}'])
+def test_a_corrupt_placement_is_set_aside_not_fatal(
+    tmp_path: Path, placement: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stored placement that no longer reads once blocked start-up with a message naming
+    neither file nor row; now that job is set aside, named, and the others are restored."""
+    c = core(tmp_path)
+    c.submit(request("good"))
+    c.submit(request("bad"))
+    c.store._exec("UPDATE jobs SET placement = ? WHERE job_id = 'bad'", (placement,))
+    c.store.close()
+    restarted = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
+    assert set(restarted.jobs) == {"good"}
+    assert f"{tmp_path / 'a.db'}: jobs row 'bad' no longer validates" in caplog.text

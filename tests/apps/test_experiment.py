@@ -30,3 +30,44 @@ def test_single_loader_demo_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert single(["--seconds", "1", "--workers", "1", "--grow-to", "3"]) == 0
     out = capsys.readouterr().out
     assert "resize(3)" in out and "set_batch_size(48)" in out and "the throughput" in out
+
+
+def test_jobs_do_not_outlive_a_killed_harness(tmp_path: Path) -> None:
+    """A demo stopped outright once left its 15 job and worker processes running with parent
+    1, both cores busy: each job now watches its harness and exits with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    code = (
+        "from pathlib import Path; from dloader.apps.experiment import run_jobs; "
+        f"run_jobs([('io_heavy', 2, 0.0, None)], Path({str(tmp_path)!r}), seconds=120)"
+    )
+    harness = subprocess.Popen([sys.executable, "-c", code], cwd=os.getcwd())
+    try:
+        deadline = time.monotonic() + 60
+        jobs: list[psutil.Process] = []
+        while not jobs and time.monotonic() < deadline:
+            time.sleep(0.2)
+            jobs = psutil.Process(harness.pid).children()
+        assert jobs, "the job never started"
+        tree = [*jobs, *(c for j in jobs for c in j.children(recursive=True))]
+        harness.send_signal(signal.SIGKILL)
+        harness.wait()
+        _, alive = psutil.wait_procs(tree, timeout=10)
+        assert not alive, [p.pid for p in alive]
+    finally:
+        harness.kill()
+
+
+def test_the_demo_refuses_a_length_that_never_ends(capsys: pytest.CaptureFixture[str]) -> None:
+    from dloader.apps.demo import main
+
+    for bad in ("nan", "inf", "-5"):
+        with pytest.raises(SystemExit):
+            main(["--seconds", bad])
+        assert "--seconds" in capsys.readouterr().err

@@ -3,6 +3,7 @@ and never a daemon that starts on a setting it should have refused."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +42,12 @@ SIDECAR = [
     ["--worker-budget", "many"],
     ["--socket", "/dev/null/x.sock"],
     ["--socket", "/proc/self/x.sock"],
+    # unsafe settings are refused at start-up, not run with
+    ["--socket", ""],
+    ["--state-dir", ""],
+    ["--state-dir", "GROUP_WRITABLE"],
+    ["--listen", "127.0.0.1:0", "--token", "@FOREIGN_TOKEN"],
+    ["--listen", "127.0.0.1:0", "--token", "@SHARED_TOKEN"],
 ]
 ALLOCATOR = [
     ["--interval", "nan"],
@@ -56,6 +63,8 @@ ALLOCATOR = [
     ["--socket", "/dev/null/a.sock"],
     ["--rendezvous-ports", "29400"],
     ["--rendezvous-ports", "2000-1000"],
+    ["--listen", "127.0.0.1:0", "--token", "t", "--client-token", "t"],
+    ["--listen", "127.0.0.1:0", "--token", "t", "--node-token", "n", "--client-token", "n"],
 ]
 CTL = [
     ["--target", "nohost", "jobs"],
@@ -78,6 +87,13 @@ LAUNCH = [
     [*SUBMIT, "--measurements", "garbage.csv", "train.py"],
     [*SUBMIT, "--measurements", "zero.csv", "train.py"],
     [*SUBMIT, "--scaling", "[1]", "train.py"],
+    [*SUBMIT, "--log-level", "TRACE", "train.py"],
+    [*SUBMIT, "--grace", "nan", "train.py"],
+    [*SUBMIT, "--last-call", "-1", "train.py"],
+    [*SUBMIT, "--max-restarts", "-5", "train.py"],
+    [*SUBMIT, "--priority", "nan", "train.py"],
+    [*SUBMIT, "--restart-seconds", "inf", "train.py"],
+    [*SUBMIT, "--measurements", ".", "train.py"],
 ]
 SIM = [
     ["--workload", "7", "--out", "x.json"],
@@ -115,8 +131,28 @@ def test_bad_input_is_a_message_not_a_traceback(
     (tmp_path / "train.py").write_text("pass\n")
     (tmp_path / "garbage.csv").write_bytes(b"\x00\xff not a csv\n1,2\n")
     (tmp_path / "zero.csv").write_text("nodes,replicas,local_bsz,step_time\n1,1,32,0\n")
+    shared = tmp_path / "shared.token"
+    shared.write_text("t\n")
+    shared.chmod(0o660)  # writable by its group: anyone there could set the token
+    foreign = tmp_path / "foreign.token"
+    foreign.write_text("t\n")
+    foreign.chmod(0o600)
+    if os.geteuid() == 0:
+        os.chown(foreign, 4242, 4242)  # another user's file
+    (tmp_path / "gw").mkdir(mode=0o770)
+    (tmp_path / "gw").chmod(0o770)
+    replace = {
+        "GROUP_WRITABLE": str(tmp_path / "gw"),
+        "@FOREIGN_TOKEN": f"@{foreign}",
+        "@SHARED_TOKEN": f"@{shared}",
+    }
+    if "@FOREIGN_TOKEN" in argv and os.geteuid() != 0:
+        pytest.skip("making another user's file needs root")
+    argv = [replace.get(a, a) for a in argv]
     if main in (sidecar_main, allocator_main):
-        extra = ["--state-dir", str(tmp_path / "state")]
+        extra = []
+        if "--state-dir" not in argv:
+            extra += ["--state-dir", str(tmp_path / "state")]
         if "--socket" not in argv:
             extra += ["--socket", str(tmp_path / "run" / "d.sock")]
         argv = [*extra, *argv]

@@ -60,7 +60,7 @@ def test_environment_gives_tokens_and_flags_win(monkeypatch: pytest.MonkeyPatch)
         (("--listen", "127.0.0.1:0"), "TCP needs --token"),
         (("--tls-cert", "c.pem"), "go together"),
         (("--metrics-port", "70000"), "--metrics-port 70000"),
-        (("--period", "nan"), "config.period_seconds"),
+        (("--period", "-1"), "config.period_seconds"),
         (("--worker-budget", "0"), "config.worker_budget"),
     ],
 )
@@ -70,9 +70,19 @@ def test_bad_sidecar_settings_name_the_value(flags: tuple[str, ...], message: st
 
 
 def test_bad_allocator_settings_name_the_value() -> None:
-    with pytest.raises(ConfigError, match="--node-timeout nan"):
-        allocator("--node-timeout", "nan")
+    with pytest.raises(ConfigError, match="--node-timeout -1"):
+        allocator("--node-timeout", "-1")
     with pytest.raises(ValueError, match=r"config\.interval_seconds"):
-        allocator("--interval", "inf")
+        allocator("--interval", "0")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e999"])
+def test_non_finite_numbers_are_refused_by_the_parsers(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for make, flag in ((sidecar, "--period"), (allocator, "--interval")):
+        with pytest.raises(SystemExit):
+            make(flag, value)
+        assert f"argument {flag}: {value!r}: expected a finite number" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="stored settings"):
         allocator(stored="{not json")

@@ -52,7 +52,9 @@ _INTS = st.one_of(
 )
 _UINTS = st.one_of(st.sampled_from([0, 1, 2, 1 << 20, 2**32 - 1]), st.integers(0, 2**32 - 1))
 _FLOATS = st.one_of(
-    st.sampled_from([0.0, -0.0, 1.0, -1.0, 1e-308, 1e308, -1e308, math.inf, -math.inf, math.nan]),
+    st.sampled_from(
+        [0.0, -0.0, 1.0, -1.0, 5e-324, 1e-308, 1e308, -1e308, math.inf, -math.inf, math.nan]
+    ),
     st.floats(allow_nan=True, allow_infinity=True),
 )
 _TEXT = st.one_of(

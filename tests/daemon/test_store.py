@@ -68,3 +68,33 @@ def test_daemon_stores_are_versioned(
     assert s.schema_version == len(migrations)
     s.close()
     assert version(tmp_path / "state.db") == len(migrations)
+
+
+def test_the_allocators_history_is_pruned_by_age(tmp_path: Path) -> None:
+    """A completed job's row and the decisions older than a week go (its id may then be
+    submitted again); running jobs and recent history stay."""
+    from dloader.allocator.store import HISTORY_KEEP_S
+
+    s = AllocatorStore(tmp_path / "a.db")
+    for seq, job_id in enumerate(("done", "running"), 1):
+        s.add_job(job_id, seq, b"spec", token="t")
+    s.add_decisions(1, [("done", 1, {"n": 1}, 8, "why")], False)
+    s.complete_job("done", failed=False)
+    now = __import__("time").time()
+    assert s.prune(now) == 0
+    assert s.prune(now + HISTORY_KEEP_S + 60) == 2  # the job and its decision
+    assert not s.known_job("done") and [r.job_id for r in s.active_jobs()] == ["running"]
+    s.close()
+
+
+def test_an_older_file_is_brought_to_the_pruning_schema(tmp_path: Path) -> None:
+    """Files of the version before pruning (1) migrate in place, their rows kept."""
+    for migrations, store in (
+        (ALLOCATOR_MIGRATIONS, AllocatorStore),
+        (SIDECAR_MIGRATIONS, SidecarStore),
+    ):
+        path = tmp_path / f"{store.__name__}.db"
+        SqliteState(path, migrations[:1]).close()
+        assert version(path) == 1
+        store(path).close()
+        assert version(path) == len(migrations) == 2

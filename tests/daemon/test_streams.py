@@ -40,3 +40,38 @@ def test_a_stream_closed_from_another_context_ends_quietly() -> None:
         await asyncio.create_task(gen.aclose())
 
     asyncio.run(scenario())
+
+
+def test_streams_are_capped_per_caller_and_keep_only_the_newest() -> None:
+    """One user's 2,000 WatchAllocations streams once slowed the operator's calls 1,000x: each
+    caller may hold MAX_STREAMS_PER_CALLER streams (by uid; by credential on TCP), operators
+    keep a reserve, and a stream never read holds one value, not a backlog."""
+    import pytest
+
+    from dloader._daemon.peer import CALLER
+    from dloader._daemon.streams import MAX_STREAMS_PER_CALLER, Streams
+    from dloader.errors import ResourceExhausted
+
+    async def scenario() -> None:
+        streams: Streams[int] = Streams("WatchAllocations")
+        CALLER.set(Caller(Role.CLIENT, 1000, 7))
+        mine = [streams.open() for _ in range(MAX_STREAMS_PER_CALLER)]
+        with pytest.raises(ResourceExhausted, match="uid 1000 holds 16 open streams"):
+            streams.open()
+        CALLER.set(Caller(Role.CLIENT, 1001, 8))
+        other = streams.open()  # another user is not held back
+        CALLER.set(Caller(Role.CLIENT, None, None))  # a TCP client, counted by its token
+        tcp = [streams.open() for _ in range(MAX_STREAMS_PER_CALLER)]
+        with pytest.raises(ResourceExhausted, match="client token holds 16"):
+            streams.open()
+        CALLER.set(Caller(Role.OPERATOR, 0, 1))
+        streams.open()  # operators always have a way in
+        streams.close(mine[0])
+        CALLER.set(Caller(Role.CLIENT, 1000, 7))
+        streams.open()  # a closed stream frees its place
+        for value in range(1000):
+            streams.publish(value)
+        assert await other.get() == 999  # the newest, not the first of a backlog
+        assert len(streams) == 2 * MAX_STREAMS_PER_CALLER + 2 and tcp
+
+    asyncio.run(scenario())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -659,3 +660,63 @@ def test_metrics_are_read_from_the_core_when_scraped(tmp_path: Path) -> None:
     assert "dloader_node_normalized_throughput 0.5" in text
     core.deregister(job.job_id, job.record.token)
     assert "dloader_job_workers{" not in generate_latest(metrics.registry).decode()
+
+
+@pytest.mark.parametrize("tiny", [5e-324, 1e-300, 1e-9])
+def test_a_tiny_rate_cannot_poison_the_node(tmp_path: Path, tiny: float) -> None:
+    """A job reporting a subnormal or tiny samples/s for its busy process: the sidecar's
+    per-sample CPU estimate once became infinite, then NaN, and every job's Report failed
+    (``cannot convert float NaN to integer``). Every derived number stays finite."""
+    node = FakeNode(0.0)
+    core = node_core(tmp_path, PolicySettings("adaptive", 8, 2, 1.0), node)
+    bad = core.register(Registration("bad", pids=(100,), num_workers=2, batch_size=32))
+    good = core.register(Registration("good", pids=(101,), num_workers=2, batch_size=32))
+    for _ in range(6):
+        node.now += 1.0
+        core.report(bad, replace(report(2, 300.0), samples_per_second=tiny, step_seconds=1.0))
+        core.report(good, report(2, 300.0))
+        core.reap()  # the trainer's CPU (150%) over the tiny rate
+        core.decide()
+    assert math.isfinite(bad.main_cpu_per_sample) and math.isfinite(good.main_cpu_per_sample)
+    node.now += 1.0
+    core.report(good, report(2, 300.0))  # the other job's reports are served
+    core.decide()
+    assert good.directive.num_workers >= 1 and bad.directive.num_workers >= 1
+
+
+def test_process_trees_are_walked_off_the_event_loop(tmp_path: Path) -> None:
+    """64 jobs over 1,500 processes took the loop 2.9 s a walk, and the operator's calls waited
+    as long. The walk runs in a thread: the loop keeps ticking while a (slow) walk goes on."""
+    import asyncio
+    import time as wall
+
+    node = FakeNode(0.0)
+    walking = []
+
+    def slow_tree(pids: list[int]) -> ProcessTreeStats:
+        walking.append(pids)
+        wall.sleep(1.5)  # a walk of a large tree
+        return node.tree(pids)
+
+    core = fake_core(
+        SidecarStore(tmp_path / "s.db"),
+        PolicySettings("even", 4, 2, 0.2),
+        tree_stats=slow_tree,
+        clock=wall.monotonic,
+    )
+    core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+
+    async def scenario() -> float:
+        stop = asyncio.Event()
+        task = asyncio.create_task(core.run(stop))
+        gaps, last = [], wall.monotonic()
+        while len(walking) < 2:  # through a whole walk and into the next
+            await asyncio.sleep(0.01)
+            now = wall.monotonic()
+            gaps.append(now - last)
+            last = now
+        stop.set()
+        await task
+        return max(gaps)
+
+    assert asyncio.run(scenario()) < 0.75

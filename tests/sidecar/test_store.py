@@ -45,3 +45,61 @@ def test_a_row_that_no_longer_reads_is_ended_not_fatal(tmp_path: Path) -> None:
     assert [r.job_id for r in s.active_jobs()] == ["good"]
     assert [r.job_id for r in s.active_jobs()] == ["good"]  # ended, not retried
     s.close()
+
+
+def test_a_report_is_stored_small_whatever_it_carries(tmp_path: Path) -> None:
+    """A report may carry 4,096 workers (about 500 KB of JSON); one report stream grew the file
+    by 350 MB in 45 s. A stored report keeps 16 of them and their count."""
+    store = SidecarStore(tmp_path / "s.db")
+    worker = {"pid": 123456, "fetch_seconds": 0.1, "cpu_seconds": 0.05, "batches": 10}
+    before = (tmp_path / "s.db").stat().st_size
+    for _ in range(200):
+        store.add_report("a", {"samples_per_second": 1.0, "workers": [worker] * 4096})
+    store.close()
+    grown = (tmp_path / "s.db").stat().st_size + _wal(tmp_path) - before
+    assert grown < 2_000_000, grown  # 200 reports, not 100 MB
+    store = SidecarStore(tmp_path / "s.db")
+    (body,) = {r[0] for r in store._exec("SELECT body FROM reports")}
+    assert '"workers_reported": 4096' in body
+    store.close()
+
+
+def _wal(folder: Path) -> int:
+    wal = folder / "s.db-wal"
+    return wal.stat().st_size if wal.exists() else 0
+
+
+def test_an_ended_jobs_history_is_pruned(tmp_path: Path) -> None:
+    """Its reports go when it ends; its row, model and decisions after HISTORY_KEEP_S; an
+    active job's stay."""
+    from dloader._shared.node_messages import JobLimits
+    from dloader.sidecar.store import HISTORY_KEEP_S, StoredJob
+
+    s = SidecarStore(tmp_path / "s.db")
+    for job_id in ("old", "live"):
+        s.add_job(StoredJob(job_id, job_id, "t", JobLimits(), [1], [], 1, 8, 0.0))
+        s.add_report(job_id, {"i": 1})
+        s.save_model(job_id, {"m": 1})
+        s.add_decision(job_id, 2, 8, [], "why")
+    s.flush()
+    s.end_job("old")
+    assert {r[0] for r in s._exec("SELECT job_id FROM reports")} == {"live"}
+    now = __import__("time").time()
+    assert s.prune(now) == 0  # ended just now: kept
+    assert s.prune(now + HISTORY_KEEP_S + 60) > 0
+    assert {r[0] for r in s._exec("SELECT job_id FROM jobs")} == {"live"}
+    assert {r[0] for r in s._exec("SELECT job_id FROM models")} == {"live"}
+    assert s._exec("SELECT COUNT(*) FROM decisions")[0][0] == 0  # older than the window
+    assert [r.job_id for r in s.active_jobs()] == ["live"]
+    s.close()
+
+
+def test_decisions_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_mod, "MAX_DECISIONS", 50)
+    s = SidecarStore(tmp_path / "s.db")
+    for i in range(120):
+        s.add_decision("a", i, 8, [], "why")
+    s.prune()
+    kept = [r[0] for r in s._exec("SELECT num_workers FROM decisions ORDER BY id")]
+    assert kept == list(range(70, 120))
+    s.close()
