@@ -36,3 +36,19 @@ def soak(
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
+
+
+def state_files(results: dict[str, dict[str, float]], png: Path) -> None:
+    """Per daemon and year (pruned, unpruned): the state file's size and the start-up time."""
+    plt = pyplot()
+    names = list(results)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    axes[0].bar(names, [results[n]["mb"] for n in names], color="#9ab")
+    axes[0].set_ylabel("state file (MB)")
+    axes[1].bar(names, [max(results[n]["start_s"]) for n in names], color="#c93")
+    axes[1].set_ylabel("start to SERVING, worst of 2 (s)")
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=20, labelsize=8)
+    fig.suptitle("the state files after a year of use", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)

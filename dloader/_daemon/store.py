@@ -24,10 +24,14 @@ from typing import Any
 from dloader._daemon.paths import own_folder, private_file
 from dloader.errors import ConfigError
 
-__all__ = ["SETTINGS_TABLE", "SqliteState"]
+__all__ = ["HISTORY_KEEP_S", "MAX_DECISIONS", "SETTINGS_TABLE", "SqliteState"]
 
 #: Every store has this table (create it in the first migration).
 SETTINGS_TABLE = "CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+#: Ended jobs and decisions are kept this long (a week), then pruned (the stores' ``prune``).
+HISTORY_KEEP_S = 7 * 86400.0
+#: Decisions kept at most (the newest), whatever their age.
+MAX_DECISIONS = 100_000
 
 
 class SqliteState:
@@ -99,6 +103,17 @@ class SqliteState:
     def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
+
+    def _prune_decisions(self, cutoff: float) -> int:
+        """In a transaction held by the caller: deletes the ``decisions`` rows logged before
+        ``cutoff`` and those past the newest ``MAX_DECISIONS``; the rows deleted."""
+        return int(
+            self._db.execute(
+                "DELETE FROM decisions WHERE at < ? OR id <= (SELECT COALESCE(MAX(id), 0) FROM "
+                "decisions) - ?",
+                (cutoff, MAX_DECISIONS),
+            ).rowcount
+        )
 
     def get_setting(self, key: str) -> str | None:
         """A stored setting."""

@@ -13,11 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dloader._daemon.store import SETTINGS_TABLE, SqliteState
+from dloader._daemon.store import HISTORY_KEEP_S, SETTINGS_TABLE, SqliteState
 
 __all__ = [
-    "HISTORY_KEEP_S",
-    "MAX_DECISIONS",
     "MIGRATIONS",
     "AllocatorStore",
     "JobRow",
@@ -70,12 +68,6 @@ CREATE INDEX IF NOT EXISTS decisions_at ON decisions (at);
 CREATE INDEX IF NOT EXISTS jobs_completed ON jobs (completed_at);
 """,
 )
-
-#: A completed job's row (spec, model) and decisions are kept this long (a week), then pruned;
-#: its id may then be submitted again.
-HISTORY_KEEP_S = 7 * 86400.0
-#: Decisions kept at most (the newest), whatever their age.
-MAX_DECISIONS = 100_000
 
 
 @dataclass
@@ -252,10 +244,6 @@ class AllocatorStore(SqliteState):
             deleted = self._db.execute(
                 "DELETE FROM jobs WHERE completed_at IS NOT NULL AND completed_at < ?", (cutoff,)
             ).rowcount
-            deleted += self._db.execute(
-                "DELETE FROM decisions WHERE at < ? OR id <= (SELECT COALESCE(MAX(id), 0) FROM "
-                "decisions) - ?",
-                (cutoff, MAX_DECISIONS),
-            ).rowcount
+            deleted += self._prune_decisions(cutoff)
             self._db.execute("COMMIT")
         return deleted

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dloader._daemon.store import SETTINGS_TABLE, SqliteState
+from dloader._daemon.store import HISTORY_KEEP_S, SETTINGS_TABLE, SqliteState
 from dloader._shared.node_messages import JobLimits
 
 __all__ = ["MIGRATIONS", "SidecarStore", "StoredJob"]
@@ -70,10 +70,6 @@ log = logging.getLogger(__name__)
 
 _KEEP_REPORTS = 1000  # per job
 _PRUNE_EVERY = 100  # reports of a job between two prunings
-#: An ended job's row and model, and decisions, are kept this long (a week), then pruned.
-HISTORY_KEEP_S = 7 * 86400.0
-#: Decisions kept at most (the newest), whatever their age.
-MAX_DECISIONS = 100_000
 #: Per-worker entries a stored report keeps (a report may carry 4,096: 500 KB each, which grew
 #: the file by 350 MB in 45 s); the count of all is kept.
 _STORED_WORKERS = 16
@@ -181,11 +177,7 @@ class SidecarStore(SqliteState):
             deleted += self._db.execute(
                 "DELETE FROM reports WHERE job_id NOT IN (SELECT job_id FROM jobs WHERE active = 1)"
             ).rowcount
-            deleted += self._db.execute(
-                "DELETE FROM decisions WHERE at < ? OR id <= (SELECT COALESCE(MAX(id), 0) FROM "
-                "decisions) - ?",
-                (cutoff, MAX_DECISIONS),
-            ).rowcount
+            deleted += self._prune_decisions(cutoff)
             self._db.execute("COMMIT")
         return deleted
 

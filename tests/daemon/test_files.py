@@ -81,6 +81,15 @@ def test_folders_of_others_or_writable_by_others_are_refused(tmp_path: Path) -> 
         os.chown(theirs, 4242, 4242)
         with pytest.raises(ConfigError, match="belongs to uid 4242"):
             own_folder(theirs, mode=0o700, what="state")
+        # another user who creates the default socket folder first: the message says what to do
+        with pytest.raises(ConfigError, match=r"someone else created it first\. Give --socket"):
+            own_folder(theirs, mode=0o750, what="socket")
+    group = tmp_path / "group"
+    group.mkdir()
+    os.chmod(group, 0o770)
+    with pytest.raises(ConfigError, match="writable by its group"):
+        own_folder(group, mode=0o700, what="state")
+    own_folder(group, mode=0o770, what="socket")  # a folder made group-writable on purpose
 
 
 def test_an_empty_state_file_is_refused_with_a_way_out(tmp_path: Path) -> None:

@@ -73,7 +73,7 @@ def test_daemon_stores_are_versioned(
 def test_the_allocators_history_is_pruned_by_age(tmp_path: Path) -> None:
     """A completed job's row and the decisions older than a week go (its id may then be
     submitted again); running jobs and recent history stay."""
-    from dloader.allocator.store import HISTORY_KEEP_S
+    from dloader._daemon.store import HISTORY_KEEP_S
 
     s = AllocatorStore(tmp_path / "a.db")
     for seq, job_id in enumerate(("done", "running"), 1):

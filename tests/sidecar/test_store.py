@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import dloader._daemon.store as base_store
 import dloader.sidecar.store as store_mod
 from dloader.sidecar.store import SidecarStore
 
@@ -72,8 +73,9 @@ def _wal(folder: Path) -> int:
 def test_an_ended_jobs_history_is_pruned(tmp_path: Path) -> None:
     """Its reports go when it ends; its row, model and decisions after HISTORY_KEEP_S; an
     active job's stay."""
+    from dloader._daemon.store import HISTORY_KEEP_S
     from dloader._shared.node_messages import JobLimits
-    from dloader.sidecar.store import HISTORY_KEEP_S, StoredJob
+    from dloader.sidecar.store import StoredJob
 
     s = SidecarStore(tmp_path / "s.db")
     for job_id in ("old", "live"):
@@ -95,7 +97,7 @@ def test_an_ended_jobs_history_is_pruned(tmp_path: Path) -> None:
 
 
 def test_decisions_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_mod, "MAX_DECISIONS", 50)
+    monkeypatch.setattr(base_store, "MAX_DECISIONS", 50)
     s = SidecarStore(tmp_path / "s.db")
     for i in range(120):
         s.add_decision("a", i, 8, [], "why")
