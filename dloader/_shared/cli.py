@@ -8,7 +8,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["LOG_LEVELS", "count", "finite", "number", "seconds"]
+__all__ = ["LOG_LEVELS", "count", "finite", "number", "positive", "seconds"]
 
 #: The log levels every command takes (``--log-level``).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -37,6 +37,8 @@ def number(
 
 #: Any finite number.
 finite = number()
+#: A finite number > 0 (a size, a speed).
+positive = number(1e-6)
 #: Seconds: finite, from 0 to a week.
 seconds = number(0.0, 7 * 86400.0)
 #: A count: an integer >= 0.

@@ -101,20 +101,36 @@ _TIE = 1e-9  # a nudge so that ties keep the current count
 
 @dataclass(frozen=True)
 class Cluster:
-    """GPUs per node, one entry per node."""
+    """The nodes: GPUs per node, one entry per node, and each node's further resources.
+
+    A further per-node resource is one more tuple of the same length (``cpus`` today; host
+    memory or a GPU type would join the same way): None means the resource never limits."""
 
     nodes: tuple[int, ...]
+    cpus: tuple[float, ...] | None = None
+    """CPU cores per node for the jobs' input pipelines (None: unlimited)."""
 
     def __post_init__(self) -> None:
         if not self.nodes or any(n < 1 for n in self.nodes):
             raise AllocatorError(f"nodes={self.nodes!r}: need >= 1 node, each with >= 1 GPU")
+        if self.cpus is not None and (
+            len(self.cpus) != len(self.nodes)
+            or not all(math.isfinite(c) and c > 0 for c in self.cpus)
+        ):
+            raise AllocatorError(
+                f"cpus={self.cpus!r}: expected one finite number > 0 per node "
+                f"({len(self.nodes)} nodes)"
+            )
 
     @classmethod
-    def uniform(cls, num_nodes: int, gpus_per_node: int) -> Cluster:
-        """``num_nodes`` nodes of ``gpus_per_node`` GPUs."""
+    def uniform(
+        cls, num_nodes: int, gpus_per_node: int, cpus_per_node: float | None = None
+    ) -> Cluster:
+        """``num_nodes`` nodes of ``gpus_per_node`` GPUs (and ``cpus_per_node`` cores)."""
         if num_nodes < 1 or gpus_per_node < 1:
             raise AllocatorError(f"{num_nodes=} and {gpus_per_node=} must both be >= 1")
-        return cls((gpus_per_node,) * num_nodes)
+        cpus = None if cpus_per_node is None else (float(cpus_per_node),) * num_nodes
+        return cls((gpus_per_node,) * num_nodes, cpus)
 
     @functools.cached_property
     def capacity(self) -> int:
@@ -151,6 +167,10 @@ class OptimizerJob:
     placed: Mapping[int, float] = field(default_factory=dict, repr=False)
     """Per GPU count: the share of the compact placement's speedup that the placement the job
     would really get reaches (counts absent: 1, compact)."""
+    feed: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = field(default=None, repr=False)
+    """What the job's input pipeline lets through of a table of samples/s (one row per GPU
+    count of the first argument) on the cores it would get (None: all of it): applied to every
+    throughput the job is valued at."""
 
     def restart_keep(self, horizon_s: float) -> float:
         """The share of its speedup a change of GPU count leaves it (``r_j`` above)."""
@@ -302,7 +322,11 @@ def _tables(
             eff[i, :n] = job.efficiency(batches[i, :n])
         eff[i, n:] = 0.0  # padding: never the best batch
     grid = _grids(jobs, gpus, batches)
-    grid = np.where(np.isfinite(grid) & (grid > 0), grid, 0.0) * eff[:, None, :]
+    grid = np.where(np.isfinite(grid) & (grid > 0), grid, 0.0)
+    for i, job in enumerate(jobs):
+        if job.feed is not None:
+            grid[i] = job.feed(gpus[i], grid[i])
+    grid *= eff[:, None, :]
     one, good = grid[:, 0].max(axis=1), grid[:, 1:]
     ref = np.where(one > 0, one, good[:, 0].max(axis=1))
     if not (ref > 0).all():
@@ -443,13 +467,26 @@ def _whole_nodes(k: int, free: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarra
     return share, need
 
 
-def _compact(k: int, free: np.ndarray, nodes: np.ndarray) -> np.ndarray | None:
+def _compact(
+    k: int,
+    free: np.ndarray,
+    nodes: np.ndarray,
+    per_gpu_cores: float = 0.0,
+    free_cores: np.ndarray | None = None,
+) -> np.ndarray | None:
     """GPUs per node for ``k`` GPUs on whole free nodes plus one node for the rest (the
-    best-fitting), or None when the free GPUs do not allow it."""
+    best-fitting), or None when the free GPUs do not allow it. With ``free_cores``, the node
+    for the rest is one whose free cores cover the rest's ``per_gpu_cores`` each, where there
+    is one (so a CPU-hungry job lands beside CPU-light ones), the tightest fit among those."""
     share, need = _whole_nodes(k, free, nodes)
     if need:
         room = free - share
-        room = np.where(room >= need, room, np.iinfo(room.dtype).max)
+        fits = room >= need
+        if free_cores is not None and per_gpu_cores > 0:
+            fed = fits & (free_cores - share * per_gpu_cores >= need * per_gpu_cores - 1e-9)
+            if fed.any():
+                fits = fed
+        room = np.where(fits, room, np.iinfo(room.dtype).max)
         fit = int(room.argmin())  # the tightest fit, the first node among equals
         if free[fit] - share[fit] < need:
             return None
@@ -466,6 +503,7 @@ def place(
     cluster: Cluster,
     current: Mapping[str, Sequence[int]] | None = None,
     repack: Collection[str] = (),
+    cores: Mapping[str, float] | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Packs GPU counts onto nodes; returns each job's GPUs per node (one entry per node).
 
@@ -477,6 +515,8 @@ def place(
         repack: jobs whose count is unchanged but whose placement is spread over more nodes
             than needed: each moves to a compact placement when the GPUs left free (and its
             own) allow one, else keeps its placement.
+        cores: the CPU cores each job wants (with the cluster's ``cpus``): a job's part on one
+            node goes where the free cores cover it, where a node allows (see ``_compact``).
     """
     current = current or {}
     total = sum(counts.values())
@@ -484,6 +524,9 @@ def place(
         raise AllocatorError(f"cannot place {total} GPUs on a cluster of {cluster.capacity}")
     nodes = np.array(cluster.nodes, dtype=np.int64)
     free = nodes.copy()
+    use_cores = cores is not None and cluster.cpus is not None
+    free_cores = np.array(cluster.cpus, dtype=float) if use_cores else None
+    per_gpu = {j: (cores or {}).get(j, 0.0) / max(k, 1) for j, k in counts.items()}
     out: dict[str, tuple[int, ...]] = {}
     moving = []
     for job, k in counts.items():
@@ -493,12 +536,14 @@ def place(
             if held.sum() == k and (held <= free).all():
                 out[job] = tuple(now)
                 free -= held
+                if free_cores is not None:
+                    free_cores -= held * per_gpu[job]
                 continue
         if k > 0:
             moving.append((k, job))
     for k, job in sorted(moving, key=lambda kj: (-kj[0], kj[1])):
         # whole free nodes for the multi-node part, the best-fitting node for the rest
-        share = _compact(k, free, nodes)
+        share = _compact(k, free, nodes, per_gpu[job], free_cores)
         if share is None:
             # spread: whole free nodes first, then the freest nodes
             share, need = _whole_nodes(k, free, nodes)
@@ -511,6 +556,8 @@ def place(
                 need -= take
         out[job] = tuple(share.tolist())
         free -= share
+        if free_cores is not None:
+            free_cores -= share * per_gpu[job]
     for job in sorted(repack, key=lambda j: (-counts.get(j, 0), j)):
         now = out.get(job)
         if now is None or job not in current or tuple(current[job]) != now:

@@ -5,6 +5,8 @@ Examples (the Pollux traces, workloads 1-4 and the Philly arrivals ship with the
     dloader-sim --workload 1 --policy goodput-dp --out results.json
     dloader-sim --workload jobs.csv --traces traces/ --policy all --out cmp.json --plot cmp.png
     dloader-sim --philly --philly-jobs 1000 --time-scale 30 --nodes 512 --out philly.json
+    dloader-sim --workload 2 --cpus-per-node 12 --policy goodput-dp,goodput-dp-cpu-blind,synergy \
+        --out cpu.json
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import argparse
 import csv
 import json
 import logging
+import math
+import random
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from dloader._shared.cli import finite
+from dloader._shared.cli import finite, positive
+from dloader.allocator.cpu_profiles import PACKAGED_CPU_PROFILES, read_cpu_profiles
 from dloader.allocator.optimizer import DEFAULT_HORIZON_S, DEFAULT_RESTART_S, Cluster
 from dloader.allocator.policies import POLICIES, make_policy
 from dloader.allocator.simulator import LEARNING, SimResult, Simulator
@@ -77,6 +82,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, help="PNG: JCT CDF and GPUs per job over time")
     p.add_argument("--nodes", type=int, default=16, help="nodes in the cluster")
     p.add_argument("--gpus-per-node", type=int, default=4, help="GPUs per node")
+    p.add_argument(
+        "--cpus-per-node",
+        type=positive,
+        help="CPU cores per node for the jobs' input pipelines (default: unlimited, every "
+        "pipeline feeds its GPUs); e.g. 12 for 3 per GPU on 4-GPU nodes",
+    )
+    p.add_argument(
+        "--cpu-profiles",
+        type=Path,
+        default=PACKAGED_CPU_PROFILES,
+        help="with --cpus-per-node: how fast each application's input pipeline is on the "
+        "cores it gets (Synergy's format; default: Synergy's profiles, shipped with the package)",
+    )
+    p.add_argument(
+        "--gpu-speed",
+        type=positive,
+        default=1.0,
+        help="with --cpus-per-node: the GPUs' speed over the V100 the profiles were measured "
+        "on; a GPU s times faster needs s times the cores (about 3 for an H100)",
+    )
     p.add_argument("--interval", type=finite, default=60.0, help="seconds between decisions")
     p.add_argument(
         "--restart-delay",
@@ -110,7 +135,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--time-scale", type=finite, default=1.0, help="Philly: divide arrival times by this"
     )
-    p.add_argument("--seed", type=int, default=0, help="Philly: window and application draw")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="Philly: window and application draw (default: a new one each run, printed)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -217,8 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         names = _policies(args.policy)
-        cluster = Cluster.uniform(args.nodes, args.gpus_per_node)
+        cluster = Cluster.uniform(args.nodes, args.gpus_per_node, args.cpus_per_node)
+        if args.philly is not None and args.seed is None:
+            args.seed = random.randrange(1 << 31)
+            log.info("Philly draw: --seed %d (give it to draw the same workload again)", args.seed)
         jobs, apps = _workload(args)
+        profiles = read_cpu_profiles(args.cpu_profiles) if cluster.cpus is not None else None
         results = []
         for name in names:
             sim = Simulator(
@@ -229,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 interval_s=args.interval,
                 restart_s=args.restart_delay,
                 learning=args.learning,
+                cpu_profiles=profiles,
+                gpu_speed=args.gpu_speed,
             )
             max_s = None if args.max_hours is None else args.max_hours * 3600
             results.append(_run(sim, name, len(jobs), args.quiet, max_s))
@@ -249,7 +284,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     payload.update(
         learning=args.learning,
         jobs_csv=str(csv_path),
-        cluster={"nodes": args.nodes, "gpus_per_node": args.gpus_per_node},
+        cluster={
+            "nodes": args.nodes,
+            "gpus_per_node": args.gpus_per_node,
+            "cpus_per_node": args.cpus_per_node,
+        },
+        gpu_speed=args.gpu_speed,
+        seed=args.seed,
         interval_s=args.interval,
         restart_delay_s=args.restart_delay,
     )
@@ -266,7 +307,17 @@ def _table(summaries: dict[str, dict]) -> None:
     from rich.table import Table
 
     t = Table(title="dloader-sim")
-    cols = ("policy", "done", "avg JCT h", "p99 JCT h", "makespan h", "util", "restarts", "opt ms")
+    cols = (
+        "policy",
+        "done",
+        "avg JCT h",
+        "p99 JCT h",
+        "makespan h",
+        "GPU util",
+        "CPU util",
+        "restarts",
+        "opt ms",
+    )
     for col in cols:
         t.add_column(col, justify="right", no_wrap=True)
     for name, s in summaries.items():
@@ -277,6 +328,7 @@ def _table(summaries: dict[str, dict]) -> None:
             f"{s['p99_jct_s'] / 3600:.2f}",
             f"{s['makespan_s'] / 3600:.2f}",
             f"{s['gpu_utilisation']:.2f}",
+            "-" if math.isnan(s["cpu_utilisation"]) else f"{s['cpu_utilisation']:.2f}",
             str(s["restarts"]),
             f"{s['optimizer_ms_p50']:.2f}",
         )
@@ -288,13 +340,14 @@ def _loss_table(result: SimResult) -> None:
     from rich.table import Table
 
     t = Table(title=f"{result.policy}: where each application's time went (mean h per job)")
-    for col in ("application", "jobs", "JCT", "queue", "restart", "placement", "run", "restarts"):
+    parts = ("jct", "queue", "restart", "placement", "input", "run")
+    for col in ("application", "jobs", *parts, "restarts"):
         t.add_column(col, justify="right", no_wrap=True)
     for app, m in result.losses().items():
         t.add_row(
             app,
             f"{m['jobs']:.0f}",
-            *(f"{m[k] / 3600:.3f}" for k in ("jct", "queue", "restart", "placement", "run")),
+            *(f"{m[k] / 3600:.3f}" for k in parts),
             f"{m['restarts']:.1f}",
         )
     Console(width=max(Console().width, 110)).print(t)

@@ -7,6 +7,14 @@ behaviour (:class:`dloader.allocator.traces.AppTrace`): a change of placement fi
 (dloader applies it live). Jobs complete mid-interval at the exact moment their progress reaches
 the target. Jobs submitted between two decisions wait for the next.
 
+With CPUs (``Cluster.cpus``), each job's input pipeline delivers at most what its cores on each
+node feed (:mod:`dloader.allocator.cpu_profiles`: Synergy's profiles): a step takes its GPU time
+divided by the share of its GPUs' samples the slowest-fed node delivers. A policy that divides no
+cores (``ClusterDecision.cores`` empty) gets the GPU-proportional division. Online, a job's input
+model is what a node sidecar would know by then: the samples/s its pipeline delivers at each
+core count it ran at (a sidecar measures the CPU time per sample of the loader's workers),
+extrapolated linearly elsewhere.
+
 Deterministic: the same workload, traces and settings give the same result.
 """
 
@@ -20,11 +28,25 @@ from typing import Literal
 
 import numpy as np
 
+from dloader.allocator.cpu_profiles import (
+    APP_PROFILES,
+    PACKAGED_CPU_PROFILES,
+    CpuProfile,
+    input_truth,
+    read_cpu_profiles,
+)
 from dloader.allocator.optimizer import DEFAULT_RESTART_S, Cluster
 from dloader.allocator.policies import JobState, Policy
+from dloader.allocator.policies.cores import proportional_cores
 from dloader.allocator.traces import AppTrace, WorkloadJob, placement_key
 from dloader.errors import AllocatorError
-from dloader.predictor import ScalingModel, ScalingParams, ScalingPoint
+from dloader.predictor import (
+    MAX_INPUT_POINTS,
+    InputModel,
+    ScalingModel,
+    ScalingParams,
+    ScalingPoint,
+)
 
 __all__ = ["LEARNING", "Learning", "SimJobResult", "SimResult", "Simulator"]
 
@@ -65,6 +87,14 @@ class _SimJob:
     """Online learning: what it measured, by (nodes, replicas, local batch)."""
     model: ScalingModel | None = None
     """Online learning: its model, fitted to ``seen``."""
+    cores: tuple[float, ...] = ()
+    """CPU cores on each node (empty: unlimited)."""
+    cpu_seconds: float = 0.0
+    """Core-seconds its input pipeline used."""
+    input_s: float = 0.0
+    """Seconds lost waiting for input (running time times the share not fed)."""
+    fed_seen: dict[float, float] = field(default_factory=dict)
+    """Online learning: samples/s its pipeline delivered, by core count."""
 
     @property
     def gpus(self) -> int:
@@ -93,6 +123,11 @@ class SimJobResult:
     placement_s: float = 0.0
     """Seconds lost to spread placements: running time times the share of the packed
     placement's progress rate that the actual placement did not reach."""
+    cpu_seconds: float = 0.0
+    """Core-seconds its input pipeline used (0 with unlimited CPUs)."""
+    input_s: float = 0.0
+    """Seconds lost waiting for input: running time times the share of its GPUs' rate that
+    its cores did not feed."""
 
 
 @dataclass
@@ -110,6 +145,8 @@ class SimResult:
     """GPUs per job at each decision time."""
     optimizer_ms: list[float] = field(default_factory=list)
     """Wall time of each policy decision."""
+    cpus: tuple[float, ...] | None = None
+    """CPU cores per node (None: unlimited)."""
 
     def summary(self, within_hours: float = 4.0) -> dict[str, float | int | str]:
         """Headline numbers (JSON-compatible)."""
@@ -133,6 +170,11 @@ class SimResult:
             "p99_jct_s": float(np.percentile(jct, 99)) if len(jct) else math.nan,
             "makespan_s": float(makespan),
             "gpu_utilisation": float(used / (capacity * makespan)) if makespan > 0 else 0.0,
+            "cpu_utilisation": (
+                float(sum(j.cpu_seconds for j in self.jobs) / (sum(self.cpus) * makespan))
+                if self.cpus is not None and makespan > 0
+                else math.nan
+            ),
             "restarts": sum(j.restarts for j in self.jobs),
             "batch_changes": sum(j.batch_changes for j in self.jobs),
             "optimizer_ms_p50": float(np.percentile(opt, 50)),
@@ -143,7 +185,8 @@ class SimResult:
     def losses(self) -> dict[str, dict[str, float]]:
         """Per application (completed jobs), where the time went, in mean seconds per job:
         ``jct``, ``queue`` (no GPUs), ``restart``, ``placement`` (lost to spread placements),
-        ``run`` (the rest), and ``restarts`` (mean count). JSON-compatible."""
+        ``input`` (lost waiting for input), ``run`` (the rest), and ``restarts`` (mean count).
+        JSON-compatible."""
         by_app: dict[str, list[SimJobResult]] = {}
         for j in self.jobs:
             if j.jct_s is not None:
@@ -156,8 +199,11 @@ class SimResult:
                 "queue": sum(j.queue_s for j in jobs) / n,
                 "restart": sum(j.restart_s for j in jobs) / n,
                 "placement": sum(j.placement_s for j in jobs) / n,
+                "input": sum(j.input_s for j in jobs) / n,
             }
-            mean["run"] = mean["jct"] - mean["queue"] - mean["restart"] - mean["placement"]
+            mean["run"] = mean["jct"] - sum(
+                mean[k] for k in ("queue", "restart", "placement", "input")
+            )
             out[app] = {"jobs": float(n), **mean, "restarts": sum(j.restarts for j in jobs) / n}
         return out
 
@@ -175,7 +221,14 @@ class Simulator:
         learning: ``online`` (the default, the honest mode): each job's throughput model is
             fitted only to what that job has run so far, starting from an optimistic prior on
             one GPU and allowed at most twice the GPUs it has measured, as in Pollux;
-            ``oracle``: the model fitted offline to every measurement of its application.
+            ``oracle``: the model fitted offline to every measurement of its application (and
+            its input model, with CPUs, the ground truth).
+        cpu_profiles: with ``cluster.cpus``: the profile of each application's input pipeline
+            (:func:`~dloader.allocator.cpu_profiles.read_cpu_profiles`; default: Synergy's,
+            shipped with the package), by profile name (:data:`APP_PROFILES` maps the Pollux
+            applications; another application uses the profile of its own name).
+        gpu_speed: with ``cluster.cpus``: the simulated GPUs' speed over the profiled V100's
+            (a GPU ``s`` times faster needs ``s`` times the cores).
     """
 
     def __init__(
@@ -188,6 +241,8 @@ class Simulator:
         interval_s: float = 60.0,
         restart_s: float = DEFAULT_RESTART_S,
         learning: Learning = "online",
+        cpu_profiles: dict[str, CpuProfile] | None = None,
+        gpu_speed: float = 1.0,
     ) -> None:
         if not interval_s > 0 or restart_s < 0:
             raise AllocatorError(f"{interval_s=} must be > 0 and {restart_s=} >= 0")
@@ -203,6 +258,19 @@ class Simulator:
         self.restart_s = restart_s
         self._jobs = [_SimJob(w, apps[w.application], w.batch_size) for w in workload]
         self._jobs.sort(key=lambda j: (j.spec.time, j.spec.name))
+        #: The ground truth of each application's input pipeline (empty: unlimited CPUs).
+        self.inputs: dict[str, InputModel] = {}
+        if cluster.cpus is not None:
+            profiles = read_cpu_profiles() if cpu_profiles is None else cpu_profiles
+            for name in sorted({j.application for j in workload}):
+                profile = APP_PROFILES.get(name, name)
+                if profile not in profiles:
+                    raise AllocatorError(
+                        f"application {name!r} has no CPU profile {profile!r} (profiles: "
+                        f"{', '.join(sorted(profiles))}; the shipped ones are in "
+                        f"{PACKAGED_CPU_PROFILES})"
+                    )
+                self.inputs[name] = input_truth(apps[name], profiles[profile], gpu_speed)
 
     def _state(self, job: _SimJob, t: float) -> JobState:
         app = job.app
@@ -217,6 +285,13 @@ class Simulator:
         else:  # the oracle: a model fitted offline to every measurement of the application
             model, explored, spanned = app.model, None, None
             noise = app.noise(job.batch, job.epoch)
+        truth = self.inputs.get(job.spec.application)
+        if truth is None:
+            known = None
+        elif online:  # the core counts it ran at, as a sidecar measured them
+            known = InputModel.of(job.fed_seen.items()) if job.fed_seen else None
+        else:
+            known = truth
         return JobState(
             job.spec.name,
             job.spec.time,
@@ -234,6 +309,7 @@ class Simulator:
             explored_gpus=explored,
             explored_nodes=spanned,
             attained_gpu_s=job.gpu_seconds,
+            input=known,
         )
 
     def _observe(self, job: _SimJob) -> None:
@@ -242,6 +318,28 @@ class Simulator:
         if key not in job.seen:
             job.seen[key] = point
             job.model = ScalingModel.fit_observed(list(job.seen.values()))
+        truth = self.inputs.get(job.spec.application)
+        if truth is not None:
+            for g, c in zip(job.placement, job.cores, strict=True):
+                cores = round(c, 2)
+                if g > 0 and cores > 0:  # what the node's sidecar measured, the newest kept
+                    job.fed_seen.pop(cores, None)
+                    job.fed_seen[cores] = truth.rate(cores)
+            while len(job.fed_seen) > MAX_INPUT_POINTS:
+                del job.fed_seen[next(iter(job.fed_seen))]
+
+    def _feed(self, job: _SimJob, gpu_step: float) -> tuple[float, float]:
+        """(the share of its GPUs' samples/s its pipeline feeds, the cores it uses) at
+        ``gpu_step`` seconds per step on its GPUs; (1, 0) with unlimited CPUs. Every node must
+        feed its GPUs' part of each step: the slowest-fed node sets the pace."""
+        truth = self.inputs.get(job.spec.application)
+        if truth is None:
+            return 1.0, 0.0
+        k, wanted = job.gpus, job.batch / gpu_step
+        parts = [(g, c) for g, c in zip(job.placement, job.cores, strict=True) if g > 0]
+        fed = min(min(truth.rate(c) * k / (g * wanted) for g, c in parts), 1.0)
+        used = sum(min(c, truth.cores_for(wanted * fed * g / k)) for g, c in parts)
+        return fed, used
 
     def _advance(self, job: _SimJob, t: float, dt: float) -> None:
         k = job.gpus
@@ -257,15 +355,20 @@ class Simulator:
         packed = _packed(k, self.cluster.gpus_per_node)
         if left > 0 and self.learning == "online":
             self._observe(job)
+        gpu_step = app.iteration_time(job.placement, job.batch)
+        fed, cores_used = self._feed(job, gpu_step)
+        step = gpu_step / fed if fed > 0 else math.inf
         while left > 0 and job.end is None:
-            step = app.iteration_time(job.placement, job.batch)
             rate = app.gain(job.batch, job.epoch) / step
-            need = (app.marks[job.epoch] - job.progress) / rate
+            need = (app.marks[job.epoch] - job.progress) / rate if rate > 0 else math.inf
             run = min(need, left)
             job.progress += rate * run
             job.gpu_seconds += run * k
-            if packed != placement_key(job.placement):
-                job.placement_s += run * max(1.0 - app.iteration_time(packed, job.batch) / step, 0)
+            job.cpu_seconds += run * cores_used
+            job.input_s += run * (1.0 - fed)
+            if packed != placement_key(job.placement):  # its share of the GPU time, then input
+                lost = max(1.0 - app.iteration_time(packed, job.batch) / gpu_step, 0.0)
+                job.placement_s += run * fed * lost
             t += run
             left -= run
             if need <= run:
@@ -306,7 +409,7 @@ class Simulator:
                         f"job {head} can never start on {self.cluster.capacity} GPUs: "
                         f"{decision.reasons.get(head, '')}"
                     )
-                self._apply(active, decision.placements, decision.batch_sizes, t)
+                self._apply(active, decision.placements, decision.batch_sizes, decision.cores, t)
             times.append(t)
             for j in jobs:
                 gpus[j.spec.name].append(j.gpus if j.end is None else 0)
@@ -328,6 +431,7 @@ class Simulator:
             times,
             gpus,
             optimizer_ms,
+            self.cluster.cpus,
         )
 
     def _apply(
@@ -335,6 +439,7 @@ class Simulator:
         active: list[_SimJob],
         placements: dict[str, tuple[int, ...]],
         batches: dict[str, int],
+        cores: dict[str, tuple[float, ...]],
         t: float,
     ) -> None:
         per_node = [0] * len(self.cluster.nodes)
@@ -342,6 +447,21 @@ class Simulator:
             per_node = [a + b for a, b in zip(per_node, p, strict=True)]
         if any(u > c for u, c in zip(per_node, self.cluster.nodes, strict=True)):
             raise AllocatorError(f"policy {self.policy.name} over-allocated a node: {per_node}")
+        if self.cluster.cpus is not None:
+            if not cores:  # a policy blind to CPUs: the GPU-proportional division
+                cores = proportional_cores(placements, self.cluster)
+            used = [0.0] * len(self.cluster.nodes)
+            for job_id in placements:
+                if job_id not in cores:
+                    raise AllocatorError(f"policy {self.policy.name} gave job {job_id} no cores")
+                used = [a + b for a, b in zip(used, cores[job_id], strict=True)]
+            if any(u > c * (1 + 1e-6) + 1e-9 for u, c in zip(used, self.cluster.cpus, strict=True)):
+                raise AllocatorError(
+                    f"policy {self.policy.name} gave out more cores than a node has: {used} "
+                    f"of {self.cluster.cpus}"
+                )
+        for j in active:
+            j.cores = cores.get(j.spec.name, ()) if self.cluster.cpus is not None else ()
         for j in active:
             new = placements.get(j.spec.name, ())
             if new != j.placement:
@@ -373,4 +493,6 @@ class Simulator:
             (j.end - j.spec.time - j.held_s) if j.end is not None else 0.0,
             j.restart_s,
             j.placement_s,
+            j.cpu_seconds,
+            j.input_s,
         )

@@ -7,6 +7,7 @@
   synchronisation with overlap, fitted with scipy; :class:`ScalingStack` evaluates many at once.
 * :class:`GradientNoise`: statistical efficiency of a batch size from gradient noise;
   :func:`goodput`.
+* :class:`InputModel`: the samples/s a job's input pipeline delivers on ``c`` CPU cores.
 * :mod:`dloader.predictor.pollux`: readers for the Pollux traces (I/O kept out of the models).
 
 Every model serialises with ``to_dict()`` / ``from_dict()`` (JSON-compatible, versioned).
@@ -14,6 +15,7 @@ Every model serialises with ``to_dict()`` / ``from_dict()`` (JSON-compatible, ve
 
 from dloader.errors import PredictorError
 from dloader.predictor._efficiency import GradientNoise, goodput
+from dloader.predictor._input import MAX_INPUT_POINTS, InputModel
 from dloader.predictor._loader_model import (
     LoaderModel,
     LoaderObservation,
@@ -29,7 +31,9 @@ from dloader.predictor._scaling import (
 )
 
 __all__ = [
+    "MAX_INPUT_POINTS",
     "GradientNoise",
+    "InputModel",
     "LoaderModel",
     "LoaderObservation",
     "LoaderPrediction",

@@ -7,9 +7,21 @@
 * ``elastic-dp``: Saxena et al.: the DP picks GPU counts and batch sizes for total throughput.
 * ``goodput-dp``: ours: as ``elastic-dp``, but for goodput (throughput x statistical efficiency
   from the job's gradient-noise statistics), so it grows a batch only where that still helps; it
-  maximises the sum of log speedups (proportional fairness) and may accumulate gradients.
+  maximises the sum of log speedups (proportional fairness) and may accumulate gradients. Where
+  the nodes' CPU cores are limited (``Cluster.cpus``) it decides each job's cores with its GPUs
+  and batch size (:mod:`.cores`): a job's throughput is the lesser of what its GPUs compute and
+  what its input pipeline feeds on its cores.
+* ``goodput-dp-cpu-blind``: ``goodput-dp`` deciding as if every pipeline fed any number of
+  GPUs; a node's cores go to its jobs in proportion to their GPUs there (the GPU-proportional
+  baseline).
 * ``pollux``: Pollux's own policy, from its paper, for comparison in the same simulator
-  (:mod:`.pollux`).
+  (:mod:`.pollux`); CPU-blind, so its jobs get GPU-proportional cores.
+* ``synergy``: Synergy-TUNE (OSDI'22), from its paper (:mod:`.synergy`): GPUs fixed as
+  requested, over Tiresias' discretised least-attained-service order; CPU cores by each job's
+  profiled need, best fit. ``synergy-fifo``: the same over first come first served.
+
+A policy whose decision divides no cores (``ClusterDecision.cores`` empty) leaves a node's cores
+to its jobs in proportion to their GPUs there (:func:`.cores.proportional_cores`).
 
 The registry (:data:`POLICIES`, :func:`make_policy`) is this package; each policy is a module of
 it (:mod:`.static`, :mod:`.dp`, :mod:`.pollux`), over what they share: :mod:`.state` (a job's
@@ -38,6 +50,7 @@ from dloader.allocator.policies.dp import REPLAN_MAX_SIZE, DpPolicy, RestartMode
 from dloader.allocator.policies.pollux import PolluxPolicy
 from dloader.allocator.policies.state import ClusterDecision, JobState, Policy
 from dloader.allocator.policies.static import StaticPolicy
+from dloader.allocator.policies.synergy import SynergyPolicy
 from dloader.allocator.policies.throughput import (
     ScalingThroughput,
     batch_grid,
@@ -57,6 +70,7 @@ __all__ = [
     "RestartModel",
     "ScalingThroughput",
     "StaticPolicy",
+    "SynergyPolicy",
     "batch_grid",
     "make_policy",
     "placed_throughput",
@@ -64,7 +78,16 @@ __all__ = [
 ]
 
 #: Policy names, as the CLI and the service accept them.
-POLICIES = ("static", "elastic-gpu", "elastic-dp", "goodput-dp", "pollux")
+POLICIES = (
+    "static",
+    "elastic-gpu",
+    "elastic-dp",
+    "goodput-dp",
+    "goodput-dp-cpu-blind",
+    "pollux",
+    "synergy",
+    "synergy-fifo",
+)
 
 
 def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 0) -> Policy:
@@ -77,7 +100,11 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
         return DpPolicy(name, objective="throughput", fixed_batch=True, horizon_s=horizon_s)
     if name == "elastic-dp":
         return DpPolicy(name, objective="throughput", fixed_batch=False, horizon_s=horizon_s)
-    if name == "goodput-dp":
+    if name == "synergy":
+        return SynergyPolicy("las")
+    if name == "synergy-fifo":
+        return SynergyPolicy("fifo")
+    if name in ("goodput-dp", "goodput-dp-cpu-blind"):
         return DpPolicy(
             name,
             objective="goodput",
@@ -85,5 +112,6 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
             horizon_s=horizon_s,
             accumulate=True,
             fairness=0.0,
+            cpu_aware=name == "goodput-dp",
         )
     raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES)}")

@@ -5,7 +5,7 @@ count and batch size; placement-aware, and weighing a restart by the job's age."
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -20,6 +20,7 @@ from dloader.allocator.optimizer import (
     optimize,
     place,
 )
+from dloader.allocator.policies.cores import divide_cores, fed_table, proportional_cores
 from dloader.allocator.policies.state import ClusterDecision, JobState, held_placements
 from dloader.allocator.policies.throughput import batch_grid, throughput_fn
 from dloader.errors import AllocatorError
@@ -51,7 +52,11 @@ class DpPolicy:
         fairness: float = 1.0,
         placement_aware: bool = True,
         restart_model: RestartModel = "age",
+        cpu_aware: bool = False,
     ) -> None:
+        """``cpu_aware``: with a cluster of limited cores, decide GPUs, batch sizes and cores
+        together (:mod:`.cores`); else a node's cores go to its jobs in proportion to their
+        GPUs there."""
         if restart_model not in ("age", "horizon"):
             raise AllocatorError(f"restart_model={restart_model!r}: expected 'age' or 'horizon'")
         self.placement_aware = placement_aware
@@ -63,6 +68,7 @@ class DpPolicy:
         self.fairness = fairness
         self.horizon_s = horizon_s
         self.batch_choices = batch_choices
+        self.cpu_aware = cpu_aware
 
     def spec(self, job: JobState, cluster: Cluster) -> OptimizerJob:
         """The optimizer's view of ``job`` under this policy."""
@@ -111,10 +117,69 @@ class DpPolicy:
         return max(job.age_s - job.restarts * r, 0.0) / (job.age_s + r) if r > 0 else 1.0
 
     def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> ClusterDecision:
+        if cluster.cpus is None:
+            return self._decide(jobs, cluster)
+        if not (self.cpu_aware and any(j.input is not None for j in jobs)):
+            decision = self._decide(jobs, cluster)
+            return replace(decision, cores=proportional_cores(decision.placements, cluster))
+        # each GPU brings the cluster's cores per GPU (see .cores)
+        rho = {j.job_id: sum(cluster.cpus) / cluster.capacity for j in jobs}
+        decision = self._decide(jobs, cluster, rho)
+        return replace(decision, cores=self._divide(jobs, cluster, decision))
+
+    def _divide(
+        self, jobs: Sequence[JobState], cluster: Cluster, decision: ClusterDecision
+    ) -> dict[str, tuple[float, ...]]:
+        """Each node's cores among its jobs by what their GPUs need (see .cores)."""
+        need = self._needs(jobs, cluster, decision.placements, decision.batch_sizes)
+        weights = {j.job_id: j.priority for j in jobs}
+        return divide_cores(decision.placements, need, weights, cluster)
+
+    def _needs(
+        self,
+        jobs: Sequence[JobState],
+        cluster: Cluster,
+        placements: Mapping[str, Sequence[int]],
+        batches: Mapping[str, int],
+    ) -> dict[str, float]:
+        """The cores each placed job with a known input needs to feed its GPUs at its batch."""
+        out = {}
+        for j in jobs:
+            if j.input is None or j.job_id not in placements:
+                continue
+            fn = throughput_fn(
+                j.model, cluster.gpus_per_node, j.local_bsz_range, accumulate=self.accumulate
+            )
+            k, b = float(sum(placements[j.job_id])), float(batches[j.job_id])
+            x = float(np.nan_to_num(fn(np.array([k]), np.array([b])), nan=0.0)[0])
+            out[j.job_id] = j.input.cores_for(max(x, 0.0))
+        return out
+
+    def _decide(
+        self,
+        jobs: Sequence[JobState],
+        cluster: Cluster,
+        rho: Mapping[str, float] | None = None,
+    ) -> ClusterDecision:
+        """The decision, each job with a known input valued at what ``rho[job]`` cores per GPU
+        feed (None: CPU-blind)."""
         specs = [self.spec(j, cluster) for j in jobs]
+        if rho is not None:
+            specs = [
+                replace(s, feed=fed_table(j.input, rho[j.job_id])) if j.input else s
+                for j, s in zip(jobs, specs, strict=True)
+            ]
         held = held_placements(jobs)
         repack = self._repack(jobs, specs, held, cluster) if self.placement_aware else set()
-        plan, placements = self._plan(specs, cluster, held, repack)
+
+        def needs(plan: Plan) -> dict[str, float] | None:
+            if rho is None:
+                return None
+            counts = {k: (a.gpus,) for k, a in plan.assignments.items()}
+            batches = {k: a.batch_size for k, a in plan.assignments.items()}
+            return self._needs(jobs, cluster, counts, batches)
+
+        plan, placements = self._plan(specs, cluster, held, repack, needs)
         if self.placement_aware and len(jobs) * cluster.capacity <= REPLAN_MAX_SIZE:
             # The DP values a count as a compact placement; the placer may have to spread a job
             # over more nodes. Charge such a count what the spread placement really delivers
@@ -134,16 +199,16 @@ class DpPolicy:
                         s = replace(s, placed={**s.placed, gpus: share})
                     charged.append(s)
                 specs = charged
-                plan, placements = self._plan(specs, cluster, held, repack)
+                plan, placements = self._plan(specs, cluster, held, repack, needs)
         reasons = {k: a.reason for k, a in plan.assignments.items()}
         for k, (_, nodes) in _spread(placements, cluster).items():
             reasons[k] += f"; spread over {nodes} nodes (none packs it)"
         floor = {s.job_id: s.min_gpus for s in specs}
-        taken = sum(floor[k] for k in plan.assignments)
+        ahead = sum(floor[k] for k in plan.assignments)
         for i, k in enumerate(plan.waiting):
             reasons[k] = (
                 f"waiting, {i + 1} in line: needs >= {floor[k]} GPU(s); the jobs ahead hold "
-                f"at least {taken} of {cluster.capacity}"
+                f"at least {ahead} of {cluster.capacity}"
             )
         return ClusterDecision(
             placements,
@@ -194,6 +259,7 @@ class DpPolicy:
         cluster: Cluster,
         held: dict[str, tuple[int, ...]],
         repack: set[str],
+        needs: Callable[[Plan], dict[str, float] | None] | None = None,
     ) -> tuple[Plan, dict[str, tuple[int, ...]]]:
         plan = optimize(
             specs,
@@ -203,7 +269,8 @@ class DpPolicy:
             fairness=self.fairness,
         )
         counts = {k: a.gpus for k, a in plan.assignments.items()}
-        return plan, place(counts, cluster, held, repack)
+        cores = needs(plan) if needs is not None else None
+        return plan, place(counts, cluster, held, repack, cores)
 
 
 def _spread(placements: dict[str, tuple[int, ...]], cluster: Cluster) -> dict[str, tuple[int, int]]:

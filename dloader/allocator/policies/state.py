@@ -8,7 +8,7 @@ from typing import Protocol
 
 from dloader.allocator.optimizer import DEFAULT_RESTART_S, Cluster
 from dloader.errors import AllocatorError
-from dloader.predictor import GradientNoise, ScalingModel
+from dloader.predictor import GradientNoise, InputModel, ScalingModel
 
 __all__ = [
     "ClusterDecision",
@@ -55,6 +55,9 @@ class JobState:
     everywhere). A model that has only seen one node cannot price a spread placement."""
     attained_gpu_s: float = 0.0
     """GPU-seconds it has held so far (``pollux`` serves the least-served first)."""
+    input: InputModel | None = field(default=None, repr=False)
+    """Its input pipeline: samples/s on ``c`` cores (None: not known yet, taken as never
+    limiting: a CPU-aware policy decides for it as a CPU-blind one)."""
 
     def __post_init__(self) -> None:
         lo, hi = self.batch_range
@@ -90,6 +93,8 @@ class ClusterDecision:
     batch_sizes: dict[str, int]
     reasons: dict[str, str]
     waiting: tuple[str, ...]
+    cores: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """CPU cores per node for each job that runs (empty: the cluster's cores are unlimited)."""
 
 
 class Policy(Protocol):

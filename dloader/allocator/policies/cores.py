@@ -1,0 +1,127 @@
+"""CPU cores for the jobs' input pipelines: in the GPU decision, in the placement, on each node.
+
+**The resource model.** A job on ``k`` GPUs at global batch ``b`` computes at most
+``X(k, b)`` samples/s (its scaling model); its input pipeline delivers ``R(c)`` samples/s on
+``c`` cores (its :class:`~dloader.predictor.InputModel`). It runs at ``min(X, R(c))``. A node's
+cores are one more per-node resource beside its GPUs (:attr:`Cluster.cpus`; None: unlimited,
+and every decision is the CPU-blind one), and they serve only the jobs with GPUs on that node:
+a job reaches more cores only by holding GPUs on more nodes.
+
+**One decision over GPUs, batch sizes and cores.** The DP values a job at ``k`` GPUs and batch
+``b`` at what its pipeline can feed there, ``min(X(k, b), R(k * rho))`` (:func:`fed_table`),
+where ``rho`` is the cores per GPU the job can count on: first the cluster's cores per GPU;
+then, in a second pass, what the division below gave it per GPU (a CPU-hungry job beside
+CPU-light ones gets more than its share, a light one needs less). So a GPU that the job's
+pipeline cannot feed is worth only the samples its cores bring; a batch larger than the pipeline
+feeds gains nothing and costs statistical efficiency; a job whose input is not known yet is
+valued as today. With unlimited cores ``R`` never binds and the decision is today's.
+
+**Placement and division.** The placer puts a job's part on one node where the free cores cover
+what that part needs, where a node allows (so a CPU-hungry job lands beside CPU-light ones);
+then each node's cores are divided by water-filling (:func:`divide_cores`): every job there gets
+what its GPUs there need, or, when the node is short, an equal share per unit of priority, the
+rest going to whoever still needs more. The baseline divides a node's cores in proportion to the
+GPUs each job holds there (:func:`proportional_cores`).
+
+Design for more resources: a further per-node resource (host memory, a GPU type) is one more
+per-node tuple in :class:`Cluster`, one more curve per job, and one more ``min`` in
+:func:`fed_table` and division in :func:`divide_cores`; the DP and the placer are unchanged.
+
+Pure code: plain values in and out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from dloader.allocator.optimizer import Cluster
+from dloader.predictor import InputModel
+
+__all__ = [
+    "divide_cores",
+    "fed_table",
+    "proportional_cores",
+    "water_fill",
+]
+
+
+def proportional_cores(
+    placements: Mapping[str, tuple[int, ...]], cluster: Cluster
+) -> dict[str, tuple[float, ...]]:
+    """Each job's cores on each node in proportion to its GPUs there (the GPU-proportional
+    baseline); empty with unlimited cores."""
+    if cluster.cpus is None:
+        return {}
+    return {
+        job: tuple(c * g / n for c, g, n in zip(cluster.cpus, p, cluster.nodes, strict=True))
+        for job, p in placements.items()
+    }
+
+
+def water_fill(demands: np.ndarray, weights: np.ndarray, capacity: float) -> np.ndarray:
+    """Shares of ``capacity`` for consumers with ``demands``: all of it when they fit; else the
+    level ``L`` at which ``sum(min(demand, L * weight)) = capacity``."""
+    demands = np.maximum(np.asarray(demands, dtype=float), 0.0)
+    weights = np.maximum(np.asarray(weights, dtype=float), 1e-12)
+    if demands.sum() <= capacity:
+        return demands
+    order = np.argsort(demands / weights)
+    out = np.empty_like(demands)
+    left, weight = capacity, weights.sum()
+    for i in order:
+        level = left / weight if weight > 0 else 0.0
+        take = min(demands[i], level * weights[i])
+        out[i] = take
+        left -= take
+        weight -= weights[i]
+    return out
+
+
+def divide_cores(
+    placements: Mapping[str, tuple[int, ...]],
+    need: Mapping[str, float],
+    weights: Mapping[str, float],
+    cluster: Cluster,
+) -> dict[str, tuple[float, ...]]:
+    """Each job's cores on each node: on every node, what the job's GPUs there need (its total
+    ``need`` split by its GPUs; absent: as much as it can get) when the node has them, else
+    water-filled by ``weights``; the cores no job needs go by weight. Empty with unlimited
+    cores."""
+    if cluster.cpus is None:
+        return {}
+    jobs = list(placements)
+    out = {j: [0.0] * len(cluster.nodes) for j in jobs}
+    for n, cores in enumerate(cluster.cpus):
+        here = [j for j in jobs if placements[j][n] > 0]
+        if not here:
+            continue
+        demand = np.array(
+            [need.get(j, math.inf) * placements[j][n] / max(sum(placements[j]), 1) for j in here]
+        )
+        demand = np.where(np.isfinite(demand), demand, cores)
+        got = water_fill(demand, np.array([weights.get(j, 1.0) for j in here]), cores)
+        # cores still free (every job here has what it needs): the rest goes by weight, so that
+        # a pipeline the model underrates may still use it
+        spare = cores - float(got.sum())
+        if spare > 1e-9:
+            w = np.array([weights.get(j, 1.0) for j in here])
+            got = got + spare * w / w.sum()
+        for j, c in zip(here, got, strict=True):
+            out[j][n] = float(c)
+    return {j: tuple(v) for j, v in out.items()}
+
+
+def fed_table(
+    model: InputModel, cores_per_gpu: float
+) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The DP's view of a job's pipeline: ``table`` (samples/s, one row per GPU count in
+    ``gpus``, one column per batch size) capped at what ``k * cores_per_gpu`` cores feed."""
+
+    def feed(gpus: np.ndarray, table: np.ndarray) -> np.ndarray:
+        cap = np.array([model.rate(float(k) * cores_per_gpu) for k in gpus])
+        return np.minimum(table, cap[:, None])
+
+    return feed

@@ -1,0 +1,283 @@
+"""CPU cores in the cluster allocator: the resource model, the division of a node's cores, the
+CPU-aware placement, Synergy-TUNE, and the simulator's CPUs (Synergy's profiles)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dloader.allocator import AllocatorError, Cluster
+from dloader.allocator.cpu_profiles import (
+    APP_PROFILES,
+    CpuProfile,
+    input_truth,
+    read_cpu_profiles,
+)
+from dloader.allocator.optimizer import place
+from dloader.allocator.policies import JobState, SynergyPolicy, make_policy
+from dloader.allocator.policies.cores import (
+    divide_cores,
+    fed_table,
+    proportional_cores,
+    water_fill,
+)
+from dloader.allocator.sim_cli import main
+from dloader.allocator.simulator import Simulator
+from dloader.allocator.traces import POLLUX_CONSTANTS, load_apps, read_workload
+from dloader.predictor import InputModel, ScalingModel, ScalingParams
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "pollux-sim"
+#: Linear scaling: every GPU adds the same samples/s (1 per ms of compute).
+LINEAR = ScalingModel(ScalingParams(0.0, 1e-3, 0.0, 0.0, 0.0, 0.0, 1.0))
+
+
+@pytest.fixture(scope="module")
+def apps():
+    return load_apps(DATA, ["cifar10", "ncf"])
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return read_workload(DATA / "workload.csv")
+
+
+def _job(job_id: str, gpus: int = 1, placement: tuple[int, ...] = (), **kw) -> JobState:
+    return JobState(
+        job_id,
+        kw.pop("arrival", 0.0),
+        kw.pop("model", LINEAR),
+        requested_gpus=gpus,
+        requested_batch=kw.pop("batch", 64),
+        batch_range=(64, 64),
+        local_bsz_range=(1, 64),
+        placement=placement,
+        **kw,
+    )
+
+
+def test_a_cluster_takes_one_core_count_per_node() -> None:
+    assert Cluster.uniform(2, 4, 12).cpus == (12.0, 12.0)
+    assert Cluster.uniform(2, 4).cpus is None
+    for bad in ((12.0,), (12.0, 0.0), (12.0, math.nan)):
+        with pytest.raises(AllocatorError, match="cpus="):
+            Cluster((4, 4), bad)
+
+
+def test_water_filling_gives_what_is_needed_then_equal_shares() -> None:
+    assert water_fill(np.array([1.0, 2.0]), np.ones(2), 10.0).tolist() == [1.0, 2.0]
+    got = water_fill(np.array([1.0, 8.0, 8.0]), np.ones(3), 9.0)
+    assert got.tolist() == pytest.approx([1.0, 4.0, 4.0])
+    weighted = water_fill(np.array([9.0, 9.0]), np.array([2.0, 1.0]), 6.0)
+    assert weighted.tolist() == pytest.approx([4.0, 2.0])
+
+
+def test_a_nodes_cores_go_first_to_what_each_job_needs() -> None:
+    cluster = Cluster((4, 4), (12.0, 12.0))
+    placements = {"light": (2, 0), "hungry": (2, 0), "alone": (0, 2)}
+    cores = divide_cores(placements, {"light": 1.0, "hungry": 30.0}, {}, cluster)
+    assert cores["light"] == (1.0, 0.0)
+    assert cores["hungry"] == (11.0, 0.0)  # the rest of the node, not half
+    assert cores["alone"] == (0.0, 12.0)  # need unknown: all it can get (idle GPUs' cores too)
+    assert proportional_cores(placements, cluster)["light"] == (6.0, 0.0)
+    assert divide_cores(placements, {}, {}, Cluster((4, 4))) == {}
+
+
+def test_the_dp_values_a_count_at_what_its_cores_feed() -> None:
+    feed = fed_table(InputModel.linear(10.0), cores_per_gpu=3.0)  # 30 samples/s per GPU's cores
+    table = np.array([[20.0, 50.0], [40.0, 100.0]])
+    assert feed(np.array([1.0, 2.0]), table).tolist() == [[20.0, 30.0], [40.0, 60.0]]
+
+
+def test_a_cpu_hungry_part_goes_where_the_free_cores_cover_it() -> None:
+    cluster = Cluster((2, 2), (2.0, 2.0))
+    counts = {"a-hungry": 1, "b-hungry": 1, "c-light": 1, "d-light": 1}
+    need = {"a-hungry": 1.8, "b-hungry": 1.8, "c-light": 0.2, "d-light": 0.2}
+    blind = place(counts, cluster)
+    aware = place(counts, cluster, cores=need)
+    assert blind["a-hungry"] == blind["b-hungry"]  # GPUs alone: packed side by side
+    assert aware["a-hungry"] != aware["b-hungry"]  # each beside a light one
+    assert aware["a-hungry"] in ((1, 0), (0, 1)) and aware["c-light"] != aware["d-light"]
+
+
+def test_with_unlimited_cores_the_cpu_aware_policy_decides_as_today(apps, workload) -> None:
+    cluster = Cluster.uniform(3, 4)
+    runs = {
+        p: Simulator(workload, apps, make_policy(p), cluster).run()
+        for p in ("goodput-dp", "goodput-dp-cpu-blind")
+    }
+    aware, blind = runs["goodput-dp"], runs["goodput-dp-cpu-blind"]
+    assert aware.gpus == blind.gpus
+    assert [j.jct_s for j in aware.jobs] == [j.jct_s for j in blind.jobs]
+    assert math.isnan(aware.summary()["cpu_utilisation"])
+    assert all(j.input_s == 0 and j.cpu_seconds == 0 for j in aware.jobs)
+
+
+@pytest.mark.parametrize(
+    "policy", ["goodput-dp", "goodput-dp-cpu-blind", "pollux", "synergy", "synergy-fifo"]
+)
+def test_with_cpus_every_policy_completes_within_the_nodes_cores(apps, workload, policy) -> None:
+    cluster = Cluster.uniform(3, 4, 6.0)
+    r = Simulator(workload, apps, make_policy(policy), cluster).run()
+    assert all(j.end_s is not None for j in r.jobs)
+    s = r.summary()
+    assert 0 < s["cpu_utilisation"] <= 1 and 0 < s["gpu_utilisation"] <= 1
+    # cifar10 (ResNet-18's profile) waits for its input at 1.5 cores per GPU; ncf (flat) barely
+    losses = r.losses()
+    assert losses["cifar10"]["input"] > 0.1 * losses["cifar10"]["jct"]
+    assert losses["ncf"]["input"] < losses["cifar10"]["input"]
+    for m in losses.values():
+        parts = ("queue", "restart", "placement", "input", "run")
+        assert m["jct"] == pytest.approx(sum(m[k] for k in parts))
+        assert m["run"] > 0
+
+
+def test_limited_cores_slow_the_jobs_and_more_cores_help(apps, workload) -> None:
+    def avg(cpus: float | None) -> float:
+        cluster = Cluster.uniform(3, 4, cpus)
+        r = Simulator(workload, apps, make_policy("goodput-dp"), cluster).run()
+        return float(r.summary()["avg_jct_s"])
+
+    unlimited, ample, tight = avg(None), avg(48.0), avg(4.0)
+    assert tight > ample >= unlimited * 0.999
+
+
+def test_online_a_jobs_input_is_what_it_ran_at(apps, workload) -> None:
+    seen: list[tuple[str, InputModel | None, int]] = []
+
+    class Spy:
+        name = "spy"
+
+        def __init__(self) -> None:
+            self.inner = make_policy("goodput-dp")
+
+        def decide(self, jobs, cluster):
+            seen.extend((j.job_id, j.input, j.gpus) for j in jobs)
+            return self.inner.decide(jobs, cluster)
+
+    Simulator(workload, apps, Spy(), Cluster.uniform(3, 4, 6.0)).run()
+    first = {}
+    for job_id, model, gpus in seen:
+        first.setdefault(job_id, (model, gpus))
+    assert all(m is None for m, _ in first.values())  # before it ran: nothing known
+    known = [(job_id, m) for job_id, m, _ in seen if m is not None]
+    assert known
+    sim = Simulator(workload, apps, make_policy("goodput-dp"), Cluster.uniform(3, 4, 6.0))
+    for job_id, m in known:  # each point is the truth at a core count the job ran at
+        truth = sim.inputs[job_id.split("-")[0]]
+        for c, r in m.points:
+            assert r == pytest.approx(truth.rate(c), rel=1e-6)
+
+
+def test_synergy_places_a_hungry_job_beside_a_light_one_and_never_below_its_share() -> None:
+    cluster = Cluster((2, 2), (6.0, 6.0))  # 3 cores per GPU
+    light = InputModel.linear(1e6)
+
+    def decide(hungry: InputModel):
+        jobs = [
+            _job("h1", 1, input=hungry, arrival=0),
+            _job("h2", 1, input=hungry, arrival=1),
+            _job("l1", 1, input=light, arrival=2),
+            _job("l2", 1, input=light, arrival=3),
+        ]
+        d = SynergyPolicy("fifo").decide(jobs, cluster)
+        for n in range(2):
+            assert sum(c[n] for c in d.cores.values()) <= 6.0 + 1e-9
+        assert all(sum(d.cores[j]) < 0.01 for j in ("l1", "l2"))  # needs less than its share
+        assert all(d.batch_sizes[j.job_id] == 64 for j in jobs)
+        return d
+
+    # 1,000 samples/s per GPU (LINEAR at batch 64); 200 per core: 5 cores, more than its share
+    d = decide(InputModel.linear(200.0))
+    assert d.placements["h1"] != d.placements["h2"]  # best fit of the whole demand: apart
+    assert all(sum(d.cores[j]) == pytest.approx(5.0) for j in ("h1", "h2"))
+    # a demand no server holds (20 cores): the proportional share, best fit (side by side)
+    d = decide(InputModel.linear(50.0))
+    assert all(sum(d.cores[j]) == pytest.approx(3.0) for j in ("h1", "h2"))
+
+
+def test_synergy_gives_unknown_jobs_their_share_and_las_preempts() -> None:
+    cluster = Cluster((2,), (4.0,))
+    old = _job("old", 2, placement=(2,), attained_gpu_s=1e5, arrival=0)
+    new = _job("new", 2, arrival=10)
+    d = SynergyPolicy("las").decide([old, new], cluster)
+    assert "new" in d.placements and "old" not in d.placements
+    assert d.cores["new"] == (4.0,)  # input unknown: the GPU-proportional share
+    assert "preempted" in d.reasons["old"]
+    fifo = SynergyPolicy("fifo").decide([old, new], cluster)
+    assert "old" in fifo.placements and fifo.waiting == ("new",)
+    with pytest.raises(AllocatorError, match="order="):
+        SynergyPolicy("srtf")
+
+
+def test_the_shipped_profiles_map_every_pollux_application() -> None:
+    profiles = read_cpu_profiles()
+    assert set(APP_PROFILES) == set(POLLUX_CONSTANTS)
+    assert set(APP_PROFILES.values()) <= set(profiles)
+    res18 = profiles["res18"]
+    assert res18.share(3.0) == pytest.approx(1.0 / 2.4)  # 1.0 at 3 cores, 2.4 at its ideal
+    assert res18.share(9.0) == 1.0 and profiles["bert"].share(1.0) == 1.0
+
+
+def test_a_faster_gpu_needs_proportionally_more_cores(apps) -> None:
+    profile = CpuProfile("p", ((1.0, 0.25), (4.0, 1.0)))
+    v100 = input_truth(apps["cifar10"], profile, 1.0)
+    h100 = input_truth(apps["cifar10"], profile, 3.0)
+    rate = v100.rate(4.0)
+    assert h100.cores_for(rate) == pytest.approx(3 * v100.cores_for(rate))
+    with pytest.raises(AllocatorError, match="gpu_speed"):
+        input_truth(apps["cifar10"], profile, 0.0)
+
+
+def test_bad_profile_files_are_refused_with_the_line(tmp_path) -> None:
+    bad = tmp_path / "p.csv"
+    bad.write_text("model,cpus_per_gpu\nres18,3\n")
+    with pytest.raises(AllocatorError, match="missing column"):
+        read_cpu_profiles(bad)
+    bad.write_text(
+        "model,cpus_per_gpu,mem_gb_per_gpu,speed,speedup_at_ideal\nres18,three,250,1,2\n"
+    )
+    with pytest.raises(AllocatorError, match="line 2"):
+        read_cpu_profiles(bad)
+    with pytest.raises(AllocatorError, match="No such file"):
+        read_cpu_profiles(tmp_path / "missing.csv")
+
+
+def test_an_application_without_a_profile_is_named(apps, workload) -> None:
+    profiles = {"lstm": CpuProfile("lstm", ((1.0, 1.0),))}
+    with pytest.raises(AllocatorError, match="'cifar10' has no CPU profile 'res18'"):
+        Simulator(
+            workload,
+            apps,
+            make_policy("goodput-dp"),
+            Cluster.uniform(3, 4, 6),
+            cpu_profiles=profiles,
+        )
+
+
+def test_sim_cli_takes_cpus_and_reports_cpu_use(tmp_path, capsys) -> None:
+    out = tmp_path / "r.json"
+    base = ["--workload", str(DATA / "workload.csv"), "--traces", str(DATA), "--nodes", "3"]
+    rc = main(
+        [
+            *base,
+            "--cpus-per-node",
+            "6",
+            "--policy",
+            "goodput-dp,synergy",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["cluster"]["cpus_per_node"] == 6.0
+    assert 0 < result["policies"]["synergy"]["cpu_utilisation"] <= 1
+    assert "CPU util" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([*base, "--cpus-per-node", "0", "--out", str(out)])
+    assert "--cpus-per-node" in capsys.readouterr().err
