@@ -88,8 +88,9 @@ def divide_cores(
 ) -> dict[str, tuple[float, ...]]:
     """Each job's cores on each node: on every node, what the job's GPUs there need (its total
     ``need`` split by its GPUs; absent: as much as it can get) when the node has them, else
-    water-filled by ``weights``; the cores no job needs go by weight. Empty with unlimited
-    cores."""
+    water-filled by its GPUs there times its weight (``weights``, default 1: where every job
+    needs more than the node has, the GPU-proportional division); the cores no job needs go the
+    same way. Empty with unlimited cores."""
     if cluster.cpus is None:
         return {}
     jobs = list(placements)
@@ -102,12 +103,12 @@ def divide_cores(
             [need.get(j, math.inf) * placements[j][n] / max(sum(placements[j]), 1) for j in here]
         )
         demand = np.where(np.isfinite(demand), demand, cores)
-        got = water_fill(demand, np.array([weights.get(j, 1.0) for j in here]), cores)
-        # cores still free (every job here has what it needs): the rest goes by weight, so that
-        # a pipeline the model underrates may still use it
+        w = np.array([weights.get(j, 1.0) * placements[j][n] for j in here])
+        got = water_fill(demand, w, cores)
+        # cores still free (every job here has what it needs): the rest goes the same way, so
+        # that a pipeline the model underrates may still use it
         spare = cores - float(got.sum())
         if spare > 1e-9:
-            w = np.array([weights.get(j, 1.0) for j in here])
             got = got + spare * w / w.sum()
         for j, c in zip(here, got, strict=True):
             out[j][n] = float(c)

@@ -122,18 +122,43 @@ class DpPolicy:
         if not (self.cpu_aware and any(j.input is not None for j in jobs)):
             decision = self._decide(jobs, cluster)
             return replace(decision, cores=proportional_cores(decision.placements, cluster))
-        # each GPU brings the cluster's cores per GPU (see .cores)
+        # each GPU brings the cluster's cores per GPU (see .cores); then each node's cores go
+        # by what its jobs' GPUs would use, and each job's batch fits the cores it got
         rho = {j.job_id: sum(cluster.cpus) / cluster.capacity for j in jobs}
         decision = self._decide(jobs, cluster, rho)
-        return replace(decision, cores=self._divide(jobs, cluster, decision))
-
-    def _divide(
-        self, jobs: Sequence[JobState], cluster: Cluster, decision: ClusterDecision
-    ) -> dict[str, tuple[float, ...]]:
-        """Each node's cores among its jobs by what their GPUs need (see .cores)."""
-        need = self._needs(jobs, cluster, decision.placements, decision.batch_sizes)
+        tables = {
+            j.job_id: (j.input, self._batch_table(j, cluster, sum(decision.placements[j.job_id])))
+            for j in jobs
+            if j.input is not None and j.job_id in decision.placements
+        }
+        need = {
+            job_id: model.cores_for(float(x[int(np.argmax(x * eff))]))
+            for job_id, (model, (_, x, eff)) in tables.items()
+        }
         weights = {j.job_id: j.priority for j in jobs}
-        return divide_cores(decision.placements, need, weights, cluster)
+        cores = divide_cores(decision.placements, need, weights, cluster)
+        sizes, reasons = dict(decision.batch_sizes), dict(decision.reasons)
+        for job_id, (model, (batches, x, eff)) in tables.items():
+            got = sum(cores[job_id])
+            best = int(batches[int(np.argmax(np.minimum(x, model.rate(got)) * eff))])
+            if best != sizes[job_id]:
+                reasons[job_id] += f"; batch {best} for its {got:.1f} cores"
+                sizes[job_id] = best
+        return replace(decision, batch_sizes=sizes, reasons=reasons, cores=cores)
+
+    def _batch_table(
+        self, job: JobState, cluster: Cluster, gpus: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For ``job`` on ``gpus`` GPUs (compact): the batch sizes it may run, the samples/s
+        its GPUs compute at each, and each one's statistical efficiency (1s without one)."""
+        spec = self.spec(job, cluster)
+        batches = np.asarray(spec.batch_sizes, dtype=float)
+        x = spec.throughput(np.full(len(batches), float(gpus)), batches)
+        x = np.where(np.isfinite(x) & (x > 0), x, 0.0)
+        eff = np.ones(len(batches))
+        if self.objective == "goodput" and spec.efficiency is not None:
+            eff = np.asarray(spec.efficiency(batches), dtype=float)
+        return batches, x, eff
 
     def _needs(
         self,
