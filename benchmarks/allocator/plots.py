@@ -64,3 +64,30 @@ def decision_time(results: list[dict[str, Any]], png: Path) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
+
+
+def cpu_ratios(ratios: dict[str, dict[str, list[float]]], png: Path) -> None:
+    """goodput-dp's average JCT over each peer's, one dot per scenario, a bar at the median, by
+    group (``ratios``: group -> peer -> ratios); below 1 goodput-dp is faster."""
+    plt = pyplot()
+    groups = list(ratios)
+    peers = sorted({p for g in ratios.values() for p in g})
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups)), 4.2))
+    width = 0.8 / max(len(peers), 1)
+    for i, peer in enumerate(peers):
+        for x, g in enumerate(groups):
+            values = ratios[g].get(peer, [])
+            if not values:
+                continue
+            at = x - 0.4 + width * (i + 0.5)
+            ax.scatter([at] * len(values), values, s=12, color=f"C{i}", alpha=0.7)
+            ax.hlines(np.median(values), at - width / 2, at + width / 2, color=f"C{i}", lw=2)
+        ax.scatter([], [], color=f"C{i}", label=f"/ {peer}")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([g.replace(", ", "\n") for g in groups], fontsize=7)
+    ax.set_ylabel("goodput-dp avg JCT / peer's")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"GPUs and CPUs decided together (bar: median)\n{machine()}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)

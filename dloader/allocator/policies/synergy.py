@@ -54,11 +54,15 @@ LAS_THRESHOLD_GPU_S = (3600.0,)
 class SynergyPolicy:
     """Synergy-TUNE with fixed GPU demands over a base order (see the module docstring)."""
 
-    def __init__(self, order: str = "las") -> None:
+    def __init__(self, order: str = "las", *, tune: bool = True) -> None:
+        """``tune=False``: the same scheduler with GPU-proportional cores (Synergy's baseline,
+        for its validation)."""
         if order not in ("las", "fifo"):
             raise AllocatorError(f"order={order!r}: expected 'las' or 'fifo'")
-        self.order = order
+        self.order, self.tune = order, tune
         self.name = "synergy" if order == "las" else f"synergy-{order}"
+        if not tune:
+            self.name += "-proportional"
 
     def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> ClusterDecision:
         if self.order == "fifo":  # running jobs first, never preempted; then strict FIFO
@@ -116,7 +120,7 @@ class SynergyPolicy:
         placements: dict[str, tuple[int, ...]] = {}
         cores: dict[str, np.ndarray] = {}
         for job, k in admitted:
-            demand = self._demand(job, k, cluster) if limited else None
+            demand = self._demand(job, k, cluster) if limited and self.tune else None
             share: np.ndarray | None
             if job.placement:
                 share = np.array(job.placement, dtype=np.int64)
