@@ -43,7 +43,8 @@ def decision_time(results: list[dict[str, Any]], png: Path) -> None:
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for policy in ("goodput-dp", "elastic-gpu"):
+    styles = {"goodput-dp": "-", "goodput-dp + CPUs": "--", "elastic-gpu": ":"}
+    for policy in dict.fromkeys(r["policy"] for r in results):
         for gpus, marker in ((64, "o"), (512, "^"), (1024, "v"), (2048, "s")):
             pts = [r for r in results if r["policy"] == policy and r["gpus"] == gpus]
             if pts:
@@ -51,7 +52,7 @@ def decision_time(results: list[dict[str, Any]], png: Path) -> None:
                     [r["jobs"] for r in pts],
                     [r["decide_ms_p50"] for r in pts],
                     marker=marker,
-                    linestyle="-" if policy == "goodput-dp" else ":",
+                    linestyle=styles.get(policy, "-."),
                     label=f"{policy}, {gpus} GPUs",
                 )
     ax.axhline(10, color="grey", lw=0.8, ls="--")

@@ -27,7 +27,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ID_MAX",
     "MAX_BATCH",
+    "MAX_CORES",
     "MAX_GPUS",
+    "MAX_INPUT_POINTS",
+    "MAX_INPUT_RATE",
     "MAX_JOBS_PER_REPORT",
     "MAX_MEASUREMENTS_PER_CALL",
     "MAX_PRIORITY",
@@ -35,9 +38,11 @@ __all__ = [
     "Allocation",
     "AllocationSet",
     "GradientStats",
+    "InputCurve",
     "JobSpec",
     "Measurement",
     "NodeJobReport",
+    "check_input_curve",
 ]
 
 ID_MAX = 200  # characters of a job or node id
@@ -46,6 +51,9 @@ MAX_BATCH = 1 << 24  # samples per global or local batch
 MAX_PRIORITY = 1000.0
 MAX_MEASUREMENTS_PER_CALL = 1000
 MAX_JOBS_PER_REPORT = 1024
+MAX_CORES = 4096.0  # per node, and per point of an input curve
+MAX_INPUT_RATE = 1e9  # samples/s of an input curve's point
+MAX_INPUT_POINTS = 16  # points of an input curve (= dloader.predictor.MAX_INPUT_POINTS)
 #: The fields of ``ScalingParams`` (the scaling model's parameters).
 SCALING_FIELDS = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma")
 
@@ -135,6 +143,38 @@ def _gradient_of(m: Any) -> GradientStats | None:
     return GradientStats.from_pb(m.gradient, m.HasField("gradient"))
 
 
+InputCurve = tuple[tuple[float, float], ...]
+"""A job's input pipeline: ``(cores, samples/s)`` points, cores increasing (``InputPoint``)."""
+
+
+def check_input_curve(name: str, points: Sequence[tuple[float, float]]) -> InputCurve:
+    """``points`` as an input curve: at most :data:`MAX_INPUT_POINTS`, each with cores in
+    ``(0, MAX_CORES]`` and samples/s in ``(0, MAX_INPUT_RATE]``, cores increasing; else
+    ``INVALID_ARGUMENT`` naming ``name`` (the whole list refused before any point is read)."""
+    if len(points) > MAX_INPUT_POINTS:
+        raise InvalidArgument(name, f"{len(points)} points: at most {MAX_INPUT_POINTS}")
+    out: list[tuple[float, float]] = []
+    for i, (cores, rate) in enumerate(points):
+        c = finite_within(f"{name}[{i}].cores", cores, 0.0, MAX_CORES)
+        r = finite_within(f"{name}[{i}].samples_per_second", rate, 0.0, MAX_INPUT_RATE)
+        if c <= 0 or r <= 0:
+            raise InvalidArgument(name, f"point {i} ({c}, {r}): cores and samples/s must be > 0")
+        if out and c <= out[-1][0]:
+            raise InvalidArgument(name, f"point {i}: cores {c} must exceed the point before's")
+        out.append((c, r))
+    return tuple(out)
+
+
+def _curve_pb(curve: InputCurve) -> list[Any]:
+    return [_pb().InputPoint(cores=c, samples_per_second=r) for c, r in curve]
+
+
+def _curve_of(items: Sequence[Any], name: str) -> InputCurve:
+    if len(items) > MAX_INPUT_POINTS:  # refused before any is converted
+        raise InvalidArgument(name, f"{len(items)} points: at most {MAX_INPUT_POINTS}")
+    return check_input_curve(name, [(p.cores, p.samples_per_second) for p in items])
+
+
 @dataclass(frozen=True)
 class NodeJobReport:
     """A node's report of one job running on it."""
@@ -144,6 +184,8 @@ class NodeJobReport:
     batch_size: int = 0
     measurements: tuple[Measurement, ...] = ()
     gradient: GradientStats | None = None
+    input_curve: InputCurve = ()
+    """The node's model of the job's input pipeline there (empty: none yet)."""
 
     def to_pb(self) -> allocator_pb2.NodeJobReport:
         """As a ``dloader.v1.NodeJobReport``."""
@@ -153,17 +195,19 @@ class NodeJobReport:
             batch_size=self.batch_size,
             measurements=[m.to_pb() for m in self.measurements],
             gradient=self.gradient.to_pb() if self.gradient else None,
+            input_curve=_curve_pb(self.input_curve),
         )
 
     @classmethod
     def from_pb(cls, m: allocator_pb2.NodeJobReport) -> NodeJobReport:
-        """From a ``dloader.v1.NodeJobReport``."""
+        """From a ``dloader.v1.NodeJobReport`` (the input curve checked)."""
         return cls(
             m.job_id,
             m.samples_per_second,
             m.batch_size,
             Measurement.many_from_pb(m.measurements),
             _gradient_of(m),
+            _curve_of(m.input_curve, "jobs.input_curve"),
         )
 
 
@@ -187,6 +231,8 @@ class JobSpec:
     """``ScalingParams`` by field name (:data:`SCALING_FIELDS`), or None."""
     measurements: tuple[Measurement, ...] = ()
     gradient: GradientStats | None = None
+    input_curve: InputCurve = ()
+    """Its input pipeline on ``c`` cores, if known at submission (an earlier run's)."""
 
     def normalised(self, default_restart_seconds: float) -> JobSpec:
         """Defaults filled in and every field checked (errors name the field)."""
@@ -226,6 +272,7 @@ class JobSpec:
         finite_within("job.priority", prio, 1e-3, MAX_PRIORITY)
         restart = self.restart_seconds or default_restart_seconds
         finite_within("job.restart_seconds", restart, 0, 86400)
+        check_input_curve("job.input_curve", self.input_curve)
         return replace(
             self,
             min_gpus=lo_g,
@@ -246,6 +293,7 @@ class JobSpec:
         d["measurements"] = [m.to_pb() for m in self.measurements]
         d["gradient"] = self.gradient.to_pb() if self.gradient else None
         d["scaling"] = pb.ScalingParams(**self.scaling) if self.scaling else None
+        d["input_curve"] = _curve_pb(self.input_curve)
         return pb.JobSpec(**d)
 
     @classmethod
@@ -269,6 +317,7 @@ class JobSpec:
             scaling=scaling,
             measurements=Measurement.many_from_pb(m.measurements),
             gradient=_gradient_of(m),
+            input_curve=_curve_of(m.input_curve, "job.input_curve"),
         )
 
     def to_json(self) -> bytes:
@@ -284,6 +333,7 @@ class JobSpec:
         d["measurements"] = tuple(Measurement(**m) for m in d.get("measurements", ()))
         g = d.get("gradient")
         d["gradient"] = GradientStats(**g) if g is not None else None
+        d["input_curve"] = tuple((float(c), float(r)) for c, r in d.get("input_curve", ()))
         return cls(**d)
 
 
@@ -305,12 +355,18 @@ class Allocation:
     """``host:port`` of the job's c10d rendezvous while it spans nodes."""
     generation: int = 0
     """Rises whenever the job's placement changes."""
+    cpus: Mapping[str, float] = field(default_factory=dict)
+    """Its cores per node id, where the nodes' cores are limited (empty: not limited)."""
 
     def to_pb(self) -> allocator_pb2.Allocation:
         """As a ``dloader.v1.Allocation``."""
         pb = _pb()
         d = asdict(self)
-        d["nodes"] = [pb.NodeShare(node_id=n, gpus=g) for n, g in sorted(self.nodes.items())]
+        del d["cpus"]
+        d["nodes"] = [
+            pb.NodeShare(node_id=n, gpus=g, cpus=self.cpus.get(n, 0.0))
+            for n, g in sorted(self.nodes.items())
+        ]
         return pb.Allocation(**d)
 
     @classmethod
@@ -325,6 +381,7 @@ class Allocation:
             m.queue_position,
             m.rendezvous,
             m.generation,
+            {n.node_id: n.cpus for n in m.nodes if n.cpus > 0},
         )
 
 

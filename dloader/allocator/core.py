@@ -30,7 +30,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from dloader._daemon.peer import Role, Shares, current_caller, require, same_token
 from dloader._daemon.streams import Mailbox, Streams
@@ -69,7 +69,7 @@ from dloader.errors import (
     finite_within,
     shown,
 )
-from dloader.predictor import ScalingModel
+from dloader.predictor import InputModel, ScalingModel
 
 __all__ = ["DEFAULT_RENDEZVOUS_PORTS", "MAX_ACTIVE_JOBS", "AllocatorCore", "Settings"]
 
@@ -102,6 +102,8 @@ class _Outcome:
     batch_sizes: dict[str, int]
     reasons: dict[str, str]
     ms: float
+    cores: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Each job's cores per node id (empty: the nodes' cores are not limited)."""
 
 
 def _plan(inp: _Inputs) -> _Outcome | None:
@@ -131,10 +133,12 @@ def _plan(inp: _Inputs) -> _Outcome | None:
     placements = {
         k: {n: g for n, g in zip(ids, p, strict=True) if g} for k, p in d.placements.items()
     }
+    cores = {k: {n: c for n, c in zip(ids, v, strict=True) if c > 0} for k, v in d.cores.items()}
     reasons = dict(d.reasons)
     for jid, why in aside.items():
         reasons[jid] = f"set aside: its model is unusable ({why})"
-    return _Outcome(placements, dict(d.batch_sizes), reasons, (time.perf_counter() - began) * 1e3)
+    ms = (time.perf_counter() - began) * 1e3
+    return _Outcome(placements, dict(d.batch_sizes), reasons, ms, cores)
 
 
 class AllocatorCore:
@@ -166,7 +170,7 @@ class AllocatorCore:
         self.nodes = NodeRegistry(
             {
                 # restored nodes get a full timeout to report again
-                n.node_id: Node(n.gpus, n.free, n.address, clock(), host=n.host)
+                n.node_id: Node(n.gpus, n.free, n.address, clock(), host=n.host, cpus=n.cpus)
                 for n in store.nodes()
             },
             clock=clock,
@@ -405,15 +409,19 @@ class AllocatorCore:
 
     # ------------------------------------------------------------------ nodes
 
-    def register_node(self, node_id: str, gpus: int, address: str = "", host: str = "") -> None:
+    def register_node(
+        self, node_id: str, gpus: int, address: str = "", host: str = "", cpus: float = 0.0
+    ) -> None:
         """Adds a node (or updates its GPU count); nodes and operators only.
 
         ``host``: where the launchers of other nodes reach this node's launcher for a job's
-        rendezvous (a hostname or IP address; "": the node id)."""
+        rendezvous (a hostname or IP address; "": the node id). ``cpus``: the cores its jobs'
+        input pipelines may use (0: not limited)."""
         require(Role.NODE, "RegisterNode")
-        self.nodes.register(node_id, gpus, address, host)
-        self.store.upsert_node(node_id, gpus, gpus, address, host)
-        log.info("node %s registered with %d GPU(s)", node_id, gpus)
+        self.nodes.register(node_id, gpus, address, host, cpus)
+        self.store.upsert_node(node_id, gpus, gpus, address, host, cpus)
+        cores = f" and {cpus:g} cores" if cpus else ""
+        log.info("node %s registered with %d GPU(s)%s", node_id, gpus, cores)
         self._wake.set()
 
     def report_node(self, node_id: str, free: int, jobs: Sequence[NodeJobReport]) -> None:
@@ -433,12 +441,14 @@ class AllocatorCore:
                 raise InvalidArgument("jobs.samples_per_second", f"{rate} must be >= 0")
             job = self.get(r.job_id)
             job.samples_per_second = rate
+            if r.input_curve:  # checked on arrival (NodeJobReport.from_pb)
+                job.input = InputModel.of(r.input_curve)
             if r.measurements or r.gradient is not None:
                 # a node reports for the jobs on it: its role, not the job's token, allows it
                 self.apply_update(self._staged(job, r.measurements, r.gradient))
         if self.nodes.report(node_id, free):
             self._wake.set()
-        self.store.upsert_node(node_id, node.gpus, free, node.address, node.host)
+        self.store.upsert_node(node_id, node.gpus, free, node.address, node.host, node.cpus)
 
     def configure(
         self,
@@ -492,6 +502,8 @@ class AllocatorCore:
                 continue  # completed while the policy ran
             new = outcome.placements.get(jid, {})
             batch = outcome.batch_sizes.get(jid, job.batch_size)
+            if not dry:
+                job.cores = outcome.cores.get(jid, {}) if new else {}
             if new == job.placement and batch == job.batch_size:
                 continue
             if not new:
@@ -543,6 +555,7 @@ class AllocatorCore:
                     pos,
                     job.rendezvous if jid not in rec else "",
                     job.generation,
+                    dict(job.cores) if jid not in rec else {},
                 )
             )
         return AllocationSet(

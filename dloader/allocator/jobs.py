@@ -14,6 +14,7 @@ from dloader.allocator.policies import JobState, Policy
 from dloader.errors import AllocatorError, InvalidArgument, finite_within
 from dloader.predictor import (
     GradientNoise,
+    InputModel,
     PredictorError,
     ScalingModel,
     ScalingParams,
@@ -108,6 +109,10 @@ class SubmittedJob:
     owner: str = ""
     """Who submitted it: ``uid N`` (a local user), the role of a TCP token, or "" (an
     operator); per-caller caps count it."""
+    input: InputModel | None = field(default=None, repr=False)
+    """Its input pipeline on ``c`` cores as a node last reported it (None: none reported)."""
+    cores: dict[str, float] = field(default_factory=dict)
+    """Its cores per node id, where the nodes' cores are limited (the policy's last word)."""
 
     @property
     def job_id(self) -> str:
@@ -136,6 +141,7 @@ class SubmittedJob:
             # a model learned from measurements is trusted up to twice the GPUs they cover
             explored_gpus=max(m.replicas for m in r.measurements) if r.measurements else None,
             explored_nodes=max(m.nodes for m in r.measurements) if r.measurements else None,
+            input=self.input or (InputModel.of(r.input_curve) if r.input_curve else None),
         )
 
 

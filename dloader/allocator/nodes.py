@@ -11,9 +11,9 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from dloader._shared.allocator_messages import check_id
+from dloader._shared.allocator_messages import MAX_CORES, check_id
 from dloader.allocator.optimizer import Cluster
-from dloader.errors import AllocatorError, InvalidArgument, NotFound, shown
+from dloader.errors import AllocatorError, InvalidArgument, NotFound, finite_within, shown
 
 __all__ = ["DEFAULT_RENDEZVOUS_PORTS", "Node", "NodeRegistry"]
 
@@ -41,6 +41,8 @@ class Node:
     """Silent past the timeout: its GPUs are out of the pool until it reports again."""
     host: str = ""
     """Where other nodes reach it ("": its node id)."""
+    cpus: float = 0.0
+    """Cores its jobs' input pipelines may use (0: not limited)."""
 
 
 class NodeRegistry:
@@ -73,16 +75,19 @@ class NodeRegistry:
         self._ports = rendezvous_ports
         self._next_port = first
 
-    def register(self, node_id: str, gpus: int, address: str = "", host: str = "") -> Node:
-        """Adds a node (or replaces its GPU count), checked."""
+    def register(
+        self, node_id: str, gpus: int, address: str = "", host: str = "", cpus: float = 0.0
+    ) -> Node:
+        """Adds a node (or replaces its GPU count and cores), checked."""
         check_id("node_id", node_id)
         if not 1 <= gpus <= MAX_NODE_GPUS:
             raise InvalidArgument("gpus", f"{gpus} must be within [1, {MAX_NODE_GPUS}]")
+        finite_within("cpus", cpus, 0.0, MAX_CORES)
         if host and not _HOST.fullmatch(host):
             raise InvalidArgument(
                 "host", f"{shown(host)} must be a hostname, an IPv4 address or [IPv6 address]"
             )
-        node = self.nodes[node_id] = Node(gpus, gpus, address, self._clock(), host=host)
+        node = self.nodes[node_id] = Node(gpus, gpus, address, self._clock(), host=host, cpus=cpus)
         return node
 
     def get(self, node_id: str) -> Node:
@@ -117,12 +122,14 @@ class NodeRegistry:
 
     def cluster(self) -> tuple[list[str], Cluster | None]:
         """The ids of the nodes with usable GPUs (sorted) and the cluster they form (None: no
-        GPU is usable)."""
+        GPU is usable). Its cores are limited only where every such node registered its cores
+        (a node that did not says nothing of them)."""
         usable = {n: self.usable(n) for n in sorted(self.nodes)}
         ids = [n for n, g in usable.items() if g > 0]
         if not ids:
             return [], None
-        return ids, Cluster(tuple(usable[n] for n in ids))
+        cpus = tuple(self.nodes[n].cpus for n in ids)
+        return ids, Cluster(tuple(usable[n] for n in ids), cpus if all(cpus) else None)
 
     def rendezvous(self, job_id: str, placement: dict[str, int], taken: Iterable[str]) -> str:
         """``host:port`` for a placement over several nodes (its first node hosts it), else "".

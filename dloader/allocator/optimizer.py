@@ -477,15 +477,19 @@ def _compact(
     """GPUs per node for ``k`` GPUs on whole free nodes plus one node for the rest (the
     best-fitting), or None when the free GPUs do not allow it. With ``free_cores``, the node
     for the rest is one whose free cores cover the rest's ``per_gpu_cores`` each, where there
-    is one (so a CPU-hungry job lands beside CPU-light ones), the tightest fit among those."""
+    is one, else one with the most free cores (so a CPU-hungry job lands beside CPU-light
+    ones), the tightest fit among those."""
     share, need = _whole_nodes(k, free, nodes)
     if need:
         room = free - share
         fits = room >= need
         if free_cores is not None and per_gpu_cores > 0:
-            fed = fits & (free_cores - share * per_gpu_cores >= need * per_gpu_cores - 1e-9)
+            left = free_cores - share * per_gpu_cores
+            fed = fits & (left >= need * per_gpu_cores - 1e-9)
             if fed.any():
                 fits = fed
+            elif fits.any():  # no node feeds it whole: those with the most free cores
+                fits = fits & (left >= np.where(fits, left, -np.inf).max() - 1e-9)
         room = np.where(fits, room, np.iinfo(room.dtype).max)
         fit = int(room.argmin())  # the tightest fit, the first node among equals
         if free[fit] - share[fit] < need:

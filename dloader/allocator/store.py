@@ -67,6 +67,10 @@ CREATE TABLE IF NOT EXISTS decisions (
 CREATE INDEX IF NOT EXISTS decisions_at ON decisions (at);
 CREATE INDEX IF NOT EXISTS jobs_completed ON jobs (completed_at);
 """,
+    # 3: a node's cores for its jobs' input pipelines (0: not limited)
+    """
+ALTER TABLE nodes ADD COLUMN cpus REAL NOT NULL DEFAULT 0;
+""",
 )
 
 
@@ -115,6 +119,7 @@ class NodeRow:
     address: str
     last_seen: float
     host: str = ""
+    cpus: float = 0.0
 
 
 class AllocatorStore(SqliteState):
@@ -182,20 +187,23 @@ class AllocatorStore(SqliteState):
         """The highest submission number used."""
         return int(self._exec("SELECT COALESCE(MAX(seq), 0) FROM jobs")[0][0])
 
-    def upsert_node(self, node_id: str, gpus: int, free: int, address: str, host: str = "") -> None:
+    def upsert_node(
+        self, node_id: str, gpus: int, free: int, address: str, host: str = "", cpus: float = 0.0
+    ) -> None:
         """Adds or refreshes a node."""
         self._exec(
-            "INSERT INTO nodes (node_id, gpus, free, address, last_seen, host) "
-            "VALUES (?, ?, ?, ?, ?, ?) "
+            "INSERT INTO nodes (node_id, gpus, free, address, last_seen, host, cpus) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(node_id) DO UPDATE SET gpus = excluded.gpus, free = excluded.free, "
-            "address = excluded.address, last_seen = excluded.last_seen, host = excluded.host",
-            (node_id, gpus, free, address, time.time(), host),
+            "address = excluded.address, last_seen = excluded.last_seen, host = excluded.host, "
+            "cpus = excluded.cpus",
+            (node_id, gpus, free, address, time.time(), host, cpus),
         )
 
     def nodes(self) -> list[NodeRow]:
         """Every registered node, by id."""
         rows = self._exec(
-            "SELECT node_id, gpus, free, address, last_seen, host FROM nodes ORDER BY 1"
+            "SELECT node_id, gpus, free, address, last_seen, host, cpus FROM nodes ORDER BY 1"
         )
         return [NodeRow(*r) for r in rows]
 

@@ -348,6 +348,12 @@ def main(argv: list[str] | None = None) -> int:
         "--sidecar", default=None, help="join the node sidecar at unix:///path.sock (dloader only)"
     )
     parser.add_argument(
+        "--job-name",
+        default=None,
+        help="the job's name at the sidecar (its id at the cluster allocator; default: the "
+        "profile's name)",
+    )
+    parser.add_argument(
         "--stats-window",
         type=finite,
         default=2.0,
@@ -446,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             prefetch_factor=args.prefetch_factor,
             pin_memory=args.device == "cuda",
             sidecar=args.sidecar,
-            job_name=profile.name,
+            job_name=args.job_name or profile.name,
             stats_window_s=args.stats_window,
         )
     what = f"{args.seconds:g} s" if args.seconds is not None else f"{args.samples:,} samples"

@@ -454,6 +454,28 @@ class LoaderModel:
         """The loader's CPU time per sample (``t_cpu``), as fitted."""
         return self._phys.t_cpu
 
+    @property
+    def io_seconds_per_sample(self) -> float:
+        """The loader's wait for storage per sample (``t_io``), as fitted."""
+        return self._phys.t_io
+
+    def input_rate(self, cores: float, workers: int) -> float:
+        """``L(k, c)``: the samples/s the input pipeline alone delivers with ``workers``
+        workers on ``cores`` cores, whatever the accelerator takes (what the cluster
+        allocator's input curve of the job is made of).
+
+        Raises:
+            PredictorError: the model has no observation yet, or an argument is out of range.
+        """
+        if not self._obs:
+            raise PredictorError("LoaderModel.input_rate needs at least one observation")
+        if workers < 1 or not (math.isfinite(cores) and cores > 0):
+            raise PredictorError(f"need workers >= 1 and cores > 0; got {workers=}, {cores=}")
+        ph = self._phys
+        k, c = np.array([float(workers)]), np.array([float(cores)])
+        loader, _ = self._rates(ph.t_io, ph.t_cpu, k, c, np.array([1.0]), ph.eta, ph.p, ph.q)
+        return float(loader[0])
+
     def accelerator_limit(self, batch_size: int) -> float:
         """``A(b)``: the job's samples/s when data is never late."""
         ph = self._phys

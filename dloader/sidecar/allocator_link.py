@@ -1,10 +1,13 @@
 """The node sidecar's link to the cluster allocator (``dloader-sidecar --allocator TARGET``).
 
-It registers the node with its GPUs, reports every period which GPUs the allocator may use and
-how fast the node's allocator-managed jobs run, and watches the allocations of this node: when a
-job's global batch size changes, every loader of that job on this node (matched by the loader's
-``job_name``) is directed to ``global batch / GPUs of the job``, which the job's agent applies
-with ``loader.set_batch_size``. GPU-count changes are for the job's launcher
+It registers the node with its GPUs and the cores its loaders may use (``--cpu-budget``),
+reports every period which GPUs the allocator may use, how fast the node's allocator-managed
+jobs run and what their input pipelines deliver on ``c`` cores (each job's loader model here:
+:func:`input_curve`), and watches the allocations of this node: when a job's global batch size
+changes, every loader of that job on this node (matched by the loader's ``job_name``) is
+directed to ``global batch / GPUs of the job``, which the job's agent applies with
+``loader.set_batch_size``; the job's cores on this node become the node's prior for it
+(:meth:`NodeCore.set_cpu_targets`). GPU-count changes are for the job's launcher
 (``dloader-launch``) to apply. If the allocator is absent or goes away, the node keeps its
 configuration and the link reconnects with backoff; the sidecar itself is never affected.
 """
@@ -18,13 +21,21 @@ from collections import defaultdict
 
 import grpc
 
-from dloader._shared.allocator_messages import AllocationSet, NodeJobReport
+from dloader._shared.allocator_messages import (
+    MAX_INPUT_POINTS,
+    MAX_INPUT_RATE,
+    AllocationSet,
+    InputCurve,
+    NodeJobReport,
+)
 from dloader._shared.client import Backoff, Endpoint
+from dloader.errors import PredictorError
+from dloader.predictor import LoaderModel
 from dloader.sidecar.core import NodeCore
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
 
-__all__ = ["AllocatorLink"]
+__all__ = ["AllocatorLink", "input_curve"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +81,7 @@ class AllocatorLink:
                             gpus=self.gpus,
                             sidecar_address=self.address,
                             host=self.host,
+                            cpus=float(self.core.settings.cpu_budget),
                         ),
                         metadata=self._metadata,
                         timeout=10,
@@ -111,10 +123,14 @@ class AllocatorLink:
             self.apply(AllocationSet.from_pb(snapshot))
 
     def apply(self, snapshot: AllocationSet) -> None:
-        """Directs this node's loaders of each allocated job to its per-GPU batch size."""
+        """Directs this node's loaders of each allocated job to its per-GPU batch size, and
+        gives the node the jobs' cores here as its prior."""
         self.managed = {a.job_id: a.gpus for a in snapshot.allocations if a.gpus}
         if snapshot.dry_run:
             return
+        self.core.set_cpu_targets(
+            {a.job_id: a.cpus[self.node_id] for a in snapshot.allocations if self.node_id in a.cpus}
+        )
         by_name = defaultdict(list)
         for job in self.core.jobs.values():
             by_name[job.record.name].append(job.job_id)
@@ -131,16 +147,27 @@ class AllocatorLink:
                 )
 
     def report(self) -> pb.ReportNodeRequest:
-        """This node's report: usable GPUs and its allocator-managed jobs' throughput."""
+        """This node's report: usable GPUs, and its allocator-managed jobs' throughput and
+        input curves."""
         rates: dict[str, float] = defaultdict(float)
+        models: dict[str, list[LoaderModel]] = defaultdict(list)
         for job in self.core.jobs.values():
             name = job.record.name
             if name in self.managed and job.last_report:
                 rates[name] += job.last_report.samples_per_second
+                models[name].append(job.model)
+        settings = self.core.settings
         return pb.ReportNodeRequest(
             node_id=self.node_id,
             free_gpus=self.gpus,
-            jobs=[NodeJobReport(n, rates[n]).to_pb() for n in sorted(rates)],
+            jobs=[
+                NodeJobReport(
+                    n,
+                    rates[n],
+                    input_curve=input_curve(models[n], settings.cpu_budget, settings.worker_budget),
+                ).to_pb()
+                for n in sorted(rates)
+            ],
         )
 
     async def _report(self, stub: pb_grpc.ClusterAllocatorAsyncStub, stop: asyncio.Event) -> None:
@@ -152,3 +179,27 @@ class AllocatorLink:
                     raise
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.period_s)
+
+
+def input_curve(models: list[LoaderModel], cores: float, workers: int) -> InputCurve:
+    """What one job's loaders on this node (one per rank, ``models``) deliver together on ``c``
+    cores, each rank on ``c / ranks`` with its share of the node's ``workers``: at
+    :data:`MAX_INPUT_POINTS` core counts from 1/8 of a core to the node's ``cores`` (empty while
+    a loader has no model yet)."""
+    ranks = len(models)
+    if not ranks or not all(m.observations for m in models) or cores <= 0:
+        return ()
+    share = max(workers // ranks, 1)
+    low = min(0.125, cores)
+    steps = [low * (cores / low) ** (i / (MAX_INPUT_POINTS - 1)) for i in range(MAX_INPUT_POINTS)]
+    out: list[tuple[float, float]] = []
+    try:
+        for c in sorted(set(steps)):
+            rate = sum(m.input_rate(c / ranks, share) for m in models)
+            if out and rate < out[-1][1]:
+                rate = out[-1][1]  # a curve never falls as cores grow
+            if rate > 0 and (not out or c > out[-1][0]):
+                out.append((c, min(rate, MAX_INPUT_RATE)))
+    except PredictorError:
+        return ()
+    return tuple(out)

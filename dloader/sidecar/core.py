@@ -18,9 +18,9 @@ import secrets
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from dloader._daemon.peer import Role, Shares, current_caller, require, same_token
 from dloader._daemon.streams import Mailbox, Streams
@@ -197,6 +197,9 @@ class NodeCore:
         self._decided_at = -math.inf  # when the policy last ran
         self._wake = asyncio.Event()
         self._dirty = True  # something the decision depends on changed since the last one
+        #: The cluster allocator's cores for each job on this node, by job name (its job id
+        #: there): a prior (:meth:`set_cpu_targets`).
+        self.cpu_targets: dict[str, float] = {}
         for rec in store.active_jobs():  # a restart keeps the jobs and what was learned
             model = LoaderModel()
             payload = store.load_model(rec.job_id)
@@ -281,8 +284,43 @@ class NodeCore:
         log.info(
             "job %s (%s) registered: pids %s, %d workers", rec.job_id, name, pids, reg.num_workers
         )
+        self._start_from_target(job)
         self.decide()
         return job
+
+    def set_cpu_targets(self, targets: Mapping[str, float]) -> None:
+        """The cluster allocator's cores for its jobs on this node, by job name: a prior, not
+        a cage. A job its model has not placed yet starts (and explores) from the worker
+        count its share of the target feeds, within its limits and the node's budget; from
+        then on the node's policy arbitrates from what the jobs measure, as for any job. Kept
+        for the jobs of those names that register later (only the latest targets: bounded by
+        the allocator's jobs on this node)."""
+        self.cpu_targets = dict(targets)
+        for job in list(self.jobs.values()):
+            self._start_from_target(job)
+
+    def _start_from_target(self, job: Job) -> None:
+        target = self.cpu_targets.get(job.record.name)
+        if target is None or job.placed:
+            return
+        ranks = sum(j.record.name == job.record.name for j in self.jobs.values())
+        cores = target / max(ranks, 1)
+        if job.model.observations:  # a worker runs t_cpu of every t_io + t_cpu seconds
+            t_cpu = job.model.cpu_seconds_per_sample
+            busy = t_cpu / max(t_cpu + job.model.io_seconds_per_sample, 1e-12)
+            workers = math.ceil(cores / max(busy, 1e-3) - 1e-9)
+        else:
+            workers = round(cores)
+        low, high = pol.bounds(self._view(job), self._budget())
+        workers = min(max(workers, low), high)
+        if workers == job.initial_workers == job.directive.num_workers:
+            return
+        job.initial_workers = workers
+        reason = f"the allocator's target: {cores:.2f} cores feed {workers} worker(s)"
+        log.info("job %s (%s): %s", job.job_id, job.record.name, reason)
+        if workers != job.directive.num_workers:
+            self._direct(job, reason, num_workers=workers)
+            job.directive_at = self._changed_at = self._clock()
 
     def _check_room(self) -> int | None:
         """The caller's uid as the owner of one more job (None: an operator), if it may
@@ -670,21 +708,8 @@ class NodeCore:
                         d.reason,
                     )
             if d.num_workers != job.directive.num_workers:
-                self._revision += 1
-                job.directive = replace(
-                    job.directive,
-                    num_workers=d.num_workers,
-                    reason=d.reason,
-                    revision=self._revision,
-                )
+                self._direct(job, d.reason, num_workers=d.num_workers)
                 job.directive_at = self._changed_at = self._clock()
-                self.store.add_decision(
-                    job.job_id,
-                    d.num_workers,
-                    job.directive.batch_size,
-                    list(job.directive.cpus),
-                    d.reason,
-                )
                 # what the model expects of the job at this split, the node's cores shared
                 log.info(
                     "job %s: %d workers (%s)%s",
@@ -695,8 +720,17 @@ class NodeCore:
                     if job.job_id in expect
                     else "",
                 )
-                for box in job.watchers:
-                    box.put(job.directive)
+
+    def _direct(self, job: Job, reason: str, **changes: Any) -> None:
+        """Sends ``job`` a new directive (``changes`` to its current one, a new revision) and
+        logs it in the store."""
+        self._revision += 1
+        job.directive = d = replace(
+            job.directive, reason=reason, revision=self._revision, **changes
+        )
+        self.store.add_decision(job.job_id, d.num_workers, d.batch_size, list(d.cpus), reason)
+        for box in job.watchers:
+            box.put(d)
 
     def _enforce_cpu(self, jobs: list[Job], decisions: dict[str, pol.WorkerDecision]) -> None:
         """CPU sets for the loader workers and cgroup weights, from the jobs' CPU shares."""
@@ -714,20 +748,8 @@ class NodeCore:
         for job in jobs:
             cpus = sets.get(job.job_id, ())
             if cpus and cpus != job.directive.cpus:
-                self._revision += 1
                 reason = f"CPU set {list(cpus)}: its share {shares[job.job_id]:.2f} cores"
-                job.directive = replace(
-                    job.directive, cpus=cpus, reason=reason, revision=self._revision
-                )
-                self.store.add_decision(
-                    job.job_id,
-                    job.directive.num_workers,
-                    job.directive.batch_size,
-                    list(cpus),
-                    reason,
-                )
-                for box in job.watchers:
-                    box.put(job.directive)
+                self._direct(job, reason, cpus=cpus)
 
     def direct_batch_size(self, job_id: str, batch_size: int, reason: str) -> bool:
         """Directs a job to a new batch size (from the cluster allocator); False if not allowed.
@@ -744,14 +766,8 @@ class NodeCore:
         b = min(max(batch_size, lo), hi)
         if b == (job.directive.batch_size or job.record.batch_size):
             return True
-        self._revision += 1
-        job.directive = replace(job.directive, batch_size=b, reason=reason, revision=self._revision)
-        self.store.add_decision(
-            job_id, job.directive.num_workers, b, list(job.directive.cpus), reason
-        )
+        self._direct(job, reason, batch_size=b)
         log.info("job %s: batch size %d (%s)", job_id, b, reason)
-        for box in job.watchers:
-            box.put(job.directive)
         return True
 
     def reap(self) -> list[str]:

@@ -30,6 +30,14 @@ class GradientStats(_message.Message):
     grad_var: float
     def __init__(self, base_batch_size: _Optional[int] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ...) -> None: ...
 
+class InputPoint(_message.Message):
+    __slots__ = ("cores", "samples_per_second")
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    cores: float
+    samples_per_second: float
+    def __init__(self, cores: _Optional[float] = ..., samples_per_second: _Optional[float] = ...) -> None: ...
+
 class ScalingParams(_message.Message):
     __slots__ = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma")
     ALPHA_C_FIELD_NUMBER: _ClassVar[int]
@@ -49,7 +57,7 @@ class ScalingParams(_message.Message):
     def __init__(self, alpha_c: _Optional[float] = ..., beta_c: _Optional[float] = ..., alpha_n: _Optional[float] = ..., beta_n: _Optional[float] = ..., alpha_r: _Optional[float] = ..., beta_r: _Optional[float] = ..., gamma: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("job_id", "min_gpus", "max_gpus", "requested_gpus", "batch_size", "min_batch_size", "max_batch_size", "min_local_batch_size", "max_local_batch_size", "priority", "restart_seconds", "scaling", "measurements", "gradient")
+    __slots__ = ("job_id", "min_gpus", "max_gpus", "requested_gpus", "batch_size", "min_batch_size", "max_batch_size", "min_local_batch_size", "max_local_batch_size", "priority", "restart_seconds", "scaling", "measurements", "gradient", "input_curve")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     MIN_GPUS_FIELD_NUMBER: _ClassVar[int]
     MAX_GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +72,7 @@ class JobSpec(_message.Message):
     SCALING_FIELD_NUMBER: _ClassVar[int]
     MEASUREMENTS_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_FIELD_NUMBER: _ClassVar[int]
+    INPUT_CURVE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     min_gpus: int
     max_gpus: int
@@ -78,7 +87,8 @@ class JobSpec(_message.Message):
     scaling: ScalingParams
     measurements: _containers.RepeatedCompositeFieldContainer[Measurement]
     gradient: GradientStats
-    def __init__(self, job_id: _Optional[str] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., requested_gpus: _Optional[int] = ..., batch_size: _Optional[int] = ..., min_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., min_local_batch_size: _Optional[int] = ..., max_local_batch_size: _Optional[int] = ..., priority: _Optional[float] = ..., restart_seconds: _Optional[float] = ..., scaling: _Optional[_Union[ScalingParams, _Mapping]] = ..., measurements: _Optional[_Iterable[_Union[Measurement, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ...) -> None: ...
+    input_curve: _containers.RepeatedCompositeFieldContainer[InputPoint]
+    def __init__(self, job_id: _Optional[str] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., requested_gpus: _Optional[int] = ..., batch_size: _Optional[int] = ..., min_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., min_local_batch_size: _Optional[int] = ..., max_local_batch_size: _Optional[int] = ..., priority: _Optional[float] = ..., restart_seconds: _Optional[float] = ..., scaling: _Optional[_Union[ScalingParams, _Mapping]] = ..., measurements: _Optional[_Iterable[_Union[Measurement, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., input_curve: _Optional[_Iterable[_Union[InputPoint, _Mapping]]] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
     __slots__ = ("job",)
@@ -129,34 +139,38 @@ class CompleteJobResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "gpus", "sidecar_address", "host")
+    __slots__ = ("node_id", "gpus", "sidecar_address", "host", "cpus")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     SIDECAR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     gpus: int
     sidecar_address: str
     host: str
-    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ..., sidecar_address: _Optional[str] = ..., host: _Optional[str] = ...) -> None: ...
+    cpus: float
+    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ..., sidecar_address: _Optional[str] = ..., host: _Optional[str] = ..., cpus: _Optional[float] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class NodeJobReport(_message.Message):
-    __slots__ = ("job_id", "samples_per_second", "batch_size", "measurements", "gradient")
+    __slots__ = ("job_id", "samples_per_second", "batch_size", "measurements", "gradient", "input_curve")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MEASUREMENTS_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_FIELD_NUMBER: _ClassVar[int]
+    INPUT_CURVE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     samples_per_second: float
     batch_size: int
     measurements: _containers.RepeatedCompositeFieldContainer[Measurement]
     gradient: GradientStats
-    def __init__(self, job_id: _Optional[str] = ..., samples_per_second: _Optional[float] = ..., batch_size: _Optional[int] = ..., measurements: _Optional[_Iterable[_Union[Measurement, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ...) -> None: ...
+    input_curve: _containers.RepeatedCompositeFieldContainer[InputPoint]
+    def __init__(self, job_id: _Optional[str] = ..., samples_per_second: _Optional[float] = ..., batch_size: _Optional[int] = ..., measurements: _Optional[_Iterable[_Union[Measurement, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., input_curve: _Optional[_Iterable[_Union[InputPoint, _Mapping]]] = ...) -> None: ...
 
 class ReportNodeRequest(_message.Message):
     __slots__ = ("node_id", "free_gpus", "jobs")
@@ -173,12 +187,14 @@ class ReportNodeResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeShare(_message.Message):
-    __slots__ = ("node_id", "gpus")
+    __slots__ = ("node_id", "gpus", "cpus")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     gpus: int
-    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ...) -> None: ...
+    cpus: float
+    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ..., cpus: _Optional[float] = ...) -> None: ...
 
 class Allocation(_message.Message):
     __slots__ = ("job_id", "gpus", "nodes", "batch_size", "reason", "queue_position", "rendezvous", "generation")

@@ -88,7 +88,8 @@ def test_the_allocators_history_is_pruned_by_age(tmp_path: Path) -> None:
 
 
 def test_an_older_file_is_brought_to_the_pruning_schema(tmp_path: Path) -> None:
-    """Files of the version before pruning (1) migrate in place, their rows kept."""
+    """Files of the version before pruning (1) migrate in place to the latest, their rows
+    kept."""
     for migrations, store in (
         (ALLOCATOR_MIGRATIONS, AllocatorStore),
         (SIDECAR_MIGRATIONS, SidecarStore),
@@ -97,4 +98,4 @@ def test_an_older_file_is_brought_to_the_pruning_schema(tmp_path: Path) -> None:
         SqliteState(path, migrations[:1]).close()
         assert version(path) == 1
         store(path).close()
-        assert version(path) == len(migrations) == 2
+        assert version(path) == len(migrations) >= 2

@@ -113,6 +113,7 @@ from dloader.sidecar.node_policy.views import (
     Candidate,
     JobView,
     WorkerDecision,
+    bounds,
     check_policy,
 )
 
@@ -146,6 +147,7 @@ __all__ = [
     "Probe",
     "Split",
     "WorkerDecision",
+    "bounds",
     "check_policy",
     "cpu_sets",
     "cpu_shares",

@@ -1,0 +1,175 @@
+"""The live allocator with CPUs: nodes register their cores, reports carry each job's input
+curve, allocations carry each job's cores per node; the typed messages bound and check the new
+fields; the sidecar takes the cores as a prior and reports its loaders' curves."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dloader._shared.allocator_messages import (
+    MAX_INPUT_POINTS,
+    Allocation,
+    JobSpec,
+    NodeJobReport,
+    check_input_curve,
+)
+from dloader._shared.node_messages import JobLimits, Registration
+from dloader.allocator.config import Settings
+from dloader.allocator.core import AllocatorCore
+from dloader.allocator.store import AllocatorStore
+from dloader.errors import InvalidArgument
+from dloader.predictor import MAX_INPUT_POINTS as MODEL_POINTS
+from dloader.predictor import LoaderModel, LoaderObservation
+from dloader.sidecar.allocator_link import input_curve
+from dloader.sidecar.config import PolicySettings
+from dloader.sidecar.core import NodeCore
+from dloader.sidecar.store import SidecarStore
+from tests.allocator.test_service import job
+
+#: 432 samples/s on one GPU at batch 32 (tests.allocator.test_service.SCALING)
+HUNGRY = ((1.0, 100.0),)  # 4.3 cores to feed one GPU
+LIGHT = ((1.0, 1e6),)
+
+
+def _spec(job_id: str, curve: tuple[tuple[float, float], ...]) -> JobSpec:
+    return replace(JobSpec.from_pb(job(job_id, max_gpus=1).job), input_curve=curve)
+
+
+def _core(tmp_path: Path, policy: str = "goodput-dp", name: str = "a.db") -> AllocatorCore:
+    return AllocatorCore(AllocatorStore(tmp_path / name), Settings(policy=policy))
+
+
+def test_the_cluster_has_cores_only_where_every_node_gave_them(tmp_path: Path) -> None:
+    core = _core(tmp_path)
+    core.register_node("n0", 2, cpus=4.0)
+    assert core.nodes.cluster()[1].cpus == (4.0,)
+    core.register_node("n1", 2)  # says nothing of its cores: not limited anywhere
+    assert core.nodes.cluster()[1].cpus is None
+    for bad in (-1.0, math.nan, math.inf, 1e6):
+        with pytest.raises(InvalidArgument, match="cpus"):
+            core.register_node("n2", 2, cpus=bad)
+    core.register_node("n1", 2, cpus=2.0)
+    again = AllocatorCore(core.store, Settings())  # a restart keeps them
+    assert again.nodes.cluster()[1].cpus == (4.0, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("policy", "apart"), [("goodput-dp", True), ("goodput-dp-cpu-blind", False)]
+)
+def test_hungry_jobs_go_beside_light_ones_and_allocations_carry_cores(
+    tmp_path: Path, policy: str, apart: bool
+) -> None:
+    core = _core(tmp_path, policy)
+    core.register_node("n0", 2, cpus=2.0)
+    core.register_node("n1", 2, cpus=2.0)
+    for job_id, curve in (("a-hungry", HUNGRY), ("b-hungry", HUNGRY), ("c-light", LIGHT)):
+        core.submit(_spec(job_id, curve))
+    core.submit(_spec("d-light", LIGHT))
+    snap = {a.job_id: a for a in core.decide().allocations}
+    assert all(a.gpus == 1 for a in snap.values())
+    assert (snap["a-hungry"].nodes != snap["b-hungry"].nodes) is apart
+    for node in ("n0", "n1"):
+        assert sum(a.cpus.get(node, 0.0) for a in snap.values()) <= 2.0 + 1e-9
+    for a in snap.values():
+        assert set(a.cpus) == set(a.nodes)  # cores where it has GPUs, nowhere else
+    if apart:  # each hungry job has its node's cores but what its light neighbour needs
+        assert all(sum(snap[j].cpus.values()) > 1.9 for j in ("a-hungry", "b-hungry"))
+    else:  # GPU-proportional: one core per GPU
+        assert all(sum(a.cpus.values()) == pytest.approx(1.0) for a in snap.values())
+    # the same through the proto
+    again = Allocation.from_pb(snap["a-hungry"].to_pb())
+    assert again.cpus == pytest.approx(snap["a-hungry"].cpus)
+
+
+def test_a_node_report_brings_a_jobs_input_curve(tmp_path: Path) -> None:
+    core = _core(tmp_path)
+    core.register_node("n0", 2, cpus=2.0)
+    core.submit(_spec("x", ()))
+    assert core.jobs["x"].state(["n0"], 0.0).input is None
+    core.report_node("n0", 2, [NodeJobReport("x", 50.0, input_curve=((0.5, 40.0), (2.0, 150.0)))])
+    model = core.jobs["x"].state(["n0"], 0.0).input
+    assert model is not None and model.rate(2.0) == pytest.approx(150.0)
+    # a curve that came with the submission is used until a node reports one
+    core.submit(_spec("y", HUNGRY))
+    assert core.jobs["y"].state(["n0"], 0.0).input.rate(1.0) == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize(
+    ("curve", "says"),
+    [
+        (tuple((float(i), float(i)) for i in range(1, MAX_INPUT_POINTS + 2)), "at most 16"),
+        (((1.0, 10.0), (1.0, 20.0)), "must exceed"),
+        (((0.0, 10.0),), "must be > 0"),
+        (((1.0, math.nan),), "samples_per_second"),
+        (((1e9, 1.0),), "cores"),
+    ],
+)
+def test_bad_input_curves_are_refused_naming_the_field(curve, says: str) -> None:
+    with pytest.raises(InvalidArgument, match=says):
+        check_input_curve("jobs.input_curve", curve)
+    with pytest.raises(InvalidArgument, match=says):
+        NodeJobReport.from_pb(NodeJobReport("x", 1.0, input_curve=curve).to_pb())
+    with pytest.raises(InvalidArgument, match=says):
+        _spec("x", curve).normalised(30.0)
+
+
+def test_the_curve_limit_is_the_models() -> None:
+    assert MAX_INPUT_POINTS == MODEL_POINTS
+    spec = _spec("x", ((0.5, 10.0), (2.0, 30.0)))
+    assert JobSpec.from_json(spec.to_json()) == spec
+    assert JobSpec.from_pb(spec.to_pb()) == spec
+
+
+def _observed(cpu_s: float, io_s: float) -> LoaderModel:
+    m = LoaderModel()
+    batch, k = 32, 2
+    rate = k / (io_s + cpu_s)  # samples/s of k workers, no CPU limit
+    m.update(
+        LoaderObservation(
+            num_workers=k,
+            cores=8.0,
+            batch_size=batch,
+            samples_per_s=rate,
+            idle_share=0.5,
+            step_s=batch / rate,
+            fetch_s=(io_s + cpu_s) * batch,
+            cpu_s=cpu_s * batch,
+        )
+    )
+    return m
+
+
+def test_the_sidecar_reports_what_its_loaders_deliver_on_c_cores() -> None:
+    cpu_bound = _observed(cpu_s=0.01, io_s=0.0)  # 100 samples/s per core
+    curve = input_curve([cpu_bound], cores=4.0, workers=16)
+    assert len(curve) == MAX_INPUT_POINTS and curve[-1][0] == pytest.approx(4.0)
+    assert curve[0][0] == pytest.approx(0.125)
+    assert all(b[1] >= a[1] for a, b in itertools.pairwise(curve))
+    assert curve[-1][1] == pytest.approx(400.0, rel=0.35)
+    two_ranks = input_curve([cpu_bound, cpu_bound], cores=4.0, workers=16)
+    assert two_ranks[-1][1] == pytest.approx(curve[-1][1], rel=0.15)  # the node's cores, shared
+    assert input_curve([LoaderModel()], cores=4.0, workers=16) == ()  # no model yet
+    check_input_curve("jobs.input_curve", curve)
+
+
+def test_the_allocators_cores_are_a_prior_for_jobs_not_placed_yet(tmp_path: Path) -> None:
+    core = NodeCore(SidecarStore(tmp_path / "n.db"), PolicySettings("adaptive", 16, 4, 60.0))
+    pid = (os.getpid(),)
+    core.set_cpu_targets({"train": 3.0})
+    job = core.register(Registration("train", pid, 8, 32, JobLimits()))  # asked for 8 workers
+    assert job.directive.num_workers == 3 and job.initial_workers == 3
+    assert "allocator's target" in job.directive.reason
+    other = core.register(Registration("other", pid, 2, 32, JobLimits()))
+    assert other.directive.num_workers == 2  # no target: its own count
+    core.set_cpu_targets({"other": 1.0})
+    assert other.directive.num_workers == 1
+    other.placed = True  # once its model places it, the node's policy decides
+    core.set_cpu_targets({"other": 4.0})
+    assert other.directive.num_workers == 1
+    assert core.cpu_targets == {"other": 4.0}
