@@ -24,7 +24,7 @@ from typing import Any
 from dloader._daemon.paths import own_folder, private_file
 from dloader.errors import ConfigError
 
-__all__ = ["HISTORY_KEEP_S", "MAX_DECISIONS", "SETTINGS_TABLE", "SqliteState"]
+__all__ = ["HISTORY_KEEP_S", "MAX_DECISIONS", "MAX_ENDED_JOBS", "SETTINGS_TABLE", "SqliteState"]
 
 #: Every store has this table (create it in the first migration).
 SETTINGS_TABLE = "CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
@@ -32,6 +32,9 @@ SETTINGS_TABLE = "CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, val
 HISTORY_KEEP_S = 7 * 86400.0
 #: Decisions kept at most (the newest), whatever their age.
 MAX_DECISIONS = 100_000
+#: Ended jobs kept at most (the most recently ended), whatever their age: a client that
+#: registers and ends jobs in a loop cannot grow the file past it.
+MAX_ENDED_JOBS = 10_000
 
 
 class SqliteState:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dloader._daemon import store as base
 from dloader._daemon.store import HISTORY_KEEP_S, SETTINGS_TABLE, SqliteState
 
 __all__ = [
@@ -243,14 +244,18 @@ class AllocatorStore(SqliteState):
         return [(r[0], r[1], r[2], r[3], r[4], bool(r[5])) for r in rows]
 
     def prune(self, now: float | None = None) -> int:
-        """Drops jobs completed more than ``HISTORY_KEEP_S`` ago, decisions older than that,
-        and decisions past the newest ``MAX_DECISIONS``; returns the rows deleted. The file
+        """Drops jobs completed more than ``HISTORY_KEEP_S`` ago or past the ``MAX_ENDED_JOBS``
+        most recently completed, decisions older than that, and decisions past the newest
+        ``MAX_DECISIONS``; returns the rows deleted. The file
         keeps its size (SQLite reuses the freed pages)."""
         cutoff = (time.time() if now is None else now) - HISTORY_KEEP_S
         with self._lock:
             self._db.execute("BEGIN")
             deleted = self._db.execute(
-                "DELETE FROM jobs WHERE completed_at IS NOT NULL AND completed_at < ?", (cutoff,)
+                "DELETE FROM jobs WHERE completed_at IS NOT NULL AND (completed_at < ? OR job_id "
+                "NOT IN (SELECT job_id FROM jobs WHERE completed_at IS NOT NULL "
+                "ORDER BY completed_at DESC LIMIT ?))",
+                (cutoff, base.MAX_ENDED_JOBS),
             ).rowcount
             deleted += self._prune_decisions(cutoff)
             self._db.execute("COMMIT")

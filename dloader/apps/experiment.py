@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,9 +60,13 @@ def sidecar_process(
     period_s: float = 2.0,
     log_level: str = "INFO",
     memory_budget: str | None = None,
+    extra: Sequence[str] = (),
+    cpus: Collection[int] | None = None,
 ) -> Iterator[Sidecar]:
     """A running ``dloader-sidecar`` (its log in ``folder/sidecar.log``); stopped with SIGTERM.
-    ``memory_budget``: its ``--memory-budget`` (default: the sidecar's)."""
+    ``memory_budget``: its ``--memory-budget`` (default: the sidecar's); ``extra``: more of its
+    arguments (``--allocator ...``); ``cpus``: pin it to these CPUs once started (a node of
+    that many cores on this machine)."""
     folder.mkdir(parents=True, exist_ok=True)
     sock = folder / "sidecar.sock"
     cmd = [
@@ -85,8 +89,10 @@ def sidecar_process(
     if memory_budget is not None:
         cmd += ["--memory-budget", memory_budget]
     with open(folder / "sidecar.log", "w") as log:
-        daemon = subprocess.Popen(cmd, stderr=log)
+        daemon = subprocess.Popen([*cmd, *extra], stderr=log)
         try:
+            if cpus is not None:
+                os.sched_setaffinity(daemon.pid, set(cpus))
             deadline = time.monotonic() + 30
             while not sock.exists():
                 if daemon.poll() is not None or time.monotonic() > deadline:

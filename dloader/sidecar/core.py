@@ -132,6 +132,7 @@ class Job:
     worker_memory_bound: float = 0.0  # while that grows: the most one may hold (0: settled)
     memory_mark: float = 0.0  # the workers' peak USS when it last grew
     memory_grew_at: float = -math.inf  # when that was (clock of the core); -inf: never measured
+    cpu_target: float = 0.0  # the allocator's cores for it it last started from (0: none)
     watchers: set[Mailbox[Directive | None]] = field(default_factory=set)
 
     @property
@@ -301,8 +302,9 @@ class NodeCore:
 
     def _start_from_target(self, job: Job) -> None:
         target = self.cpu_targets.get(job.record.name)
-        if target is None or job.placed:
-            return
+        if target is None or job.placed or abs(target - job.cpu_target) <= 0.05 * target:
+            return  # no target, its model decides, or it already started from this one
+        job.cpu_target = target
         ranks = sum(j.record.name == job.record.name for j in self.jobs.values())
         cores = target / max(ranks, 1)
         if job.model.observations:  # a worker runs t_cpu of every t_io + t_cpu seconds

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dloader._daemon import store as base
 from dloader._daemon.store import HISTORY_KEEP_S, SETTINGS_TABLE, SqliteState
 from dloader._shared.node_messages import JobLimits
 
@@ -156,17 +157,19 @@ class SidecarStore(SqliteState):
 
     def prune(self, now: float | None = None) -> int:
         """Drops what is older than ``HISTORY_KEEP_S``: ended jobs (row and model) and
-        decisions, and decisions past the newest ``MAX_DECISIONS``; also reports of jobs no
-        longer active (left by a crash). Returns the rows deleted. The file keeps its size
-        (SQLite reuses the freed pages)."""
+        decisions, and ended jobs past the ``MAX_ENDED_JOBS`` most recent and decisions past
+        the newest ``MAX_DECISIONS``; also reports of jobs no longer active (left by a crash).
+        Returns the rows deleted. The file keeps its size (SQLite reuses the freed pages)."""
         cutoff = (time.time() if now is None else now) - HISTORY_KEEP_S
         with self._lock:
             self._db.execute("BEGIN")
             gone = [
                 r[0]
                 for r in self._db.execute(
-                    "SELECT job_id FROM jobs WHERE active = 0 AND COALESCE(ended_at, 0) < ?",
-                    (cutoff,),
+                    "SELECT job_id FROM jobs WHERE active = 0 AND (COALESCE(ended_at, 0) < ? OR "
+                    "job_id NOT IN (SELECT job_id FROM jobs WHERE active = 0 "
+                    "ORDER BY COALESCE(ended_at, 0) DESC LIMIT ?))",
+                    (cutoff, base.MAX_ENDED_JOBS),
                 ).fetchall()
             ]
             deleted = 0

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from dloader.apps.experiment import score
+from dloader.apps.experiment import score, sidecar_process
 from dloader.v1 import allocator_pb2 as pb
 from tests.allocator.test_service import Allocator, by_job, until
 
@@ -47,34 +45,6 @@ def _start(cmd: list[str], cpu: int, **kw: object) -> subprocess.Popen[bytes]:
     return proc
 
 
-@contextmanager
-def _sidecar(folder: Path, node: str, cpu: int, allocator: str) -> Iterator[Path]:
-    folder.mkdir(parents=True)
-    sock = folder / "sidecar.sock"
-    cmd = [
-        sys.executable, "-m", "dloader.sidecar.cli", "--socket", str(sock),
-        "--state-dir", str(folder / "state"), "--policy", "adaptive", "--period", "1",
-        "--worker-budget", "4", "--cpu-budget", "1", "--allocator", allocator,
-        "--node-id", node, "--gpus", "2", "--log-level", "INFO",
-    ]  # fmt: skip
-    with open(folder / "sidecar.log", "w") as log:
-        proc = _start(cmd, cpu, stderr=log)
-    try:
-        end = time.monotonic() + 30
-        while not sock.exists():
-            assert proc.poll() is None and time.monotonic() < end, (
-                folder / "sidecar.log"
-            ).read_text()
-            time.sleep(0.1)
-        yield sock
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 def _run(tmp: Path, policy: str) -> tuple[dict[str, str], dict[str, float], str]:
     """Places the four jobs under ``policy`` and runs them: their nodes, samples/s, the logs."""
     alloc = Allocator(tmp / "allocator", "--policy", policy)
@@ -82,7 +52,25 @@ def _run(tmp: Path, policy: str) -> tuple[dict[str, str], dict[str, float], str]
         stack.callback(alloc.stop)
         target = f"unix://{alloc.socket}"
         socks = {
-            node: stack.enter_context(_sidecar(tmp / node, node, cpu, target))
+            node: stack.enter_context(
+                sidecar_process(
+                    tmp / node,
+                    policy="adaptive",
+                    worker_budget=4,
+                    period_s=1.0,
+                    extra=[
+                        "--cpu-budget",
+                        "1",
+                        "--allocator",
+                        target,
+                        "--node-id",
+                        node,
+                        "--gpus",
+                        "2",
+                    ],
+                    cpus={cpu},
+                )
+            ).target
             for node, cpu in zip(("A", "B"), CPUS, strict=True)
         }
         end = time.monotonic() + 30  # both nodes registered before any job is placed
@@ -105,7 +93,7 @@ def _run(tmp: Path, policy: str) -> tuple[dict[str, str], dict[str, float], str]
             outs[job_id] = tmp / f"{job_id}.json"
             cmd = [
                 sys.executable, "-m", "dloader.apps.testbed", "--profile", profile,
-                "--workers", "2", "--seconds", str(RUN_S), "--sidecar", f"unix://{socks[node]}",
+                "--workers", "2", "--seconds", str(RUN_S), "--sidecar", socks[node],
                 "--job-name", job_id, "--out", str(outs[job_id]), "--parent", str(os.getpid()),
             ]  # fmt: skip
             cpu = CPUS[0] if node == "A" else CPUS[1]

@@ -169,7 +169,10 @@ def test_the_allocators_cores_are_a_prior_for_jobs_not_placed_yet(tmp_path: Path
     assert other.directive.num_workers == 2  # no target: its own count
     core.set_cpu_targets({"other": 1.0})
     assert other.directive.num_workers == 1
+    core._direct(other, "exploring", num_workers=2)  # its exploration moves on from there
+    core.set_cpu_targets({"other": 1.0})  # the same target again: left to explore
+    assert other.directive.num_workers == 2
     other.placed = True  # once its model places it, the node's policy decides
     core.set_cpu_targets({"other": 4.0})
-    assert other.directive.num_workers == 1
+    assert other.directive.num_workers == 2
     assert core.cpu_targets == {"other": 4.0}

@@ -99,3 +99,31 @@ def test_an_older_file_is_brought_to_the_pruning_schema(tmp_path: Path) -> None:
         assert version(path) == 1
         store(path).close()
         assert version(path) == len(migrations) >= 2
+
+
+def test_ended_jobs_are_capped_by_count_in_both_stores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that registers and ends jobs in a loop grows neither file past
+    ``MAX_ENDED_JOBS`` ended jobs: the most recent stay, active jobs always."""
+    from dloader._daemon import store as base
+    from dloader._shared.node_messages import JobLimits
+    from dloader.sidecar.store import StoredJob
+
+    monkeypatch.setattr(base, "MAX_ENDED_JOBS", 3)
+    side = SidecarStore(tmp_path / "s.db")
+    alloc = AllocatorStore(tmp_path / "a.db")
+    for i in range(8):
+        side.add_job(StoredJob(f"j{i}", f"j{i}", "t", JobLimits(), [1], [], 1, 8, 0.0))
+        alloc.add_job(f"j{i}", i + 1, b"spec", token="t")
+        if i < 7:  # j7 stays active
+            side.end_job(f"j{i}")
+            alloc.complete_job(f"j{i}", failed=False)
+            __import__("time").sleep(0.01)  # distinct end times
+    side.flush()
+    side.prune()
+    alloc.prune()
+    assert {r[0] for r in side._exec("SELECT job_id FROM jobs")} == {"j4", "j5", "j6", "j7"}
+    assert {r[0] for r in alloc._exec("SELECT job_id FROM jobs")} == {"j4", "j5", "j6", "j7"}
+    side.close()
+    alloc.close()

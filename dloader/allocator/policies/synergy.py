@@ -171,27 +171,13 @@ class SynergyPolicy:
             key = np.where(ok, free * 1e6 + free_cpu, np.inf)
             share[int(np.argmin(key))] = k
             return share
-        left = k  # larger than a server: GPU by GPU, servers with the fewest free GPUs first
-        for node in np.lexsort((free_cpu, free)):
-            take = min(int(room[node]), left)
-            share[node] = take
-            left -= take
-            if not left:
-                return share
-        return None
+        # larger than a server: GPU by GPU, servers with the fewest free GPUs first
+        return _fill(k, room, np.lexsort((free_cpu, free)))
 
     @staticmethod
     def _any(k: int, free: np.ndarray) -> np.ndarray | None:
         """``k`` GPUs wherever they are free (the fullest servers first), or None."""
-        share = np.zeros(len(free), dtype=np.int64)
-        left = k
-        for node in np.argsort(free, kind="stable"):
-            take = min(int(free[node]), left)
-            share[node] = take
-            left -= take
-            if not left:
-                return share
-        return None
+        return _fill(k, free, np.argsort(free, kind="stable"))
 
     @staticmethod
     def _reclaim(
@@ -211,6 +197,20 @@ class SynergyPolicy:
             short -= give
             if (short <= _EPS).all():
                 return
+
+
+def _fill(k: int, room: np.ndarray, order: np.ndarray) -> np.ndarray | None:
+    """GPUs per node for ``k`` GPUs taken node by node in ``order``, at most ``room`` on each;
+    None if they do not add up to ``k``."""
+    share = np.zeros(len(room), dtype=np.int64)
+    left = k
+    for node in order:
+        take = min(int(room[node]), left)
+        share[node] = take
+        left -= take
+        if not left:
+            return share
+    return None
 
 
 def _queue(attained_gpu_s: float) -> int:
