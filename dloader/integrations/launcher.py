@@ -226,6 +226,10 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
+class _NotSubmittedYet(Exception):
+    """A follower has no token yet: the submitting launcher has not submitted the job."""
+
+
 class Launcher:
     """Keeps a torchrun process at the job's allocated size."""
 
@@ -343,6 +347,10 @@ class Launcher:
                         stub = pb_grpc.ClusterAllocatorStub(channel)
                         await self._submit(stub)
                         return await self._session(stub, stop)
+                except _NotSubmittedYet:  # a follower can start first
+                    if await self._wait_submitted(stop):
+                        return 130
+                    continue
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() == grpc.StatusCode.NOT_FOUND and self.submitted:
                         if self.seen or not self.args.follow:
@@ -352,9 +360,7 @@ class Launcher:
                                 self.args.job_id,
                             )
                             return 0
-                        if self._backoff.failures == 0:  # a follower can start first
-                            log.info("job %s: waiting for it to be submitted", self.args.job_id)
-                        if await self._wait_offline(stop, self._backoff.next()):
+                        if await self._wait_submitted(stop):
                             return 130
                         continue
                     if exc.code() not in _TRANSIENT:
@@ -377,6 +383,8 @@ class Launcher:
         token (:meth:`_check_token`)."""
         if self.args.follow:
             if not self.checked:
+                if not self._token():  # the submitting launcher has not written it yet
+                    raise _NotSubmittedYet
                 await self._check_token(stub)  # NOT_FOUND while not submitted yet: run() waits
             return
         if self.submitted or self.spec is None:
@@ -428,6 +436,16 @@ class Launcher:
                 ) from None
             raise
         self.checked = True
+
+    async def _wait_submitted(self, stop: asyncio.Event) -> bool:
+        """A follower waits (with backoff) for the job and its token file; True if stopped."""
+        if self._backoff.failures == 0:
+            log.info(
+                "job %s: waiting for it to be submitted (and its token in %s)",
+                self.args.job_id,
+                self.args.token_file,
+            )
+        return await self._wait_offline(stop, self._backoff.next())
 
     async def _wait_offline(self, stop: asyncio.Event, delay: float) -> bool:
         """Waits ``delay`` s while disconnected; True if stopped. Notes the script's exit."""

@@ -100,6 +100,28 @@ def test_with_the_jobs_token_a_launcher_follows_it(tcp: str, tmp_path: Path) -> 
     assert run.submitted and run.checked
 
 
+def test_a_follower_that_starts_first_waits_for_the_job_and_its_token(
+    tmp_path: Path, tcp: str
+) -> None:
+    """A follower may start before the submitting launcher: with no token file yet it waits
+    (run() retries), it is not refused; once the job and its token exist it follows."""
+    token_file = tmp_path / "bert-7.token"
+    args = argv(tcp, tmp_path, "--follow", "--token-file", str(token_file))
+    args.remove("--batch-size")
+    args.remove("32")
+    run = launcher.Launcher(launcher.parser().parse_args(args), Endpoint.of(tcp, "cl"), None)
+
+    async def submit_step() -> None:
+        async with run.allocator.aio_channel() as channel:
+            await run._submit(pb_grpc.ClusterAllocatorStub(channel))
+
+    with pytest.raises(launcher._NotSubmittedYet):
+        asyncio.run(submit_step())
+    token_file.write_text(submit(tcp))
+    asyncio.run(submit_step())
+    assert run.checked
+
+
 def test_a_follower_with_a_wrong_token_is_refused(
     tcp: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
