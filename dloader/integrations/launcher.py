@@ -226,10 +226,6 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-class _NotSubmittedYet(Exception):
-    """A follower has no token yet: the submitting launcher has not submitted the job."""
-
-
 class Launcher:
     """Keeps a torchrun process at the job's allocated size."""
 
@@ -345,12 +341,11 @@ class Launcher:
                 try:
                     async with self.allocator.aio_channel() as channel:
                         stub = pb_grpc.ClusterAllocatorStub(channel)
-                        await self._submit(stub)
+                        if not await self._submit(stub):  # a follower can start first
+                            if await self._wait_submitted(stop):
+                                return 130
+                            continue
                         return await self._session(stub, stop)
-                except _NotSubmittedYet:  # a follower can start first
-                    if await self._wait_submitted(stop):
-                        return 130
-                    continue
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() == grpc.StatusCode.NOT_FOUND and self.submitted:
                         if self.seen or not self.args.follow:
@@ -377,18 +372,19 @@ class Launcher:
         finally:
             await self._stop()
 
-    async def _submit(self, stub: pb_grpc.ClusterAllocatorAsyncStub) -> None:
+    async def _submit(self, stub: pb_grpc.ClusterAllocatorAsyncStub) -> bool:
         """Submits the job (a submitting launcher, once); a follower, once the job exists,
         checks that it holds the job's token. An id already taken is followed only with its
-        token (:meth:`_check_token`)."""
+        token (:meth:`_check_token`). False: a follower has no token yet (the submitting
+        launcher has not written it), and waits."""
         if self.args.follow:
             if not self.checked:
-                if not self._token():  # the submitting launcher has not written it yet
-                    raise _NotSubmittedYet
+                if not self._token():
+                    return False
                 await self._check_token(stub)  # NOT_FOUND while not submitted yet: run() waits
-            return
+            return True
         if self.submitted or self.spec is None:
-            return
+            return True
         try:
             r = await stub.SubmitJob(
                 pb.SubmitJobRequest(job=self.spec.to_pb()), metadata=self._meta, timeout=30
@@ -404,6 +400,7 @@ class Launcher:
             await self._check_token(stub, taken=True)
             log.info("job %s already submitted, with this token: following it", self.args.job_id)
         self.submitted = True
+        return True
 
     async def _check_token(
         self, stub: pb_grpc.ClusterAllocatorAsyncStub, taken: bool = False

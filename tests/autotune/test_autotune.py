@@ -81,7 +81,8 @@ _AFFINITY_JOB = textwrap.dedent(
         time.sleep(0.002)
         if time.monotonic() > end:
             break
-    print(json.dumps({"max": max(counts), "tuner": loader.stats().tuner}))
+    steps = [b - a for a, b in zip(counts, counts[1:]) if b > a]
+    print(json.dumps({"first": counts[0], "steps": steps, "tuner": loader.stats().tuner}))
     """
 )
 
@@ -98,11 +99,14 @@ def test_a_cpu_bound_job_stays_within_its_cpu_affinity() -> None:
         )
         return json.loads(out.stdout.splitlines()[-1])
 
-    # One CPU: a CPU-bound worker is added only into CPU time nobody uses, or as the one more
-    # worker a waiting trainer may try (kept only if it pays): never the doubling an
-    # I/O-bound job gets (the rules themselves: test_tuner.py, on synthetic windows).
+    # One CPU: the search starts at one worker, and a CPU-bound worker is added only into CPU
+    # time nobody uses, or as the one more worker a waiting trainer may try (kept only if it
+    # pays): one at a time, never the doubling an I/O-bound job gets (the rules themselves:
+    # test_tuner.py, on synthetic windows). How far it climbs in the 9 s depends on the
+    # machine's load (with another process on the CPU, one more worker is a larger share of
+    # it, and may pay): not asserted.
     pinned = run([0])
-    assert pinned["max"] <= 3, pinned
+    assert pinned["first"] == 1 and set(pinned["steps"]) <= {1}, pinned
 
 
 @pytest.mark.integration

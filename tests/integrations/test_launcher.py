@@ -111,15 +111,13 @@ def test_a_follower_that_starts_first_waits_for_the_job_and_its_token(
     args.remove("32")
     run = launcher.Launcher(launcher.parser().parse_args(args), Endpoint.of(tcp, "cl"), None)
 
-    async def submit_step() -> None:
+    async def submit_step() -> bool:
         async with run.allocator.aio_channel() as channel:
-            await run._submit(pb_grpc.ClusterAllocatorStub(channel))
+            return await run._submit(pb_grpc.ClusterAllocatorStub(channel))
 
-    with pytest.raises(launcher._NotSubmittedYet):
-        asyncio.run(submit_step())
+    assert not asyncio.run(submit_step()) and not run.checked  # waits, not refused
     token_file.write_text(submit(tcp))
-    asyncio.run(submit_step())
-    assert run.checked
+    assert asyncio.run(submit_step()) and run.checked
 
 
 def test_a_follower_with_a_wrong_token_is_refused(
