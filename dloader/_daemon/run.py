@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import ctypes.util
 import json
 import logging
 import os
@@ -86,30 +84,6 @@ def stop_on_signals(stop: asyncio.Event | None = None) -> asyncio.Event:
 
 
 HEAP_EVERY_S = 30.0
-#: How often a daemon hands the memory its C allocator holds free back to the OS.
-TRIM_EVERY_S = 300.0
-
-
-def trim_memory(every_s: float = TRIM_EVERY_S) -> bool:
-    """Every ``every_s``, ``malloc_trim(0)``: glibc keeps what a thread frees in that thread's
-    arena, and gRPC's threads allocate and free on every call, so the RSS of a daemon serving
-    many calls only grows while its Python heap stays flat (measured: the soak benchmark). A
-    trim takes milliseconds. False (nothing started) where the C library has no
-    ``malloc_trim`` (not glibc)."""
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return False
-
-    def loop() -> None:
-        while True:
-            time.sleep(every_s)
-            trim(0)
-
-    threading.Thread(target=loop, name="dloader-malloc-trim", daemon=True).start()
-    return True
-
-
 def trace_heap(path: Path, every_s: float = HEAP_EVERY_S, top: int = 15) -> None:
     """Traces the Python heap (tracemalloc) and appends a line to ``path`` every ``every_s``:
     seconds since start, bytes traced and their peak, and the ``top`` allocation sites by size
@@ -144,7 +118,6 @@ def run_daemon(
         folder = tracemalloc_dir()
         if folder is not None:
             trace_heap(folder / f"{prog}-{os.getpid()}.jsonl")
-        trim_memory()
         asyncio.run(serve(config))
     except (ValueError, DLoaderError, OSError) as exc:  # bad settings, paths or files
         print(f"{prog}: {exc}", file=sys.stderr)
