@@ -84,6 +84,8 @@ def stop_on_signals(stop: asyncio.Event | None = None) -> asyncio.Event:
 
 
 HEAP_EVERY_S = 30.0
+
+
 def trace_heap(path: Path, every_s: float = HEAP_EVERY_S, top: int = 15) -> None:
     """Traces the Python heap (tracemalloc) and appends a line to ``path`` every ``every_s``:
     seconds since start, bytes traced and their peak, and the ``top`` allocation sites by size
