@@ -13,6 +13,7 @@ from benchmarks.loader import bench_autotune
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(600)  # about 100 s of timed runs, plus each run's process start-up
 def test_bench_autotune_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--profiles", "gpu_bound", "--pairs", "gpu_bound+io_heavy", "--counts", "1,4"]
     argv += ["--fixed-seconds", "5", "--auto-seconds", "10", "--warmup", "1", "--repeats", "1"]
