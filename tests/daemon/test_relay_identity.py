@@ -155,6 +155,7 @@ print(json.dumps({"codes": codes, "collisions": collisions}))
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the attacker's 3,000 connections may take 400 s (its own limit)
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the attacker as another user")
 def test_an_unprivileged_process_trying_source_ports_gets_no_role(tmp_path: Path) -> None:
     """The attack itself: while operator connections are relayed, an unprivileged process
