@@ -519,7 +519,60 @@ def main(argv: list[str] | None = None) -> int:
         "split (about as long again as the scenario's search): an upper bound on what "
         "switching splits can gain over the best static one",
     )
+    g = p.add_argument_group(
+        "generated mixes (--generated N)",
+        "N node mixes drawn from a seed (2-5 jobs of the emulated and real-pipeline profiles, "
+        "costs and limits varied, jobs arriving and leaving, costs changing), each scored for "
+        "the adaptive sidecar, each job at its own count (naive) and a static split searched "
+        "in the same run, with 95%% intervals (benchmarks/sidecar/generated.py)",
+    )
+    g.add_argument("--generated", type=int, metavar="N", help="run N drawn mixes")
+    g.add_argument(
+        "--gen-seed",
+        type=int,
+        metavar="SEED",
+        help="the seed the mixes are drawn from (default: a new one, printed)",
+    )
+    g.add_argument(
+        "--length", type=float, default=30.0, help="seconds of each scenario (default: 30)"
+    )
+    g.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="runs of the adaptive sidecar and of the best static split per mix (default: 2)",
+    )
+    g.add_argument(
+        "--static-runs",
+        type=int,
+        default=5,
+        help="runs the static search may make per mix, its three seeds included (default: 5)",
+    )
     args = p.parse_args(argv)
+    if args.generated is not None:
+        if args.generated < 1:
+            p.error(f"--generated {args.generated}: expected at least 1 mix")
+        if not (args.length >= 12 and args.length < 3600):
+            p.error(f"--length {args.length:g}: expected seconds within [12, 3600)")
+        if args.repeats < 1:
+            p.error(f"--repeats {args.repeats}: expected at least 1")
+        if args.static_runs < 1:
+            p.error(f"--static-runs {args.static_runs}: expected at least 1")
+        if args.jpegs < 1:
+            p.error(f"--jpegs {args.jpegs}: expected at least 1")
+        from benchmarks.sidecar.generated import generated
+        from dloader.sidecar.config import default_budget
+
+        return generated(
+            args.generated,
+            args.gen_seed,
+            length=args.length,
+            repeats=args.repeats,
+            static_runs=args.static_runs,
+            budget=args.budgets[0] if args.budgets else default_budget().workers,
+            jpegs=args.jpegs,
+            out_dir=args.out_dir,
+        )
     global JOBS
     JOBS = REAL_MIX if args.mix == "real" else JOBS
     order = DYNAMIC_JOBS if args.mix == "dynamic" else JOBS

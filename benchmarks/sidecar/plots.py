@@ -64,3 +64,31 @@ def overhead(trace: list[tuple[float, float]], split: float, goal: float | None,
     ax.set_title(f"Sidecar CPU with N jobs reporting once a second\n{machine()}", fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
+
+
+def generated(done: list[dict[str, Any]], seed: int, png: Path) -> None:
+    """Per drawn mix: adaptive / the best static split and adaptive / naive, with their 95%
+    intervals; and how long each job waited for its first placement."""
+    plt = pyplot()
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
+    xs = list(range(len(done)))
+    kinds = ((-0.15, "vs_static", "/ best static split"), (0.15, "vs_naive", "/ naive"))
+    for off, key, label in kinds:
+        v = [r[key][0] for r in done]
+        err = [[r[key][0] - r[key][1] for r in done], [r[key][2] - r[key][0] for r in done]]
+        at = [x + off for x in xs]
+        ax.errorbar(at, v, yerr=err, fmt="o", capsize=3, label=f"adaptive {label}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.axhline(0.95, color="red", ls=":", lw=0.8, label="0.95")
+    ax.set_xticks(xs, [r["mix"].split("/")[1] + ("*" if r["dynamic"] else "") for r in done])
+    ax.set_xlabel("mix (* jobs come or go)")
+    ax.set_ylabel("ratio of scenario scores")
+    ax.legend(fontsize=8)
+    first = [s for r in done for s in r["first_s"]]
+    bx.hist(first, bins=20)
+    bx.axvline(2.0, color="red", ls=":")
+    bx.set_xlabel("s from registering to first placement")
+    fig.suptitle(f"Generated node mixes, seed {seed}\n{machine()}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)

@@ -1,12 +1,13 @@
 """The sidecar agent: a background thread that connects a loader to the node sidecar.
 
-It registers the job, streams the loader's telemetry (one report per second), and applies the
-sidecar's directives (worker count, batch size, CPU set) through the loader's own thread-safe
-knobs. The gRPC connection itself lives in a helper process (:mod:`dloader._agent.helper`),
-because gRPC does not survive the ``fork()`` that starts loader workers (they crashed with
-SIGSEGV in tests). Training never waits for the agent: if the sidecar is absent or dies, the
-loader keeps its last configuration and the agent reconnects with exponential backoff (resuming
-the same job after a sidecar restart, or registering again if the sidecar forgot it).
+It registers the job, streams the loader's telemetry (one report per second; four a second for
+its first three seconds), and applies the sidecar's directives (worker count, batch size, CPU
+set) through the loader's own thread-safe knobs. The gRPC connection itself lives in a helper
+process (:mod:`dloader._agent.helper`), because gRPC does not survive the ``fork()`` that starts
+loader workers (they crashed with SIGSEGV in tests). Training never waits for the agent: if the
+sidecar is absent or dies, the loader keeps its last configuration and the agent reconnects with
+exponential backoff (resuming the same job after a sidecar restart, or registering again if the
+sidecar forgot it).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ __all__ = ["SidecarAgent"]
 
 
 log = logging.getLogger(__name__)
+
+EARLY_REPORTS = 12
+"""Reports sent at ``EARLY_INTERVAL_S`` after connecting (then one per report interval)."""
+EARLY_INTERVAL_S = 0.25
 
 
 class SidecarAgent:
@@ -146,6 +151,7 @@ class SidecarAgent:
 
     def _report_until_done(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdin is not None
+        sent = 0
         while not self._stop.is_set() and proc.poll() is None:
             s = self._controls.stats()
             if s is None:  # the loader is gone
@@ -157,7 +163,12 @@ class SidecarAgent:
                 proc.stdin.write(json.dumps({"op": "report", "report": report.to_json()}) + "\n")
             except (BrokenPipeError, ValueError):
                 return
-            self._stop.wait(self._report_interval_s)
+            sent += 1
+            # at first four times a second: the sidecar places a job from its first half second
+            early = sent < EARLY_REPORTS
+            self._stop.wait(
+                min(self._report_interval_s, EARLY_INTERVAL_S) if early else self._report_interval_s
+            )
 
     def _read(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None

@@ -121,8 +121,15 @@ class Telemetry:
             self.batches += 1
             self.wait_total_seconds += wait
             if self._last_exit is None:
-                # The first batch of a run of steps: its window starts when it was requested.
-                self._first_in_window = enter
+                # The first batch of a run of steps (of the loader, or after a pause between
+                # epochs): the window starts when it arrived. Its wait (the workers starting)
+                # and what came before are not the run's steady state, and a window from its
+                # request would hold one wait more than steps: a job with few batches a window
+                # would show almost no compute, so an accelerator limit far above its own.
+                self._last_exit = self._first_in_window = exit_
+                self._recent.clear()
+                self._recent_wait, self._recent_samples = 0.0, 0
+                return
             self._last_exit = exit_
             recent = self._recent
             recent.append((exit_, wait, samples))

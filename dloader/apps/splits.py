@@ -9,6 +9,7 @@ synthetic scores (``tests/apps/test_splits.py``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 __all__ = ["LADDER", "QUICK_LADDER", "Split", "coordinate_search", "parse_split"]
@@ -31,6 +32,7 @@ def coordinate_search(
     ladder: Sequence[int] = LADDER,
     rounds: int = 3,
     seeds: Sequence[Split] = (),
+    max_evaluations: int | None = None,
 ) -> tuple[float, Split]:
     """The best split found by local search, and its score. It starts from the best of
     ``start`` and the (allowed) ``seeds``, each evaluated first. Each round: each job in turn tries
@@ -38,12 +40,16 @@ def coordinate_search(
     is kept; then every pair of jobs tries transfers (one job one worker down, or one step
     down the ladder, the workers it frees to the other: the moves a tight budget needs, where
     no job can grow alone).
-    Rounds until one changes nothing (at most ``rounds``). Each split is evaluated once."""
+    Rounds until one changes nothing (at most ``rounds``), or until ``max_evaluations``
+    splits were evaluated (a split not evaluated then scores ``-inf``). Each split is evaluated
+    once."""
     seen: dict[tuple[tuple[str, int], ...], float] = {}
 
     def value(split: Split) -> float:
         key = tuple(sorted(split.items()))
         if key not in seen:
+            if max_evaluations is not None and len(seen) >= max_evaluations:
+                return -math.inf
             seen[key] = evaluate(split)
         return seen[key]
 

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -95,13 +95,19 @@ REAL_MIX = ("image_jpeg", "text_pack", "remote_read")
 
 
 def make_dataset(
-    profile: Profile, length: int, jpegs: int = 3000, slow_from: float = math.inf
+    profile: Profile,
+    length: int,
+    jpegs: int = 3000,
+    slow_from: float = math.inf,
+    slow_factor: float = 2.0,
 ) -> Dataset[Any]:
     """The dataset of ``profile`` with ``length`` samples (``jpegs``: files generated once into
     :func:`dloader.apps.pipelines.default_cache` for the image pipeline; ``slow_from``: an
-    emulated profile's samples cost twice as much from this ``time.time()`` on)."""
+    emulated profile's samples cost ``slow_factor`` times as much from this ``time.time()`` on)."""
     if profile.pipeline == "emulated":
-        return EmulatedDataset(length, profile.io_ms, profile.cpu_ms, slow_from=slow_from)
+        return EmulatedDataset(
+            length, profile.io_ms, profile.cpu_ms, slow_from=slow_from, slow_factor=slow_factor
+        )
     if slow_from != math.inf:
         raise ValueError(f"profile {profile.name}: only emulated profiles can slow down")
     from dloader.apps import pipelines
@@ -135,7 +141,7 @@ class EmulatedDataset(Dataset[Any]):
 
     Each sample is ``torch.tensor(index)``, plus a ``payload_bytes`` uint8 tensor when asked for
     (to include inter-process transfer costs). From ``slow_from`` (a ``time.time()``) on, each
-    sample costs twice as much (a pipeline whose cost changes mid-run).
+    sample costs ``slow_factor`` times as much (a pipeline whose cost changes mid-run).
     """
 
     def __init__(
@@ -145,16 +151,20 @@ class EmulatedDataset(Dataset[Any]):
         cpu_ms: float = 0.0,
         payload_bytes: int = 0,
         slow_from: float = math.inf,
+        slow_factor: float = 2.0,
     ) -> None:
         if length < 0:
             raise ValueError(f"length={length} must be >= 0")
         if io_ms < 0 or cpu_ms < 0 or payload_bytes < 0:
             raise ValueError(f"{io_ms=}, {cpu_ms=} and {payload_bytes=} must be >= 0")
+        if not (math.isfinite(slow_factor) and slow_factor > 0):
+            raise ValueError(f"slow_factor={slow_factor}: expected a finite number > 0")
         self.length = length
         self.io_ms = io_ms
         self.cpu_ms = cpu_ms
         self.payload_bytes = payload_bytes
         self.slow_from = slow_from
+        self.slow_factor = slow_factor
 
     @classmethod
     def from_profile(cls, profile: Profile, length: int, payload_bytes: int = 0) -> EmulatedDataset:
@@ -167,7 +177,7 @@ class EmulatedDataset(Dataset[Any]):
     def __getitem__(self, index: int) -> Any:
         if not 0 <= index < self.length:
             raise IndexError(f"index {index} out of range for EmulatedDataset of {self.length}")
-        scale = 2.0 if time.time() >= self.slow_from else 1.0
+        scale = self.slow_factor if time.time() >= self.slow_from else 1.0
         if self.io_ms:
             time.sleep(scale * self.io_ms / 1000.0)
         burn_cpu(scale * self.cpu_ms / 1000.0)
@@ -380,8 +390,29 @@ def main(argv: list[str] | None = None) -> int:
         type=finite,
         default=None,
         metavar="SECONDS",
-        help="emulated profiles: each sample costs twice as much from this second of the run on",
+        help="emulated profiles: each sample costs --slowdown-factor times as much from this "
+        "second of the run on",
     )
+    parser.add_argument(
+        "--slowdown-factor",
+        type=finite,
+        default=2.0,
+        metavar="X",
+        help="with --slowdown-at: how many times a sample's cost it becomes (0.5: half; "
+        "default: %(default)s)",
+    )
+    for part, what in (
+        ("io", "emulated profiles: per-sample I/O latency"),
+        ("cpu", "emulated profiles: per-sample CPU work"),
+        ("step", "the emulated accelerator's step (its limit divides by this)"),
+    ):
+        parser.add_argument(
+            f"--{part}-scale",
+            type=finite,
+            default=1.0,
+            metavar="X",
+            help=f"{what}, times X (a variation of the profile; default: 1)",
+        )
     parser.add_argument(
         "--parent",
         type=int,
@@ -399,6 +430,16 @@ def main(argv: list[str] | None = None) -> int:
             f"--slowdown-at={args.slowdown_at}: expected seconds >= 0, for an emulated profile "
             f"(io_heavy, cpu_heavy, gpu_bound), not {args.profile}"
         )
+    for name in ("slowdown_factor", "io_scale", "cpu_scale", "step_scale"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)}: expected > 0")
+    if (args.io_scale, args.cpu_scale) != (1.0, 1.0) and (
+        PROFILES[args.profile].pipeline != "emulated"
+    ):
+        parser.error(
+            f"--io-scale/--cpu-scale: only emulated profiles (io_heavy, cpu_heavy, gpu_bound) "
+            f"have costs to scale, not {args.profile} (its data sets them)"
+        )
     if args.seconds is not None and args.samples is not None:
         parser.error("give --seconds or --samples, not both")
     if args.seconds is None and args.samples is None:
@@ -415,7 +456,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.sidecar and args.loader == "torch":
         parser.error("--sidecar needs --loader dloader")
-    profile = PROFILES[args.profile]
+    base = PROFILES[args.profile]
+    profile = replace(
+        base,
+        io_ms=base.io_ms * args.io_scale,
+        cpu_ms=base.cpu_ms * args.cpu_scale,
+        step_base_ms=base.step_base_ms * args.step_scale,
+        step_per_sample_ms=base.step_per_sample_ms * args.step_scale,
+    )
     if args.device == "cuda":
         from dloader.apps.gpu_step import PIPELINES
 
@@ -431,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--batch-size={bs} must be >= 1")
     started = time.time()
     slow_from = math.inf if args.slowdown_at is None else started + args.slowdown_at
-    dataset = make_dataset(profile, 1_000_000, args.jpegs, slow_from)
+    dataset = make_dataset(profile, 1_000_000, args.jpegs, slow_from, args.slowdown_factor)
     if args.loader == "torch":
         loader: Any = torch.utils.data.DataLoader(
             dataset,

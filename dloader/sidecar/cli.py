@@ -14,7 +14,12 @@ from dloader._daemon import add_daemon_arguments, run_daemon, shut_down, stop_on
 from dloader._shared.cli import finite
 from dloader.sidecar.allocator_link import AllocatorLink
 from dloader.sidecar.cgroups import CgroupWeights, detect
-from dloader.sidecar.config import STORED_POLICY, SidecarDaemonConfig, memory_size
+from dloader.sidecar.config import (
+    STORED_POLICY,
+    SidecarDaemonConfig,
+    default_budget,
+    memory_size,
+)
 from dloader.sidecar.core import NodeCore
 from dloader.sidecar.metrics import Metrics
 from dloader.sidecar.monitors import GpuMonitor, NodeMonitor
@@ -53,7 +58,8 @@ def parser() -> argparse.ArgumentParser:
         "--worker-budget",
         type=int,
         default=None,
-        help=f"loader worker processes on the node, all jobs (default: stored, else {8 * cpus})",
+        help="loader worker processes on the node, all jobs (default: stored, else from this "
+        f"node's measured limits: {default_budget().describe().replace('%', '%%')})",
     )
     p.add_argument(
         "--cpu-budget",

@@ -20,7 +20,13 @@ from dloader._shared.client import Endpoint
 from dloader.errors import ConfigError, InvalidArgument
 from dloader.sidecar.node_policy import check_policy
 
-__all__ = ["STORED_POLICY", "PolicySettings", "SidecarDaemonConfig"]
+__all__ = [
+    "STORED_POLICY",
+    "BudgetLimits",
+    "PolicySettings",
+    "SidecarDaemonConfig",
+    "default_budget",
+]
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +34,92 @@ log = logging.getLogger(__name__)
 STORED_POLICY = "policy"
 
 _DEFAULT_PERIOD_S = 2.0
-_WORKERS_PER_CPU = 8  # default worker budget per usable CPU
 DEFAULT_MEMORY_BUDGET = 0.5  # of the memory the node could give the loader workers
+_MAX_WORKER_BUDGET = 4096
+
+# What one loader worker costs, measured on the 2-core EPYC VM (docs/benchmarks.md, "Default
+# budgets"): the defaults divide what the node has by these.
+WORKER_MEMORY_FLOOR = 8 * 2**20
+"""The least private memory (USS) a forked worker holds: 6.7-7.0 MiB measured (it grows as it
+copies the dataset's pages; the policy's memory budget follows what each job's workers hold)."""
+WORKER_FILES = 5
+"""File descriptors each worker holds open in its training process: 4.8-5.0 measured."""
+WORKER_UPKEEP_CORES = 0.007
+"""CPU a live worker costs beyond its samples' own work (waking, sending, the trainer's side):
+1.2-6.6 thousandths of a core measured at 4-32 workers."""
+UPKEEP_SHARE = 0.1
+"""The share of the loader's cores the default budget lets the workers' upkeep take."""
+
+
+@dataclass(frozen=True)
+class BudgetLimits:
+    """The default worker budget and what it comes from: the node's limits, each divided by
+    what a worker costs of it (:func:`default_budget`)."""
+
+    cpus: int
+    memory: int
+    """Workers the memory budget holds at ``WORKER_MEMORY_FLOOR`` each."""
+    open_files: int
+    """Workers a trainer's open-file limit (``RLIMIT_NOFILE``, as this process has it) holds at
+    ``WORKER_FILES`` each, a job's own files aside."""
+    processes: int
+    """Half the processes the user and the node may still start (``RLIMIT_NPROC``,
+    ``kernel.pid_max``, the cgroup's ``pids.max``)."""
+    cpu: int
+    """Workers whose upkeep takes ``UPKEEP_SHARE`` of the cores."""
+
+    @property
+    def workers(self) -> int:
+        return max(
+            1, min(self.memory, self.open_files, self.processes, self.cpu, _MAX_WORKER_BUDGET)
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.workers} = the least of memory {self.memory}, open files "
+            f"{self.open_files}, processes {self.processes}, CPU {self.cpu} (upkeep of "
+            f"{WORKER_UPKEEP_CORES * 1000:g} thousandths of a core each, at most "
+            f"{UPKEEP_SHARE:.0%} of {self.cpus} cores)"
+        )
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None  # absent, or "max"
+
+
+def default_budget(memory_fraction: float = DEFAULT_MEMORY_BUDGET) -> BudgetLimits:
+    """The default worker budget on this node, from its measured limits: memory available
+    (``memory_fraction`` of it, as ``--memory-budget``), open files, processes and CPU."""
+    import resource
+
+    import psutil
+
+    cpus = len(os.sched_getaffinity(0))
+    memory = int(memory_fraction * psutil.virtual_memory().available / WORKER_MEMORY_FLOOR)
+    files, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if files == resource.RLIM_INFINITY:
+        files = 2**20
+    open_files = max((files - 64) // WORKER_FILES, 1)
+    nproc, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    caps = [
+        x
+        for x in (
+            None if nproc == resource.RLIM_INFINITY else nproc,
+            _read_int("/proc/sys/kernel/pid_max"),
+            _read_int("/sys/fs/cgroup/pids.max"),
+        )
+        if x is not None
+    ]
+    running = len(psutil.pids())
+    processes = max((min(caps, default=2**22) - running) // 2, 1)
+    cpu = max(int(UPKEEP_SHARE * cpus / WORKER_UPKEEP_CORES), 1)
+    return BudgetLimits(cpus, memory, open_files, processes, cpu)
+
+
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -65,9 +155,10 @@ class PolicySettings:
 
     def __post_init__(self) -> None:
         check_policy(self.name, "config.name")
-        if not 1 <= self.worker_budget <= 4096:
+        if not 1 <= self.worker_budget <= _MAX_WORKER_BUDGET:
             raise InvalidArgument(
-                "config.worker_budget", f"{self.worker_budget} must be within [1, 4096]"
+                "config.worker_budget",
+                f"{self.worker_budget} must be within [1, {_MAX_WORKER_BUDGET}]",
             )
         if not 1 <= self.cpu_budget <= 4096:
             raise InvalidArgument(
@@ -137,7 +228,7 @@ class SidecarDaemonConfig:
         stored policy, by the daemons' precedence rule."""
         cpus = len(os.sched_getaffinity(0))
         policy = layered(
-            PolicySettings("adaptive", _WORKERS_PER_CPU * cpus, cpus, _DEFAULT_PERIOD_S),
+            PolicySettings("adaptive", default_budget().workers, cpus, _DEFAULT_PERIOD_S),
             PolicySettings.from_json(stored_policy) if stored_policy else None,
             {
                 "name": args.policy,

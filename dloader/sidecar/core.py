@@ -72,6 +72,7 @@ _MIN_RATE = 1e-3
 #: The most CPU seconds per sample a job's training process is credited with (whatever its CPU
 #: over its rate says): derived numbers stay finite.
 _MAX_MAIN_CPU_PER_SAMPLE = 100.0
+_MAX_UPKEEP_CORES = 0.05  # a worker's upkeep counted at most (a measurement off by a window)
 _PRUNE_PERIOD_S = 600.0  # how often the state file's old history is pruned (SidecarStore.prune)
 
 
@@ -124,6 +125,7 @@ class Job:
     directive_at: float = 0.0  # when the worker count last changed (clock of the core)
     initial_workers: int = 0  # the count the job registered with (exploration starts there)
     main_cpu_per_sample: float = 0.0  # CPU seconds the training process spends per sample
+    worker_upkeep_cores: float = 0.0  # cores each worker takes beyond its samples' work
     run_length: int = 0  # windows observed in a row at the current worker count
     drift: int = 0  # surprising windows in a row: > 0 faster than predicted, < 0 slower
     registered_at: float = 0.0  # clock of the core
@@ -268,10 +270,11 @@ class NodeCore:
             starts,
             owner,
         )
+        model = self._model_of_last(name, owner)
         self.store.add_job(rec)
         job = Job(
             rec,
-            LoaderModel(),
+            model,
             Directive(reg.num_workers, reg.batch_size, reason="registered"),
             last_report_at=self._clock(),
             tree=tree,
@@ -288,6 +291,34 @@ class NodeCore:
         self._start_from_target(job)
         self.decide()
         return job
+
+    def _model_of_last(self, name: str, owner: int | None) -> LoaderModel:
+        """What the node knows of a job of this name and owner: the model of one running now
+        (another rank of it), else of the last that ended (it comes back). It is placed at
+        once from that (its first windows then correct the model); a fresh model otherwise."""
+        for other in self.jobs.values():
+            if other.record.name == name and other.record.uid == owner and other.model.observations:
+                log.info("%s starts from the model of job %s, of its name", name, other.job_id)
+                return LoaderModel.from_dict(other.model.to_dict())
+        found = self.store.last_model_of(name, owner)
+        if found is None:
+            return LoaderModel()
+        job_id, payload = found
+        try:
+            model = LoaderModel.from_dict(payload)
+        except PredictorError as exc:
+            log.warning(
+                "job %s's stored model unreadable (%s): %s starts afresh", job_id, exc, name
+            )
+            return LoaderModel()
+        if model.observations:
+            log.info(
+                "%s comes back: it starts from the model of job %s (%d observations)",
+                name,
+                job_id,
+                len(model.observations),
+            )
+        return model
 
     def set_cpu_targets(self, targets: Mapping[str, float]) -> None:
         """The cluster allocator's cores for its jobs on this node, by job name: a prior, not
@@ -666,6 +697,7 @@ class NodeCore:
             j.main_cpu_per_sample,
             j.worker_memory_bytes,
             j.worker_memory_bound,
+            j.worker_upkeep_cores,
         )
 
     def decide(self) -> None:
@@ -722,6 +754,11 @@ class NodeCore:
                     if job.job_id in expect
                     else "",
                 )
+        if expect:  # every job's expectation at the new split: the benchmarks check it
+            log.info(
+                "the model expects (samples/s): %s",
+                ", ".join(f"{j}={v:.0f}" for j, v in expect.items()),
+            )
 
     def _direct(self, job: Job, reason: str, **changes: Any) -> None:
         """Sends ``job`` a new directive (``changes`` to its current one, a new revision) and
@@ -833,11 +870,26 @@ class NodeCore:
                 job.main_cpu_per_sample = x if m == 0 else m + _EWMA * (x - m)
                 if m == 0 or abs(job.main_cpu_per_sample / m - 1) > _MAIN_CPU_CHANGE:
                     self._dirty = True
+            self._note_upkeep(job)
         self.store.flush()  # the period's reports, in one transaction
         if self._clock() - self._pruned_at >= _PRUNE_PERIOD_S:
             self._pruned_at = self._clock()
             self.store.prune()
         return gone
+
+    def _note_upkeep(self, job: Job) -> None:
+        """What each of ``job``'s workers costs the node beyond its samples' work: its tree's
+        CPU less the training process's and the per-sample CPU its workers report (waking,
+        sending batches, idling), per worker; a moving average, at most
+        ``_MAX_UPKEEP_CORES``. The policy counts it in the job's CPU demand at every count, so
+        that a worker more for an I/O-bound job on a full node is priced at what it takes."""
+        tree, k = job.tree, job.record.num_workers
+        if tree is None or k < 1 or job.last_report is None or not tree.worker_pids:
+            return
+        workers = max(tree.cpu_percent - tree.main_cpu_percent, 0.0) / 100.0
+        x = min(max(workers - job.worker_cores, 0.0) / k, _MAX_UPKEEP_CORES)
+        u = job.worker_upkeep_cores
+        job.worker_upkeep_cores = x if u == 0 else u + _EWMA * (x - u)
 
     async def run(self, stop: asyncio.Event) -> None:
         """The periodic loop: every period, measure the jobs' process trees (reaping dead

@@ -274,6 +274,23 @@ class SidecarStore(SqliteState):
         rows = self._exec("SELECT payload FROM models WHERE job_id = ?", (job_id,))
         return json.loads(rows[0][0]) if rows else None
 
+    def last_model_of(self, name: str, uid: int | None) -> tuple[str, dict[str, Any]] | None:
+        """The most recently saved model of an ended job named ``name`` that the same local
+        user (``uid``; None: an operator's) registered, with that job's id: a job that comes
+        back starts from what it was. None: no such job, or its model does not read."""
+        rows = self._exec(
+            "SELECT m.job_id, m.payload FROM models m JOIN jobs j ON j.job_id = m.job_id "
+            "WHERE j.name = ? AND j.uid IS ? AND j.active = 0 ORDER BY m.updated_at DESC LIMIT 1",
+            (name, uid),
+        )
+        if not rows:
+            return None
+        try:
+            payload = json.loads(rows[0][1])
+        except ValueError:
+            return None
+        return (rows[0][0], payload) if isinstance(payload, dict) else None
+
     # ------------------------------------------------------------------ decisions, settings
 
     def add_decision(

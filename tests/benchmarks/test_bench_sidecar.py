@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
-from benchmarks.sidecar import bench_sidecar
+from benchmarks.sidecar import bench_sidecar, generated
+from dloader.apps.scenarios import NodeMix, ScenarioJob
 
 
 @pytest.mark.slow
@@ -118,3 +121,115 @@ def test_prediction_error_is_for_the_count_the_scored_window_ran(tmp_path: Path)
     assert errors["remote_read"] == pytest.approx(1 - 698 / 717)
     assert errors["text_pack"] == pytest.approx(1 - 1582 / 1768)
     assert errors["image_jpeg"] is None
+
+
+# ---------------------------------------------------------------- --generated N
+
+
+def _job(started: float, limit: float, steps: list[tuple[float, int, int]]) -> dict[str, Any]:
+    return {"started": started, "limit": limit, "timeline": [[t, n, 0.0, k] for t, n, k in steps]}
+
+
+def test_block_scores_align_jobs_in_scenario_time() -> None:
+    """``a`` from 0 s, ``b`` arriving at 5 s (its own clock starts there): blocks of 5 s."""
+    a = ScenarioJob("a", "io_heavy", 1, 0.0, 10.0)
+    b = ScenarioJob("b", "io_heavy", 1, 5.0, 10.0)
+    mix = NodeMix(0, 0, 10.0, (a, b))
+    results = {
+        "a": _job(100.0, 10.0, [(1.0, 50, 1), (6.0, 50, 1)]),
+        "b": _job(105.0, 5.0, [(1.0, 25, 1), (9.0, 99, 1)]),  # 9 s in: past the scenario
+    }
+    assert generated.block_scores(results, mix, block=5.0) == pytest.approx([1.0, 2.0])
+
+
+def test_held_split_and_the_cut_to_a_budget() -> None:
+    results = {
+        "a": _job(0.0, 1.0, [(1.0, 1, 4), (2.0, 1, 9), (3.0, 1, 9)]),
+        "b": _job(0.0, 1.0, [(1.0, 1, 2)]),
+    }
+    assert generated.held_split(results) == {"a": 9, "b": 2}
+    jobs = tuple(ScenarioJob(name, "io_heavy", 1, 0, 30.0) for name in "ab")
+    mix = NodeMix(0, 0, 30.0, jobs)
+    assert generated.within_budget({"a": 9, "b": 2}, mix, 8) == {"a": 6, "b": 2}
+
+
+def test_the_ratio_interval_holds_the_ratio_and_narrows_with_agreeing_blocks() -> None:
+    rng = np.random.default_rng(0)
+    a = np.array([[1.0, 1.1, 0.9, 1.0], [1.0, 1.1, 0.9, 1.0]])
+    b = a * 0.8  # every block, every run: the ratio is certain
+    v, lo, hi = generated.ratio_ci(a, b, rng, n=500)
+    assert v == pytest.approx(1.25) and lo == pytest.approx(1.25) and hi == pytest.approx(1.25)
+    noisy = b * np.array([[1.3, 0.7, 1.2, 0.8], [0.9, 1.1, 1.0, 1.0]])
+    v, lo, hi = generated.ratio_ci(a, noisy, rng, n=500)
+    assert lo < v < hi and hi - lo > 0.1
+
+
+def test_the_log_gives_placements_and_each_splits_expectations(tmp_path: Path) -> None:
+    """A shortened real log: j1 placed by its model 0.8 s after registering, j2 directed by
+    its exploration first (0.5 s) and placed later; each change of the split logs every job's
+    expectation; each is compared with what the job measured from 2 s after the change to the
+    next."""
+    core = "INFO dloader.sidecar.core:"
+    log = tmp_path / "sidecar.log"
+    log.write_text(
+        f"2026-11-27 06:00:00,000 {core} job aaa (j1) registered: pids [1], 4 workers\n"
+        f"2026-11-27 06:00:00,000 {core} job bbb (j2) registered: pids [2], 2 workers\n"
+        f"2026-11-27 06:00:00,500 {core} job bbb: 4 workers (exploring (cold start, 0 "
+        "observations): trying 4 workers)\n"
+        f"2026-11-27 06:00:00,800 {core} job aaa: placed by its model 0.8 s after registering: "
+        "4 workers (kept)\n"
+        f"2026-11-27 06:00:01,000 {core} the model expects (samples/s): aaa=100, bbb=50\n"
+        f"2026-11-27 06:00:02,100 {core} job bbb: placed by its model 2.1 s after registering: "
+        "2 workers (x)\n"
+        f"2026-11-27 06:00:02,100 {core} job bbb: 2 workers (x) [model: 40 samples/s]\n"
+        f"2026-11-27 06:00:07,000 {core} the model expects (samples/s): aaa=120, bbb=40\n"
+    )
+    parsed = generated.read_log(log)
+    assert parsed["first"] == pytest.approx({"j1": 0.8, "j2": 0.5})
+    assert parsed["placed"] == {"j1": 0.8, "j2": 2.1}
+    t0 = parsed["expects"][0][0]
+    assert [v for _, v in parsed["expects"]] == [{"j1": 100, "j2": 50}, {"j1": 120, "j2": 40}]
+    # j1 measured 80/s from 2 s to 6 s (predicted 100: 25% off), then 120/s from 8 s to the
+    # last step of its timeline (12.9 s: 120/s, 0% off): the median of the two
+    j1 = _job(t0, 500.0, [(2.0 + i / 10, 8, 4) for i in range(40)])
+    j1["timeline"] += [[8.0 + i / 10, 12, 0.0, 4] for i in range(50)]
+    errors = generated.prediction_errors(parsed["expects"], {"j1": j1})
+    assert errors["j1"] == pytest.approx((0.25 + 0.0) / 2)
+
+
+def test_bad_generated_arguments_stop_the_benchmark_before_it_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv, expected in (
+        (["--generated", "0"], "--generated 0: expected at least 1 mix"),
+        (["--generated", "2", "--length", "5"], "--length 5: expected seconds within"),
+        (["--generated", "2", "--repeats", "0"], "--repeats 0: expected at least 1"),
+    ):
+        with pytest.raises(SystemExit):
+            bench_sidecar.main(argv)
+        assert expected in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_bench_sidecar_generated_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One drawn mix of 12 s: naive, adaptive twice, a static search of 2 runs and its rerun;
+    the table, the summary lines, the JSON and the plot."""
+    argv = ["--generated", "1", "--gen-seed", "7", "--length", "12", "--repeats", "2"]
+    argv += ["--static-runs", "2", "--jpegs", "200", "--out-dir", str(tmp_path)]
+    assert bench_sidecar.main(argv) == 0
+    data = json.loads((tmp_path / "bench_sidecar_generated.json").read_text())
+    assert data["seed"] == 7 and len(data["mixes"]) == 1
+    (mix,) = data["mixes"]
+    assert len(mix["scores"]["adaptive"]) == len(mix["scores"]["static"]) == 2
+    assert len(mix["scores"]["naive"]) == 1 and mix["static_runs"] <= 2
+    assert all(s > 0 for kind in mix["scores"].values() for s in kind)
+    for key in ("vs_static", "vs_naive"):
+        v, lo, hi = mix[key]
+        assert lo <= v <= hi, (key, mix[key])
+    assert mix["first_s"], "no job was placed by the sidecar"
+    assert (tmp_path / "bench_sidecar_generated.png").stat().st_size > 0
+    out = capsys.readouterr().out
+    assert "seed 7 (reproduce: --generated 1 --gen-seed 7)" in out
+    assert "adaptive / static: median" in out and "first placement after registering" in out

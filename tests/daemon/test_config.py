@@ -86,3 +86,33 @@ def test_non_finite_numbers_are_refused_by_the_parsers(
         assert f"argument {flag}: {value!r}: expected a finite number" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="stored settings"):
         allocator(stored="{not json")
+
+
+def test_the_default_worker_budget_is_the_least_of_the_nodes_measured_limits(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Memory, open files, processes and CPU each divided by what a worker costs of them; the
+    least is the default, and ``--help`` says which and why."""
+    import resource
+
+    from dloader.sidecar import config
+
+    limits = config.default_budget()
+    assert limits.workers == min(
+        limits.memory, limits.open_files, limits.processes, limits.cpu, 4096
+    )
+    assert limits.cpu == int(config.UPKEEP_SHARE * limits.cpus / config.WORKER_UPKEEP_CORES)
+    assert sidecar().policy.worker_budget == limits.workers
+    # a trainer allowed 100 open files holds (100 - 64) / 5 = 7 workers: that binds
+    real = resource.getrlimit
+    monkeypatch.setattr(
+        resource,
+        "getrlimit",
+        lambda which: (100, 100) if which == resource.RLIMIT_NOFILE else real(which),
+    )
+    small = config.default_budget()
+    assert small.open_files == 7 and small.workers == 7
+    assert "7 = the least of memory" in small.describe()
+    with pytest.raises(SystemExit):
+        sidecar_parser().parse_args(["--help"])
+    assert "open files 7" in " ".join(capsys.readouterr().out.split())

@@ -32,7 +32,23 @@ def test_data_bound_loader_shows_high_idle_share() -> None:
     assert s.samples == 60 and s.batches == 15 and s.epoch == 1
     assert s.idle_share > 0.7
     assert s.wait_total_seconds == pytest.approx(60 * 0.005, rel=0.5)
-    assert s.step_seconds == pytest.approx(s.window_seconds / 15, rel=0.01)
+    # the window starts when the first batch arrived: it holds the 14 steps after it
+    assert s.step_seconds == pytest.approx(s.window_seconds / 14, rel=0.01)
+
+
+def test_a_window_of_few_steps_shows_their_whole_compute() -> None:
+    """A starved job delivers few batches a window: its compute per step (``step * (1 -
+    idle)``, what the sidecar's model takes its accelerator limit from) must not lose a step's
+    compute to the first batch's wait (3 steps of 10 ms computed showed 6.7 ms each). Sleeps
+    only run long on a slow machine, so the bound holds on any."""
+    loader = dloader.DataLoader(D.Range(40, sleep_s=0.02), batch_size=1)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+        time.sleep(0.01)
+    next(it)
+    s = loader.stats()
+    assert s.step_seconds * (1 - s.idle_share) >= 0.0095
 
 
 @pytest.mark.integration

@@ -720,3 +720,81 @@ def test_process_trees_are_walked_off_the_event_loop(tmp_path: Path) -> None:
         return max(gaps)
 
     assert asyncio.run(scenario()) < 0.75
+
+
+def _short(workers: int, tput: float, window: float) -> JobReport:
+    return replace(report(workers, tput), window_seconds=window)
+
+
+def test_a_new_job_is_placed_from_half_a_second_and_a_known_one_needs_a_second(
+    tmp_path: Path,
+) -> None:
+    """A job the model has not seen learns from a window of ``FIRST_WINDOW_S`` (the agent
+    reports four times a second at first); once it has a model, windows of a second count."""
+    node = FakeNode(0.0)
+    core = node_core(tmp_path, PolicySettings("adaptive", 8, 2, 1.0), node)
+    job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    node.now += 0.25
+    core.report(job, _short(2, 300.0, 0.3))
+    assert not job.model.observations  # under half a second
+    node.now += 0.25
+    core.report(job, _short(2, 300.0, pol.FIRST_WINDOW_S))
+    assert len(job.model.observations) == 1
+    core.decide()  # what the run loop does at once on this news
+    assert job.placed
+    node.now += 10.0
+    core.report(job, _short(job.directive.num_workers, 300.0, 0.6))
+    assert len(job.model.observations) == 1  # a known job: a second at least
+
+
+def test_a_job_that_comes_back_is_placed_at_once_from_its_last_model(tmp_path: Path) -> None:
+    """The model of the last ended job of the same name and owner is the new one's start: it
+    is placed at registration. Another name starts afresh."""
+    node = FakeNode(0.0)
+    core = node_core(tmp_path, PolicySettings("adaptive", 8, 2, 1.0), node)
+    first = core.register(Registration("train", pids=(100,), num_workers=2, batch_size=32))
+    report_each_second(core, node, (first,), 6, {"train": 300.0})
+    learned = len(first.model.observations)
+    assert learned >= 2
+    core.deregister(first.job_id, first.record.token)
+    again = core.register(Registration("train", pids=(100,), num_workers=2, batch_size=32))
+    assert len(again.model.observations) == learned and again.placed
+    other = core.register(Registration("eval", pids=(101,), num_workers=2, batch_size=32))
+    assert not other.model.observations and not other.placed
+
+
+def test_a_rank_starts_from_the_model_of_a_running_rank_of_its_name(tmp_path: Path) -> None:
+    node = FakeNode(0.0)
+    core = node_core(tmp_path, PolicySettings("adaptive", 8, 2, 1.0), node)
+    r0 = core.register(Registration("ddp", pids=(100,), num_workers=2, batch_size=32))
+    report_each_second(core, node, (r0,), 4, {"ddp": 300.0})
+    r1 = core.register(Registration("ddp", pids=(101,), num_workers=2, batch_size=32))
+    assert len(r1.model.observations) == len(r0.model.observations) >= 1
+    assert r1.model is not r0.model  # a copy: each rank learns on its own
+
+
+def test_a_workers_upkeep_is_measured_from_its_process_tree(tmp_path: Path) -> None:
+    """The tree uses 105% CPU, 10% of it in the training process: its 2 workers take 0.95
+    cores. Their reports account for 300 samples/s x 0.1 s of CPU per batch of 32 = 0.9375
+    cores; each worker's upkeep is the rest, halved. The policy's view carries it; a tree far
+    above the reports (a window's mismatch) counts at most ``_MAX_UPKEEP_CORES``."""
+
+    class Busy(FakeNode):
+        cpu = 105.0
+
+        def tree(self, pids: list[int]) -> ProcessTreeStats:
+            return replace(super().tree(pids), cpu_percent=self.cpu)
+
+    node = Busy(0.0)
+    core = node_core(tmp_path, PolicySettings("adaptive", 8, 2, 1.0), node)
+    job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    node.now += 2.0
+    core.report(job, report(2, 300.0))
+    core.reap()
+    expected = (0.95 - 300.0 * 0.1 / 32) / 2
+    assert job.worker_upkeep_cores == pytest.approx(expected)
+    assert core._view(job).worker_upkeep_cores == pytest.approx(expected)
+    node.cpu = 400.0
+    for _ in range(20):
+        core.reap()
+    assert job.worker_upkeep_cores == pytest.approx(core_mod._MAX_UPKEEP_CORES, rel=0.01)

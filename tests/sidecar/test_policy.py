@@ -26,6 +26,7 @@ from dloader.sidecar.node_policy import (
     probe,
     split_of,
 )
+from dloader.sidecar.node_policy.allocation import curve
 from tests.predictor.test_loader_model import CPU_HEAVY, IO_HEAVY, truth
 
 GPU_BOUND = dict(t_io=0.001, t_cpu=0.0005, a0=0.04, a1=0.005)
@@ -564,3 +565,50 @@ def test_a_probe_must_measure_better_to_stay() -> None:
         probed, probed, before, worse, limits, 0.0, trial=True, lighter=True
     )
     assert chosen == before and why.endswith("(a probe that did not pay)")
+
+
+def test_a_noise_sized_difference_is_never_acted_on() -> None:
+    """Windows that spread widely make a difference within ``NOISE_Z`` standard errors noise:
+    a probe 5% better by its mean, over windows 20% apart, is not kept (the same 5% over steady
+    windows is); a model's move 10% worse over windows 60% apart is not undone."""
+    before, probed = split_of({"a": 2, "b": 2}), split_of({"a": 3, "b": 1})
+    limits = {"a": 1.0, "b": 1.0}
+
+    def windows(spread: float) -> Measurements:
+        m = Measurements()
+        for split, score in ((before, 1.0), (probed, 1.05)):
+            for job, _ in split:
+                for w in (1 - spread, 1 + spread, 1 - spread, 1 + spread):
+                    m.add(split, job, score / 2 * w, 0.0)
+        return m
+
+    steady, noisy = windows(0.0), windows(0.1)
+    assert noisy.error(probed, limits) > 0.04 and steady.error(probed, limits) == 0
+    assert measured_guard(probed, probed, before, steady, limits, 0.0, trial=True)[0] == probed
+    chosen, why = measured_guard(probed, probed, before, noisy, limits, 0.0, trial=True)
+    assert chosen == before and "did not pay" in why
+    # the model's own move, measured 10% worse than the split it left: undone only when clear
+    worse = split_of({"a": 1, "b": 3})
+    m2 = Measurements()
+    for split, score in ((before, 1.0), (worse, 0.90)):
+        for job, _ in split:
+            for w in (0.7, 1.3):
+                m2.add(split, job, score / 2 * w, 0.0)
+    assert measured_guard(worse, worse, before, m2, limits, 0.0)[0] == worse  # 10%, in noise
+    assert (
+        measured_guard(worse, worse, before, measured({before: 1.0, worse: 0.9}), limits, 0)[0]
+        == before
+    )  # 10% over steady windows: back
+
+
+def test_a_workers_upkeep_is_part_of_its_cpu_demand() -> None:
+    """Each worker's measured upkeep adds to the job's predicted CPU at every count: on a node
+    whose cores are taken, an I/O-bound job's many workers are priced at what they take."""
+    base = JobView("io", 32, 8, model=fitted(IO_HEAVY))
+    costly = replace(base, worker_upkeep_cores=0.01)
+    budget = Budget(workers=32, cores=2)
+    plain = {c.num_workers: c.cpu_cores for c in curve(base, budget, 32)}
+    priced = {c.num_workers: c.cpu_cores for c in curve(costly, budget, 32)}
+    assert priced[0] == plain[0] == 0
+    for k in (1, 8, 32):
+        assert priced[k] == pytest.approx(plain[k] + 0.01 * k)

@@ -11,11 +11,13 @@ by the job's accelerator limit (equivalently: minimise accelerator idle), subjec
 
 * the node's loader-worker budget ``sum k_j <= W``;
 * the node's ``C`` cores, shared the way the OS shares them (:func:`cpu_shares`): job ``j``
-  with ``k_j`` workers demands ``d_j = T_j(k_j) * cpu_j`` cores (``cpu_j``: CPU seconds per
-  sample of its loader, from its model), and its training process ``T_j(k_j) * main_j`` (CPU
-  per sample, measured by the sidecar's process monitor). When the demands exceed ``C``, the
-  scheduler gives each thread an equal share: a consumer that needs less than its share gets
-  what it needs and the rest is split among the others by thread count. A job runs at its
+  with ``k_j`` workers demands ``d_j = T_j(k_j) * cpu_j + k_j * u_j`` cores (``cpu_j``: CPU
+  seconds per sample of its loader, from its model; ``u_j``: what each worker costs beyond its
+  samples, waking, sending batches, idling, measured from its process tree), and its training
+  process ``T_j(k_j) * main_j`` (CPU per sample, measured by the sidecar's process monitor).
+  When the demands exceed ``C``, the scheduler gives each thread an equal share: a consumer
+  that needs less than its share gets what it needs and the rest is split among the others by
+  thread count. A job runs at its
   prediction scaled by the smaller fraction of demand its workers or its training process get,
   so a worker added to a CPU-bound job on a full node is worth what it takes from the other
   jobs, not what it would do alone;
@@ -75,6 +77,8 @@ from dloader.sidecar.node_policy.allocation import (
 )
 from dloader.sidecar.node_policy.learning import (
     DRIFT_WINDOWS,
+    FIRST_WINDOW_S,
+    MIN_WINDOW_S,
     SETTLE_S,
     STEADY_AFTER,
     STEADY_EVERY,
@@ -89,6 +93,7 @@ from dloader.sidecar.node_policy.measured import (
     MEASURE_MARGIN,
     MEASURE_STALE_S,
     MEASURE_WINDOWS,
+    NOISE_Z,
     PROBE_AFTER_S,
     PROBE_GAIN,
     PROBE_HOLD_S,
@@ -121,11 +126,14 @@ __all__ = [
     "CPU_BOUND_WORKER",
     "CURVE_MOVE",
     "DRIFT_WINDOWS",
+    "FIRST_WINDOW_S",
     "MAX_SPLITS",
     "MEASURE_CHANGED",
     "MEASURE_MARGIN",
     "MEASURE_STALE_S",
     "MEASURE_WINDOWS",
+    "MIN_WINDOW_S",
+    "NOISE_Z",
     "POLICIES",
     "PROBE_AFTER_S",
     "PROBE_GAIN",

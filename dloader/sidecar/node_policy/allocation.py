@@ -135,14 +135,14 @@ def curve(job: JobView, budget: Budget, high: int) -> tuple[Candidate, ...]:
     model = job.model
     assert model is not None
     limit = model.accelerator_limit(job.batch_size)
-    cpu = model.cpu_seconds_per_sample
+    cpu, upkeep = model.cpu_seconds_per_sample, job.worker_upkeep_cores
     return tuple(
         Candidate(
             k,
             p.samples_per_s,
             p.relative_std,
             p.samples_per_s / limit,
-            p.samples_per_s * cpu if k > 0 else 0.0,
+            p.samples_per_s * cpu + k * upkeep if k > 0 else 0.0,
         )
         for k, p in enumerate(model.predict_curve(high, budget.cores, job.batch_size))
     )

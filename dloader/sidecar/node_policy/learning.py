@@ -10,6 +10,8 @@ from dloader.predictor import LoaderModel, LoaderObservation
 
 __all__ = [
     "DRIFT_WINDOWS",
+    "FIRST_WINDOW_S",
+    "MIN_WINDOW_S",
     "SETTLE_S",
     "STEADY_AFTER",
     "STEADY_EVERY",
@@ -22,6 +24,15 @@ __all__ = [
 
 SETTLE_S = 1.5
 """After a worker-count change: time to apply it and start the workers before a window counts."""
+
+MIN_WINDOW_S = 1.0
+"""The shortest report window that counts."""
+
+FIRST_WINDOW_S = 0.5
+"""The shortest window that counts for a job its model has not seen yet: its workers' timings
+over half a second place it (the agent reports four times a second at first); later, longer
+windows correct the model. A placement a second sooner is worth more than the first window's
+noise: a job waits for it at the count its user guessed."""
 
 SURPRISE = 0.1
 """``|log(measured / predicted)|`` of a window that makes the policy re-decide at once."""
@@ -59,12 +70,13 @@ def steady_window(
     busy_workers: int,
     since_directive_s: float,
     since_node_change_s: float,
+    min_window_s: float = MIN_WINDOW_S,
 ) -> bool:
     """Whether a report window shows the job steady at its directed count: a window of at
-    least a second, at that count, (with workers) some worker delivering a batch, and all of
-    it after the job's last change and the node's (any job's) plus ``SETTLE_S``."""
+    least ``min_window_s``, at that count, (with workers) some worker delivering a batch, and
+    all of it after the job's last change and the node's (any job's) plus ``SETTLE_S``."""
     return (
-        window_s >= 1.0
+        window_s >= min_window_s
         and workers == directed_workers
         and (workers == 0 or busy_workers > 0)
         and min(since_directive_s, since_node_change_s) >= window_s + SETTLE_S
@@ -91,10 +103,10 @@ def learning_gate(
     which would be credited to this job's own count), and (with workers) some worker must have
     delivered a batch. A job the model has not seen yet is the exception to the neighbours'
     rule: its first window places it (a job arriving on a busy node, whose neighbours move
-    as it arrives, would otherwise wait at its own count for a quiet moment), and later windows
-    correct it. One observation per window, not one per report. An allocation the model
-    knows and predicts well (within ``SURPRISE``) is sampled one window in ``STEADY_EVERY``
-    after ``STEADY_AFTER``.
+    as it arrives, would otherwise wait at its own count for a quiet moment), and a window of
+    ``FIRST_WINDOW_S`` does (later windows correct it). One observation per window, not one
+    per report. An allocation the model knows and predicts well (within ``SURPRISE``) is
+    sampled one window in ``STEADY_EVERY`` after ``STEADY_AFTER``.
     """
     k = obs.num_workers
     usable = (
@@ -107,6 +119,7 @@ def learning_gate(
             busy_workers,
             since_directive_s,
             since_node_change_s if model.observations else math.inf,
+            MIN_WINDOW_S if model.observations else FIRST_WINDOW_S,
         )
     )
     if not usable:

@@ -25,6 +25,7 @@ __all__ = [
     "MEASURE_MARGIN",
     "MEASURE_STALE_S",
     "MEASURE_WINDOWS",
+    "NOISE_Z",
     "PROBE_AFTER_S",
     "PROBE_GAIN",
     "PROBE_HOLD_S",
@@ -50,6 +51,11 @@ taken (the node's throughput measured over a few windows varies by about this mu
 
 MEASURE_WINDOWS = 2
 """Steady report windows each job needs at a split before the split's measured score counts."""
+
+NOISE_Z = 2.0
+"""Standard errors of a difference between two splits' measured scores (from the spread of
+their windows) within which the difference is noise: a split is left, or a probe kept, only
+past both this and the fixed margins (``MEASURE_MARGIN``, ``PROBE_GAIN``)."""
 
 MEASURE_STALE_S = 90.0
 """A split's measurements older than this are forgotten: the jobs' costs may have changed."""
@@ -143,6 +149,17 @@ class Measurements:
         self.samples.pop(split, None)
         self.last.pop(split, None)
 
+    def error(self, split: Split, limits: dict[str, float]) -> float:
+        """The standard error of ``split``'s score (:meth:`score`): each job's windows' spread
+        over the root of their count, over its limit, the jobs' added in quadrature (0 where a
+        job has a single window or none)."""
+        total = 0.0
+        for job_id, values in self.samples.get(split, {}).items():
+            limit = limits.get(job_id, 0.0)
+            if len(values) >= 2 and limit > 0:
+                total += float(np.var(values, ddof=1)) / len(values) / limit**2
+        return total**0.5
+
     def score(self, split: Split, limits: dict[str, float], now: float) -> float | None:
         """The sum over jobs of measured samples/s / accelerator limit at ``split``; None
         unless every job has ``MEASURE_WINDOWS`` windows there within ``MEASURE_STALE_S``."""
@@ -157,6 +174,12 @@ class Measurements:
                 return None
             total += sum(values) / len(values) / limit
         return total
+
+
+def _apart(measured: Measurements, a: Split, b: Split, limits: dict[str, float]) -> float:
+    """How far two splits' scores must differ to tell them apart: ``NOISE_Z`` standard errors
+    of their difference."""
+    return NOISE_Z * (measured.error(a, limits) ** 2 + measured.error(b, limits) ** 2) ** 0.5
 
 
 def measured_guard(
@@ -183,10 +206,15 @@ def measured_guard(
     here = measured.score(current, limits, now)
     if proposed != current:
         there = measured.score(proposed, limits, now)
+        noise = _apart(measured, current, proposed, limits)
         if (
             here is not None
             and there is not None
-            and there < here * ((1 + PROBE_GAIN) if heavier else (1 - MEASURE_MARGIN))
+            and (
+                there < here + max(PROBE_GAIN * here, noise)
+                if heavier
+                else there < here - max(MEASURE_MARGIN * here, noise)
+            )
         ):
             return current, (
                 f"kept: measured {here:.3f} (sum of throughput / limit) at this split, "
@@ -198,10 +226,12 @@ def measured_guard(
         if here is not None and before is not None:
             # a probe must measure better (a lighter one, no worse); a model's move, not
             # measurably worse
+            noise = _apart(measured, previous, current, limits)
             if trial:
-                need = before / (1 + PROBE_GAIN) if lighter else before * (1 + PROBE_GAIN)
+                gain = max(PROBE_GAIN * before, noise)
+                need = before - gain if lighter else before + gain
             else:
-                need = before / (1 + MEASURE_MARGIN)
+                need = before - max(MEASURE_MARGIN * before, noise)
             if here < need:
                 return previous, (
                     f"back to {show_split(previous)}: measured {before:.3f} there, {here:.3f} at "

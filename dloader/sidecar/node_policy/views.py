@@ -55,6 +55,9 @@ class JobView:
     """While its workers' memory still grows (they copy the trainer's pages as they read them):
     the most one worker may come to hold. Workers beyond its current count are counted at
     this (0: its workers' memory has settled; ``worker_memory_bytes`` applies to all)."""
+    worker_upkeep_cores: float = 0.0
+    """Cores each of its workers takes beyond its samples' work (waking, sending batches,
+    idling), measured: part of its CPU demand at every count (0: unknown)."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,271 @@
+"""Node mixes drawn from a seed: scenarios no policy was tuned on.
+
+A :class:`NodeMix` is 2-5 jobs sharing one node for ``length`` seconds, drawn by
+:func:`draw_mixes` from the testbed's emulated and real-pipeline profiles
+(:data:`dloader.apps.testbed.PROFILES`): each job's per-sample costs (emulated profiles) and
+accelerator step (all profiles) varied by up to 2x either way, its own worker count drawn from
+what users pick (1-8), and, in some mixes, a job arriving a third of the way in, a job leaving
+two thirds in, a pipeline's cost changing halfway. The same seed draws the same mixes.
+
+Pure: it draws and describes; ``benchmarks/sidecar/bench_sidecar.py --generated N`` runs them
+(:mod:`dloader.apps.experiment`). :func:`cost_split` is the static split the jobs' true costs
+suggest (the benchmark's search starts from it, among others: a searched static baseline
+that knows what no policy is told).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import dataclass, replace
+
+from dloader.apps.experiment import Arrival
+from dloader.apps.splits import Split
+from dloader.apps.testbed import PROFILES, Profile
+
+__all__ = [
+    "MIX_PROFILES",
+    "NodeMix",
+    "ScenarioJob",
+    "cost_split",
+    "draw_mixes",
+]
+
+#: the profiles a mix draws its jobs from
+MIX_PROFILES: tuple[str, ...] = (
+    "io_heavy",
+    "cpu_heavy",
+    "gpu_bound",
+    "image_jpeg",
+    "text_pack",
+    "remote_read",
+)
+#: the worker counts users pick (a job's own count, before any sidecar), and how often
+OWN_COUNTS: tuple[tuple[int, float], ...] = ((1, 0.1), (2, 0.3), (4, 0.35), (8, 0.25))
+#: how far a cost or a step is varied, either way (a factor)
+SPREAD = 2.0
+
+
+@dataclass(frozen=True)
+class ScenarioJob:
+    """One job of a mix."""
+
+    label: str
+    """Its name at the sidecar and in the results (``j1``, ``j2``, ... with the profile)."""
+    profile: str
+    workers: int
+    """Its own worker count (what it runs without a sidecar)."""
+    at: float
+    """When it arrives, seconds into the scenario."""
+    until: float
+    """When it leaves."""
+    io_scale: float = 1.0
+    cpu_scale: float = 1.0
+    step_scale: float = 1.0
+    change_at: float | None = None
+    """When its per-sample cost changes (None: never), seconds into the scenario."""
+    change_factor: float = 1.0
+
+    @property
+    def costs(self) -> Profile:
+        """Its profile with the variation applied (before any cost change)."""
+        p = PROFILES[self.profile]
+        return Profile(
+            p.name,
+            p.io_ms * self.io_scale,
+            p.cpu_ms * self.cpu_scale,
+            p.batch_size,
+            p.step_base_ms * self.step_scale,
+            p.step_per_sample_ms * self.step_scale,
+            p.pipeline,
+        )
+
+    def arrival(self, workers: int | None = None) -> Arrival:
+        """The job for :func:`~dloader.apps.experiment.run_jobs`, at its own count or at
+        ``workers``."""
+        extra = ["--job-name", self.label, "--step-scale", f"{self.step_scale:.4g}"]
+        if PROFILES[self.profile].pipeline == "emulated":
+            extra += ["--io-scale", f"{self.io_scale:.4g}", "--cpu-scale", f"{self.cpu_scale:.4g}"]
+        if self.change_at is not None:
+            extra += [
+                "--slowdown-at",
+                f"{self.change_at - self.at:g}",
+                "--slowdown-factor",
+                f"{self.change_factor:g}",
+            ]
+        return Arrival(
+            self.profile,
+            self.workers if workers is None else workers,
+            self.at,
+            seconds=self.until - self.at,
+            label=self.label,
+            extra=tuple(extra),
+        )
+
+    def describe(self, length: float = math.inf) -> str:
+        c = self.costs
+        what = f"io {c.io_ms:.1f} ms, cpu {c.cpu_ms:.1f} ms" if c.pipeline == "emulated" else "data"
+        out = f"{self.label} {self.profile} ({what}, limit {c.limit():.0f}/s, own {self.workers})"
+        if self.at > 0:
+            out += f" from {self.at:g} s"
+        if self.until < length:
+            out += f" until {self.until:g} s"
+        if self.change_at is not None:
+            out += f" cost x{self.change_factor:g} at {self.change_at:g} s"
+        return out
+
+
+@dataclass(frozen=True)
+class NodeMix:
+    """Jobs sharing one node for ``length`` seconds."""
+
+    seed: int
+    index: int
+    length: float
+    jobs: tuple[ScenarioJob, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.seed}/{self.index}"
+
+    @property
+    def labels(self) -> list[str]:
+        return [j.label for j in self.jobs]
+
+    @property
+    def dynamic(self) -> bool:
+        """Jobs arrive or leave during it."""
+        return any(j.at > 0 or j.until < self.length for j in self.jobs)
+
+    @property
+    def changes(self) -> bool:
+        """A job's cost changes during it."""
+        return any(j.change_at is not None for j in self.jobs)
+
+    def phases(self) -> list[tuple[str, ...]]:
+        """The sets of jobs that run together, in time order (a job arriving or leaving
+        starts a new one)."""
+        marks = sorted({0.0, *(j.at for j in self.jobs), *(j.until for j in self.jobs)})
+        out: list[tuple[str, ...]] = []
+        for a, b in itertools.pairwise(marks):
+            mid = (a + b) / 2
+            running = tuple(j.label for j in self.jobs if j.at <= mid < j.until)
+            if running and (not out or out[-1] != running):
+                out.append(running)
+        return out
+
+    def within(self, split: Split, budget: int) -> bool:
+        """Whether ``split`` (a count for every job, held for its life) keeps every phase's
+        jobs within ``budget`` workers."""
+        return all(split[j] >= 1 for j in self.labels) and all(
+            sum(split[j] for j in phase) <= budget for phase in self.phases()
+        )
+
+    def own(self) -> Split:
+        """Each job at its own count (the naive split)."""
+        return {j.label: j.workers for j in self.jobs}
+
+    def arrivals(self, split: Split | None = None) -> list[Arrival]:
+        """The jobs to run: at their own counts, or at ``split``'s."""
+        return [j.arrival(None if split is None else split[j.label]) for j in self.jobs]
+
+    def describe(self) -> str:
+        kinds = [k for k, on in (("dynamic", self.dynamic), ("cost change", self.changes)) if on]
+        return f"mix {self.name} ({', '.join(kinds) or 'static'}): " + "; ".join(
+            j.describe(self.length) for j in self.jobs
+        )
+
+
+def _spread(rng: random.Random) -> float:
+    return math.exp(rng.uniform(-math.log(SPREAD), math.log(SPREAD)))
+
+
+def draw_mix(seed: int, index: int, length: float) -> NodeMix:
+    """The ``index``-th mix of ``seed`` (each mix has its own stream: mix 3 of a seed is the
+    same whatever ``n`` is asked for)."""
+    rng = random.Random(f"{seed}/{index}")
+    starting = rng.randint(2, 4)
+    coming = rng.random()  # a quarter: one arrives; a fifth: one leaves; a tenth: both
+    arrives, leaves = coming < 0.25 or 0.45 <= coming < 0.55, 0.25 <= coming < 0.55
+    changes = rng.random() < 0.3
+    counts, weights = zip(*OWN_COUNTS, strict=True)
+    n = starting + arrives
+    leaver = rng.randrange(starting) if leaves else None
+    jobs = []
+    for i in range(n):
+        profile = rng.choice(MIX_PROFILES)
+        emulated = PROFILES[profile].pipeline == "emulated"
+        jobs.append(
+            ScenarioJob(
+                label=f"j{i + 1}-{profile}",
+                profile=profile,
+                workers=rng.choices(counts, weights)[0],
+                at=round(length / 3, 1) if i >= starting else 0.0,
+                until=round(2 * length / 3, 1) if i == leaver else length,
+                io_scale=round(_spread(rng), 3) if emulated else 1.0,
+                cpu_scale=round(_spread(rng), 3) if emulated else 1.0,
+                step_scale=round(_spread(rng), 3),
+            )
+        )
+    if changes:
+        varied = [i for i, j in enumerate(jobs) if PROFILES[j.profile].pipeline == "emulated"]
+        if varied:
+            i = rng.choice(varied)
+            j = jobs[i]
+            at = round(max(length / 2, j.at + length / 6), 1)
+            if at < j.until - 2:
+                jobs[i] = replace(j, change_at=at, change_factor=rng.choice((0.5, 2.0)))
+    return NodeMix(seed, index, length, tuple(jobs))
+
+
+def draw_mixes(seed: int, n: int, length: float = 30.0) -> list[NodeMix]:
+    """``n`` node mixes drawn from ``seed``, each ``length`` seconds.
+
+    Raises:
+        ValueError: ``n`` below 1, or a length under 12 s (a job arriving at a third must run
+            long enough to be measured).
+    """
+    if n < 1:
+        raise ValueError(f"n={n}: expected at least 1 mix")
+    if not (math.isfinite(length) and length >= 12):
+        raise ValueError(f"length={length}: expected at least 12 seconds")
+    return [draw_mix(seed, i, length) for i in range(n)]
+
+
+def cost_split(mix: NodeMix, cores: float, budget: int) -> Split:
+    """The static split the jobs' true costs suggest within ``budget``: one worker each, then
+    each further worker to the job whose throughput / limit (summed over the phases, each
+    weighted by its length) it raises most, the node's cores shared in proportion to demand
+    (a job's samples cost its workers' ``cpu_ms``; a worker delivers at most ``1000 / (io_ms +
+    cpu_ms)`` samples/s), until no worker adds 0.5% or none fits the budget in every phase. A
+    starting point for the benchmark's search, not a policy: it knows costs no policy is told
+    (real pipelines: their mean costs on the machine they were measured on)."""
+    costs = {j.label: j.costs for j in mix.jobs}
+    marks = sorted({0.0, *(j.at for j in mix.jobs), *(j.until for j in mix.jobs)})
+    spans = [
+        (b - a, [j.label for j in mix.jobs if j.at <= (a + b) / 2 < j.until])
+        for a, b in itertools.pairwise(marks)
+    ]
+
+    def value(counts: Split) -> float:
+        total = 0.0
+        for span, running in spans:
+            rate = {
+                j: min(counts[j] * 1000 / max(costs[j].io_ms + costs[j].cpu_ms, 1e-3), limit)
+                for j in running
+                for limit in (costs[j].limit(),)
+            }
+            demand = sum(rate[j] * costs[j].cpu_ms / 1000 for j in running)
+            scale = min(1.0, cores / demand) if demand > 0 else 1.0
+            total += span * sum(rate[j] * scale / costs[j].limit() for j in running)
+        return total / mix.length
+
+    k = dict.fromkeys(mix.labels, 1)
+    while True:
+        now = value(k)
+        trials = [{**k, j: k[j] + 1} for j in mix.labels]
+        scored = [(value(t) - now, i) for i, t in enumerate(trials) if mix.within(t, budget)]
+        if not scored or max(scored)[0] < 0.005:
+            return k
+        k = trials[max(scored)[1]]

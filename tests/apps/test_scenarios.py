@@ -1,0 +1,90 @@
+"""dloader.apps.scenarios: mixes drawn from a seed are reproducible, varied and runnable."""
+
+from __future__ import annotations
+
+import pytest
+
+from dloader.apps.scenarios import MIX_PROFILES, NodeMix, ScenarioJob, cost_split, draw_mixes
+from dloader.apps.testbed import PROFILES, main
+
+
+def test_the_same_seed_draws_the_same_mixes_and_a_mix_does_not_depend_on_how_many() -> None:
+    assert draw_mixes(3, 5) == draw_mixes(3, 5)
+    assert draw_mixes(3, 8)[:5] == draw_mixes(3, 5)
+    assert draw_mixes(3, 5) != draw_mixes(4, 5)
+
+
+def test_forty_mixes_cover_what_the_generator_promises() -> None:
+    mixes = draw_mixes(11, 40, length=30.0)
+    sizes = {len(m.jobs) for m in mixes}
+    assert sizes <= {2, 3, 4, 5} and len(sizes) >= 3
+    assert {j.profile for m in mixes for j in m.jobs} == set(MIX_PROFILES)
+    assert 0.3 <= sum(m.dynamic for m in mixes) / 40 <= 0.8
+    assert any(m.changes for m in mixes) and not all(m.changes for m in mixes)
+    for m in mixes:
+        for j in m.jobs:
+            assert 0 <= j.at < j.until <= m.length
+            assert 0.5 <= j.step_scale <= 2.0 and j.workers in (1, 2, 4, 8)
+            if PROFILES[j.profile].pipeline != "emulated":  # real data: only the step varies
+                assert j.io_scale == j.cpu_scale == 1.0 and j.change_at is None
+            if j.change_at is not None:
+                assert j.at < j.change_at < j.until and j.change_factor in (0.5, 2.0)
+        assert m.phases(), m  # someone always runs
+
+
+def test_phases_follow_arrivals_and_departures() -> None:
+    a = ScenarioJob("a", "io_heavy", 4, 0.0, 30.0)
+    b = ScenarioJob("b", "cpu_heavy", 2, 0.0, 20.0)
+    c = ScenarioJob("c", "gpu_bound", 1, 10.0, 30.0)
+    mix = NodeMix(0, 0, 30.0, (a, b, c))
+    assert mix.dynamic
+    assert mix.phases() == [("a", "b"), ("a", "b", "c"), ("a", "c")]
+    assert mix.within({"a": 6, "b": 4, "c": 2}, 12)
+    assert not mix.within({"a": 6, "b": 5, "c": 2}, 12)  # 13 while all three run
+    assert mix.within({"a": 10, "b": 1, "c": 1}, 12)
+    assert not mix.within({"a": 10, "b": 1, "c": 0}, 12)  # every job runs a worker
+
+
+def test_a_job_runs_with_its_variation_on_the_testbeds_command_line() -> None:
+    j = ScenarioJob("j1-io", "io_heavy", 4, 5.0, 30.0, 0.5, 2.0, 1.5, 15.0, 2.0)
+    arrival = j.arrival(7)
+    assert (arrival.workers, arrival.at, arrival.seconds, arrival.label) == (7, 5.0, 25.0, "j1-io")
+    extra = list(arrival.extra)
+    assert extra[extra.index("--io-scale") + 1] == "0.5"
+    assert extra[extra.index("--step-scale") + 1] == "1.5"
+    assert extra[extra.index("--slowdown-at") + 1] == "10"  # its own clock starts on arrival
+    assert j.costs.limit() == pytest.approx(PROFILES["io_heavy"].limit() / 1.5)
+    real = ScenarioJob("j2", "image_jpeg", 2, 0.0, 30.0, step_scale=2.0).arrival()
+    assert "--io-scale" not in real.extra  # the testbed refuses it for real data
+
+
+def test_the_cost_split_gives_io_bound_jobs_workers_and_cpu_bound_jobs_few() -> None:
+    io = ScenarioJob("io", "io_heavy", 4, 0.0, 30.0)
+    cpu = ScenarioJob("cpu", "cpu_heavy", 4, 0.0, 30.0)
+    split = cost_split(NodeMix(0, 0, 30.0, (io, cpu)), cores=2.0, budget=16)
+    assert split["io"] >= 8 and split["cpu"] <= 4 and sum(split.values()) <= 16
+    for m in draw_mixes(5, 10):
+        assert m.within(cost_split(m, 2.0, 12), 12)
+
+
+def test_bad_draws_are_refused() -> None:
+    with pytest.raises(ValueError, match="n=0"):
+        draw_mixes(1, 0)
+    with pytest.raises(ValueError, match="length=5"):
+        draw_mixes(1, 1, length=5)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--profile", "image_jpeg", "--io-scale", "2"], "only emulated profiles"),
+        (["--profile", "io_heavy", "--step-scale", "0"], "--step-scale=0.0: expected > 0"),
+        (["--profile", "io_heavy", "--slowdown-factor", "-1"], "--slowdown-factor"),
+    ],
+)
+def test_the_testbed_refuses_bad_variations(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([*argv, "--seconds", "1"])
+    assert expected in capsys.readouterr().err
