@@ -28,6 +28,9 @@ worker counts over time.
                                                     # crop/flip/normalise, text tokenise + pack,
                                                     # remote reads with a tail
     python -m benchmarks.sidecar.bench_sidecar --mix dynamic   # jobs come and go (~40 min)
+    python -m benchmarks.sidecar.bench_sidecar --generated 12  # 12 mixes drawn from a new seed
+                                                    # (printed; ~55 min at --repeats 2
+                                                    # --static-runs 4): generated.py
 
 Also (d) ``no sidecar``: every job keeps its 4 workers.
 
