@@ -42,6 +42,7 @@ import numpy as np
 
 from benchmarks._common import machine, outputs, table
 from benchmarks.sidecar import plots
+from benchmarks.sidecar.bench_sidecar import _PLACED, _REGISTERED, _STAMP
 from dloader.apps.experiment import run_jobs, sidecar_process
 from dloader.apps.scenarios import NodeMix, cost_split, draw_mixes
 from dloader.apps.splits import QUICK_LADDER, Split, coordinate_search
@@ -106,9 +107,6 @@ def ratio_ci(
     return float(a.mean() / b.mean()), float(lo), float(hi)
 
 
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)")
-_REGISTERED = re.compile(r"job (\S+) \((\S+)\) registered")
-_PLACED = re.compile(r"job (\S+): placed by its model ([\d.]+) s after registering")
 _DIRECTED = re.compile(r"job (\S+): (\d+) workers \(")
 _EXPECTS = re.compile(r"the model expects \(samples/s\): (.*)$")
 

@@ -70,16 +70,7 @@ class ScenarioJob:
     @property
     def costs(self) -> Profile:
         """Its profile with the variation applied (before any cost change)."""
-        p = PROFILES[self.profile]
-        return Profile(
-            p.name,
-            p.io_ms * self.io_scale,
-            p.cpu_ms * self.cpu_scale,
-            p.batch_size,
-            p.step_base_ms * self.step_scale,
-            p.step_per_sample_ms * self.step_scale,
-            p.pipeline,
-        )
+        return PROFILES[self.profile].scaled(self.io_scale, self.cpu_scale, self.step_scale)
 
     def arrival(self, workers: int | None = None) -> Arrival:
         """The job for :func:`~dloader.apps.experiment.run_jobs`, at its own count or at
@@ -143,14 +134,20 @@ class NodeMix:
         """A job's cost changes during it."""
         return any(j.change_at is not None for j in self.jobs)
 
+    def spans(self) -> list[tuple[float, tuple[str, ...]]]:
+        """Between each two moments a job arrives or leaves: how long, and the jobs that run
+        (in time order)."""
+        marks = sorted({0.0, *(j.at for j in self.jobs), *(j.until for j in self.jobs)})
+        return [
+            (b - a, tuple(j.label for j in self.jobs if j.at <= (a + b) / 2 < j.until))
+            for a, b in itertools.pairwise(marks)
+        ]
+
     def phases(self) -> list[tuple[str, ...]]:
         """The sets of jobs that run together, in time order (a job arriving or leaving
         starts a new one)."""
-        marks = sorted({0.0, *(j.at for j in self.jobs), *(j.until for j in self.jobs)})
         out: list[tuple[str, ...]] = []
-        for a, b in itertools.pairwise(marks):
-            mid = (a + b) / 2
-            running = tuple(j.label for j in self.jobs if j.at <= mid < j.until)
+        for _, running in self.spans():
             if running and (not out or out[-1] != running):
                 out.append(running)
         return out
@@ -242,11 +239,7 @@ def cost_split(mix: NodeMix, cores: float, budget: int) -> Split:
     starting point for the benchmark's search, not a policy: it knows costs no policy is told
     (real pipelines: their mean costs on the machine they were measured on)."""
     costs = {j.label: j.costs for j in mix.jobs}
-    marks = sorted({0.0, *(j.at for j in mix.jobs), *(j.until for j in mix.jobs)})
-    spans = [
-        (b - a, [j.label for j in mix.jobs if j.at <= (a + b) / 2 < j.until])
-        for a, b in itertools.pairwise(marks)
-    ]
+    spans = mix.spans()
 
     def value(counts: Split) -> float:
         total = 0.0

@@ -68,6 +68,17 @@ class Profile:
         """Accelerator time for one batch, seconds: ``base + per_sample * b``."""
         return (self.step_base_ms + self.step_per_sample_ms * batch_size) / 1000.0
 
+    def scaled(self, io: float = 1.0, cpu: float = 1.0, step: float = 1.0) -> Profile:
+        """This profile with its per-sample I/O and CPU costs and its accelerator step times
+        ``io``, ``cpu`` and ``step`` (a variation of it: ``--io-scale`` and the rest)."""
+        return replace(
+            self,
+            io_ms=self.io_ms * io,
+            cpu_ms=self.cpu_ms * cpu,
+            step_base_ms=self.step_base_ms * step,
+            step_per_sample_ms=self.step_per_sample_ms * step,
+        )
+
     def limit(self, batch_size: int | None = None) -> float:
         """Accelerator-bound throughput at ``batch_size`` (default: the profile's), samples/s."""
         b = self.batch_size if batch_size is None else batch_size
@@ -456,14 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.sidecar and args.loader == "torch":
         parser.error("--sidecar needs --loader dloader")
-    base = PROFILES[args.profile]
-    profile = replace(
-        base,
-        io_ms=base.io_ms * args.io_scale,
-        cpu_ms=base.cpu_ms * args.cpu_scale,
-        step_base_ms=base.step_base_ms * args.step_scale,
-        step_per_sample_ms=base.step_per_sample_ms * args.step_scale,
-    )
+    profile = PROFILES[args.profile].scaled(args.io_scale, args.cpu_scale, args.step_scale)
     if args.device == "cuda":
         from dloader.apps.gpu_step import PIPELINES
 
