@@ -1,7 +1,7 @@
 """The package's import arrows, read from the source with ``ast`` (no import is executed).
 
 Every module belongs to a component by its path (:data:`COMPONENTS`: the longest prefix wins),
-lowest first (README "Layout" draws the same picture):
+lowest first (docs/architecture.md, "Layout", draws the same picture):
 
 * ``errors``: :mod:`dloader.errors`, the one exception hierarchy;
 * ``shared``: what every process shares (``dloader._shared``: the typed messages, the client,
@@ -328,11 +328,12 @@ def test_every_exception_is_in_the_one_hierarchy() -> None:
 
 
 def test_every_environment_variable_is_documented() -> None:
-    """Every ``DLOADER_*`` variable the repository reads or exports is in the README's tables
-    (the package's own also in ``dloader/_shared/env.py``, the one module that reads them)."""
+    """Every ``DLOADER_*`` variable the repository reads or exports is in the documentation's
+    tables (README.md and docs/; the package's own also in ``dloader/_shared/env.py``, the one
+    module that reads them)."""
     import re
 
-    readme = (ROOT / "README.md").read_text()
+    readme = "".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
     found: dict[str, set[str]] = {}
     for folder in ("dloader", "tests", "benchmarks", "scripts", "deploy", ".ci"):
         for path in (ROOT / folder).rglob("*"):
@@ -342,7 +343,7 @@ def test_every_environment_variable_is_documented() -> None:
                 ):
                     found.setdefault(name, set()).add(str(path.relative_to(ROOT)))
     missing = {n: sorted(w) for n, w in found.items() if f"`{n}`" not in readme}
-    assert not missing, f"not in the README's environment tables: {missing}"
+    assert not missing, f"not in the documentation's environment tables: {missing}"
     package = {n for n, w in found.items() if any(p.startswith("dloader/") for p in w)}
     env = (PACKAGE / "_shared" / "env.py").read_text()
     assert not {n for n in package if n not in env}, package

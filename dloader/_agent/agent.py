@@ -65,6 +65,7 @@ class SidecarAgent:
             name or env.job_name() or (f"{os.path.basename(sys.argv[0]) or 'python'}-{os.getpid()}")
         )
         self._report_interval_s = env.report_interval_s()
+        self._job_key = env.job_key()  # a bad value is an error here, at the loader's start
         self._controls = controls  # they hold the loader weakly: the agent never keeps it alive
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dloader-sidecar-agent", daemon=True)
@@ -100,6 +101,7 @@ class SidecarAgent:
                 max_batch_size=high,
                 may_change_batch_size=limits.batch_size_range is not None,
             ),
+            job_key=self._job_key,
         )
         e = self.endpoint
         return {

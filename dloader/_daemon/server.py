@@ -73,27 +73,34 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         self._peers = peers if peers is not None else {}
         self._certificates = certificates
 
-    def _caller(self, context: grpc.aio.ServicerContext) -> Caller | None:
+    def _caller(self, context: grpc.aio.ServicerContext) -> Caller | str:
+        """The caller, or why it is refused (UNAUTHENTICATED)."""
         peer = context.peer()
         local = self._peers.get(peer)
         if local is not None:
             return local
-        name = _certificate_name(context) if self._certificates else None
+        name = None
+        if self._certificates:
+            name = _certificate_name(context)
+            if not name.ok:
+                return name.why  # under mutual TLS every TCP caller is someone, token or not
         given = dict(context.invocation_metadata() or ()).get("authorization", "")
         raw = given.encode() if isinstance(given, str) else bytes(given)
+        who = name.name if name is not None else None
         for expected, role in self._tokens:
             if secrets.compare_digest(raw, expected):
-                return Caller(role, certificate=name)
-        if name is not None:
-            return Caller(Role.CLIENT, certificate=name)
-        return None
+                return Caller(role, certificate=who)
+        if who is not None:
+            return Caller(Role.CLIENT, certificate=who)
+        return _UNAUTHENTICATED
 
     @contextlib.asynccontextmanager
     async def _serving(self, context: grpc.aio.ServicerContext, method: str) -> AsyncIterator[None]:
         """One call: its caller (UNAUTHENTICATED without one), then errors mapped to codes."""
         caller = self._caller(context)
-        if caller is None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
+        if isinstance(caller, str):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, caller)
+            raise AssertionError("abort returns by raising")  # for the type checker
         token = CALLER.set(caller)
         try:
             yield
@@ -200,16 +207,73 @@ class ListenConfig:
                 )
 
 
-def _certificate_name(context: grpc.aio.ServicerContext) -> str | None:
-    """The verified client certificate's common name (else its first subject alternative
-    name); None without one."""
+#: Characters of a certificate's common name at most (X.509's own bound is 64).
+MAX_CERTIFICATE_NAME = 64
+
+
+@dataclass(frozen=True)
+class _Named:
+    """A client certificate's identity: its name, or why it names no one."""
+
+    name: str = ""
+    why: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.name)
+
+
+def _certificate_name(context: grpc.aio.ServicerContext) -> _Named:
+    """The verified client certificate's identity: its subject's one common name (SECURITY.md,
+    "Identity"). A certificate with no common name (a subject alternative name alone does not
+    count), with several, or with one that is empty, longer than :data:`MAX_CERTIFICATE_NAME`
+    or not printable names no one: its caller is refused, whatever token it brings (a name cut
+    short or taken from elsewhere could be another user's)."""
     auth = context.auth_context() or {}
-    for key in ("x509_common_name", "x509_subject_alternative_name"):
-        for value in auth.get(key, ()):
-            text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-            if text:
-                return text[:256]
-    return None
+    texts = {
+        key: [v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in values]
+        for key, values in auth.items()
+    }
+    # gRPC reports one common name even where the subject has several: count them in the
+    # subject itself (RFC 2253 text) where it is given
+    subjects = texts.get("x509_subject", [])
+    names = (
+        [v for s in subjects for t, v in _rdn_attributes(s) if t.upper() in ("CN", "2.5.4.3")]
+        if subjects
+        else texts.get("x509_common_name", [])
+    )
+    if len(names) != 1:
+        what = "no common name" if not names else f"{len(names)} common names"
+        return _Named(
+            why=f"the client certificate has {what}: under mutual TLS each client is named by "
+            "exactly one subject common name (a subject alternative name does not name it)"
+        )
+    name = names[0]
+    if not name or len(name) > MAX_CERTIFICATE_NAME or not name.isprintable():
+        return _Named(
+            why=f"the client certificate's common name {name[:80]!r} must be 1-"
+            f"{MAX_CERTIFICATE_NAME} printable characters"
+        )
+    return _Named(name=name)
+
+
+def _rdn_attributes(subject: str) -> list[tuple[str, str]]:
+    """``(type, value)`` of each attribute of an RFC 2253 subject (``CN=a,O=b+OU=c``),
+    separators escaped with a backslash kept in their value."""
+    out, part, escaped = [], [], False
+    for ch in subject + ",":
+        if escaped:
+            part.append(ch)
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch in ",+":
+            kind, _, value = "".join(part).partition("=")
+            out.append((kind.strip(), value))
+            part = []
+        else:
+            part.append(ch)
+    return out
 
 
 def _server_credentials(cert: str, key: str, client_ca: str | None) -> grpc.ServerCredentials:

@@ -24,7 +24,15 @@ from typing import Any
 from dloader._daemon.paths import own_folder, private_file
 from dloader.errors import ConfigError
 
-__all__ = ["HISTORY_KEEP_S", "MAX_DECISIONS", "MAX_ENDED_JOBS", "SETTINGS_TABLE", "SqliteState"]
+__all__ = [
+    "HISTORY_KEEP_S",
+    "MAX_DECISIONS",
+    "MAX_ENDED_JOBS",
+    "MAX_ENDED_JOBS_PER_OWNER",
+    "SETTINGS_TABLE",
+    "SqliteState",
+    "ended_jobs_to_drop",
+]
 
 #: Every store has this table (create it in the first migration).
 SETTINGS_TABLE = "CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
@@ -32,9 +40,27 @@ SETTINGS_TABLE = "CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, val
 HISTORY_KEEP_S = 7 * 86400.0
 #: Decisions kept at most (the newest), whatever their age.
 MAX_DECISIONS = 100_000
-#: Ended jobs kept at most (the most recently ended), whatever their age: a client that
-#: registers and ends jobs in a loop cannot grow the file past it.
+#: Ended jobs kept at most, whatever their age: a client that registers and ends jobs in a loop
+#: cannot grow the file past it. Kept fairly (:func:`ended_jobs_to_drop`): each owner's newest
+#: first, so that one user's churn evicts that user's history, not every user's.
 MAX_ENDED_JOBS = 10_000
+#: Ended jobs kept at most per owner (a uid, a TCP role, the operators).
+MAX_ENDED_JOBS_PER_OWNER = 1_000
+
+
+def ended_jobs_to_drop(ended: str, owner: str) -> str:
+    """The SELECT of the ended jobs a store drops (one parameter: the cutoff time): those that
+    ended before the cutoff, those past their owner's ``MAX_ENDED_JOBS_PER_OWNER`` newest, and
+    those past ``MAX_ENDED_JOBS`` in all, taken round-robin over the owners, newest first (each
+    owner's newest, then each one's second newest, ...). ``ended``: the column of the end time,
+    NULL while a job is active; ``owner``: the column naming the owner."""
+    return (
+        f"WITH ranked AS (SELECT job_id, {ended} AS e, ROW_NUMBER() OVER (PARTITION BY {owner} "
+        f"ORDER BY {ended} DESC) AS rn FROM jobs WHERE {ended} IS NOT NULL), "
+        f"kept AS (SELECT job_id FROM ranked WHERE e >= ? AND rn <= {MAX_ENDED_JOBS_PER_OWNER} "
+        f"ORDER BY rn, e DESC LIMIT {MAX_ENDED_JOBS}) "
+        "SELECT job_id FROM ranked WHERE job_id NOT IN (SELECT job_id FROM kept)"
+    )
 
 
 class SqliteState:

@@ -13,6 +13,7 @@ called.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -28,12 +29,16 @@ __all__ = [
     "ID_MAX",
     "MAX_BATCH",
     "MAX_CORES",
+    "MAX_GAMMA",
     "MAX_GPUS",
     "MAX_INPUT_POINTS",
     "MAX_INPUT_RATE",
     "MAX_JOBS_PER_REPORT",
     "MAX_MEASUREMENTS_PER_CALL",
     "MAX_PRIORITY",
+    "MAX_SCALING_PARAM",
+    "MIN_CORES",
+    "MIN_INPUT_RATE",
     "SCALING_FIELDS",
     "Allocation",
     "AllocationSet",
@@ -43,6 +48,10 @@ __all__ = [
     "Measurement",
     "NodeJobReport",
     "check_input_curve",
+    "check_scaling",
+    "job_key",
+    "key_digest",
+    "split_batch",
 ]
 
 ID_MAX = 200  # characters of a job or node id
@@ -52,10 +61,37 @@ MAX_PRIORITY = 1000.0
 MAX_MEASUREMENTS_PER_CALL = 1000
 MAX_JOBS_PER_REPORT = 1024
 MAX_CORES = 4096.0  # per node, and per point of an input curve
+MIN_CORES = 1e-3  # of a point of an input curve
 MAX_INPUT_RATE = 1e9  # samples/s of an input curve's point
+#: Samples/s of an input curve's point at the least: a pipeline slower than one sample in
+#: 1,000 s is no pipeline, and a rate near zero (5e-324 at 4,096 cores) once made every
+#: decision fail ("predicted throughput is 0") or divide by zero.
+MIN_INPUT_RATE = 1e-3
 MAX_INPUT_POINTS = 16  # points of an input curve (= dloader.predictor.MAX_INPUT_POINTS)
 #: The fields of ``ScalingParams`` (the scaling model's parameters).
 SCALING_FIELDS = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma")
+MAX_SCALING_PARAM = 1e6  # seconds (per step, per sample): far beyond any real job
+MAX_GAMMA = 10.0  # the scaling model's overlap exponent lies in [1, MAX_GAMMA]
+
+
+def check_scaling(scaling: Mapping[str, float]) -> None:
+    """Stated scaling parameters: exactly the :data:`SCALING_FIELDS`, each finite, ``gamma``
+    within ``[1, MAX_GAMMA]`` and the others within ``[0, MAX_SCALING_PARAM]``, with a compute
+    time (``alpha_c + beta_c > 0``); else ``INVALID_ARGUMENT`` naming the field."""
+    unknown = sorted(set(scaling) - set(SCALING_FIELDS))
+    missing = [f for f in SCALING_FIELDS if f not in scaling]
+    if unknown or missing:
+        raise InvalidArgument(
+            "job.scaling",
+            f"unknown {unknown}, missing {missing}: expected {', '.join(SCALING_FIELDS)}",
+        )
+    for name in SCALING_FIELDS:
+        if name == "gamma":
+            finite_within("job.scaling.gamma", scaling[name], 1.0, MAX_GAMMA)
+        else:
+            finite_within(f"job.scaling.{name}", scaling[name], 0.0, MAX_SCALING_PARAM)
+    if scaling["alpha_c"] + scaling["beta_c"] <= 0:
+        raise InvalidArgument("job.scaling", "alpha_c + beta_c must be > 0 (compute time)")
 
 
 def _pb() -> Any:
@@ -149,16 +185,15 @@ InputCurve = tuple[tuple[float, float], ...]
 
 def check_input_curve(name: str, points: Sequence[tuple[float, float]]) -> InputCurve:
     """``points`` as an input curve: at most :data:`MAX_INPUT_POINTS`, each with cores in
-    ``(0, MAX_CORES]`` and samples/s in ``(0, MAX_INPUT_RATE]``, cores increasing; else
-    ``INVALID_ARGUMENT`` naming ``name`` (the whole list refused before any point is read)."""
+    ``[MIN_CORES, MAX_CORES]`` and samples/s in ``[MIN_INPUT_RATE, MAX_INPUT_RATE]``, cores
+    increasing; else ``INVALID_ARGUMENT`` naming ``name`` (the whole list refused before any
+    point is read)."""
     if len(points) > MAX_INPUT_POINTS:
         raise InvalidArgument(name, f"{len(points)} points: at most {MAX_INPUT_POINTS}")
     out: list[tuple[float, float]] = []
     for i, (cores, rate) in enumerate(points):
-        c = finite_within(f"{name}[{i}].cores", cores, 0.0, MAX_CORES)
-        r = finite_within(f"{name}[{i}].samples_per_second", rate, 0.0, MAX_INPUT_RATE)
-        if c <= 0 or r <= 0:
-            raise InvalidArgument(name, f"point {i} ({c}, {r}): cores and samples/s must be > 0")
+        c = finite_within(f"{name}[{i}].cores", cores, MIN_CORES, MAX_CORES)
+        r = finite_within(f"{name}[{i}].samples_per_second", rate, MIN_INPUT_RATE, MAX_INPUT_RATE)
         if out and c <= out[-1][0]:
             raise InvalidArgument(name, f"point {i}: cores {c} must exceed the point before's")
         out.append((c, r))
@@ -273,6 +308,8 @@ class JobSpec:
         restart = self.restart_seconds or default_restart_seconds
         finite_within("job.restart_seconds", restart, 0, 86400)
         check_input_curve("job.input_curve", self.input_curve)
+        if self.scaling:
+            check_scaling(self.scaling)
         return replace(
             self,
             min_gpus=lo_g,
@@ -357,6 +394,14 @@ class Allocation:
     """Rises whenever the job's placement changes."""
     cpus: Mapping[str, float] = field(default_factory=dict)
     """Its cores per node id, where the nodes' cores are limited (empty: not limited)."""
+    local_batch_size: int = 0
+    """Each process's batch (0: waiting): what its loaders run with, as given (no enactor
+    computes it again)."""
+    accumulation_steps: int = 1
+    """Micro-batches per optimizer step: ``batch_size`` is about ``gpus x local_batch_size x
+    accumulation_steps`` (:func:`split_batch`)."""
+    key_digest: str = ""
+    """:func:`key_digest` of the job's key: what a node's sidecar ties its local jobs to."""
 
     def to_pb(self) -> allocator_pb2.Allocation:
         """As a ``dloader.v1.Allocation``."""
@@ -382,7 +427,38 @@ class Allocation:
             m.rendezvous,
             m.generation,
             {n.node_id: n.cpus for n in m.nodes if n.cpus > 0},
+            m.local_batch_size,
+            max(m.accumulation_steps, 1),
+            m.key_digest,
         )
+
+
+def split_batch(batch_size: int, gpus: int, max_local: int = 0) -> tuple[int, int]:
+    """``(local batch, accumulation steps)`` of a global ``batch_size`` over ``gpus``
+    processes: the fewest micro-batches of at most ``max_local`` samples each (0: no limit), as
+    the policies' throughput model splits it; ``(0, 1)`` for no GPUs."""
+    if gpus < 1 or batch_size < 1:
+        return 0, 1
+    per = batch_size / gpus
+    steps = max(math.ceil(per / max_local - 1e-9), 1) if max_local > 0 else 1
+    return max(batch_size // (gpus * steps), 1), steps
+
+
+_KEY_PREFIX = b"dloader job key\0"
+
+
+def job_key(token: str) -> str:
+    """The job's key, which ``dloader-launch`` gives its training script (``DLOADER_JOB_KEY``)
+    and the script's loaders give their node's sidecar: derived from the job's token, and not
+    the token (a holder of the key cannot act on the job at the allocator)."""
+    return hashlib.sha256(_KEY_PREFIX + token.encode()).hexdigest()
+
+
+def key_digest(key: str) -> str:
+    """What the allocator publishes of a job's key (in every ``Allocation``): its SHA-256. A
+    sidecar matches a local job whose key has this digest; a reader of allocations learns
+    neither key nor token ("" for no key)."""
+    return hashlib.sha256(key.encode()).hexdigest() if key else ""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Every environment variable dloader reads, in one place (the README lists the same table).
+"""Every environment variable dloader reads, in one place (docs/loader.md lists the same table).
 
 =============================  ==========================================================
 ``DLOADER_POLL_INTERVAL_S``    how often (s) a waiting trainer wakes to apply resizes and
@@ -8,6 +8,8 @@
 ``DLOADER_SIDECAR_TOKEN``      bearer token for a sidecar on TCP (the daemon's ``--token``
                                default and the clients')
 ``DLOADER_JOB_NAME``           the job's name at the sidecar (default: script-PID)
+``DLOADER_JOB_KEY``            what ties the job's loaders to its job at the cluster
+                               allocator (``dloader-launch`` sets it; a name never does)
 ``DLOADER_REPORT_INTERVAL_S``  seconds between a loader's reports to the sidecar (default 1)
 ``DLOADER_ALLOCATOR``          the cluster allocator (``--allocator`` default of the sidecar
                                and the launcher)
@@ -31,7 +33,11 @@ Exported, not read: ``dloader-launch`` sets these for the training script it sta
 ``DLOADER_JOB_NAME``           the job id (also read, above)
 ``DLOADER_ALLOCATED_GPUS``     the job's processes (GPUs) on this node
 ``DLOADER_GLOBAL_BATCH_SIZE``  the global batch size of the allocation it was started for
+``DLOADER_LOCAL_BATCH_SIZE``   each process's batch in that allocation (start the loader
+                               with it; later changes come through the sidecar)
+``DLOADER_ACCUMULATION_STEPS`` micro-batches per optimizer step in that allocation
 ``DLOADER_GENERATION``         the allocation's placement generation (rises with each change)
+``DLOADER_JOB_KEY``            the job's key (also read, above)
 =============================  ==========================================================
 
 Values are read when asked for (so a daemon's settings are built from the environment of the
@@ -45,6 +51,7 @@ import math
 import os
 from pathlib import Path
 
+from dloader._shared.files import MAX_SECRET_BYTES, open_regular
 from dloader.errors import ConfigError
 
 __all__ = [
@@ -57,6 +64,7 @@ __all__ = [
     "default_state_dir",
     "env_float",
     "env_str",
+    "job_key",
     "job_name",
     "launch_exports",
     "report_interval_s",
@@ -96,11 +104,16 @@ def secret(value: str | None, what: str) -> str | None:
     if not value or not value.startswith("@"):
         return value or None
     path = Path(value[1:])
+    fd = open_regular(path, f"{what} file", follow=True)  # a link is fine (Kubernetes secrets)
+    if fd is None:
+        raise ConfigError(f"{what} file {str(path)!r} cannot be read: it does not exist")
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        raw = f.read(MAX_SECRET_BYTES)
     try:
-        st = path.stat()
-        text = path.read_text().strip().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{what} file {str(path)!r} cannot be read: {exc}") from None
+        text = raw.decode().strip().splitlines()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} file {str(path)!r} is not text") from None
     if st.st_mode & 0o004:
         raise ConfigError(f"{what} file {str(path)!r} is readable by other users (chmod 600 it)")
     if st.st_mode & 0o022:
@@ -191,16 +204,45 @@ LAUNCH_EXPORTS = {
     "DLOADER_JOB_NAME": "the job id",
     "DLOADER_ALLOCATED_GPUS": "the job's processes (GPUs) on this node",
     "DLOADER_GLOBAL_BATCH_SIZE": "the global batch size of the allocation it was started for",
+    "DLOADER_LOCAL_BATCH_SIZE": "each process's batch in that allocation",
+    "DLOADER_ACCUMULATION_STEPS": "micro-batches per optimizer step in that allocation",
     "DLOADER_GENERATION": "the allocation's placement generation",
+    "DLOADER_JOB_KEY": "the job's key: ties its loaders to the allocator's job at the sidecar",
 }
 
 
 def launch_exports(
-    job_id: str, gpus: int, global_batch_size: int, generation: int
+    job_id: str,
+    gpus: int,
+    global_batch_size: int,
+    local_batch_size: int,
+    accumulation_steps: int,
+    generation: int,
+    key: str,
 ) -> dict[str, str]:
-    """The :data:`LAUNCH_EXPORTS` values for one start of a job's training script."""
-    values = (job_id, gpus, global_batch_size, generation)
+    """The :data:`LAUNCH_EXPORTS` values for one start of a job's training script (each
+    value as the allocation gives it: nothing is computed here)."""
+    values = (
+        job_id,
+        gpus,
+        global_batch_size,
+        local_batch_size,
+        accumulation_steps,
+        generation,
+        key,
+    )
     return {name: str(v) for name, v in zip(LAUNCH_EXPORTS, values, strict=True)}
+
+
+def job_key() -> str:
+    """``DLOADER_JOB_KEY`` ("" when unset): 64 hex digits, as ``dloader-launch`` sets it."""
+    key = env_str("DLOADER_JOB_KEY") or ""
+    if key and (len(key) != 64 or any(c not in "0123456789abcdef" for c in key)):
+        raise ConfigError(
+            f"DLOADER_JOB_KEY={key[:80]!r}: expected 64 lowercase hex digits, as dloader-launch "
+            "sets it"
+        )
+    return key
 
 
 def default_socket(name: str = "sidecar.sock") -> str:

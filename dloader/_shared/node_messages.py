@@ -152,6 +152,8 @@ class Registration:
     batch_size: int
     limits: JobLimits = field(default_factory=JobLimits)
     gpus: tuple[int, ...] = ()
+    job_key: str = ""
+    """``DLOADER_JOB_KEY`` (dloader-launch sets it): ties the job to its allocator job."""
 
     def to_json(self) -> dict[str, Any]:
         """As a JSON-compatible dict (the agent -> helper pipe)."""
@@ -175,6 +177,7 @@ class Registration:
             num_workers=self.num_workers,
             batch_size=self.batch_size,
             limits=self.limits.to_pb(),
+            job_key=self.job_key,
         )
 
     @classmethod
@@ -187,6 +190,7 @@ class Registration:
             num_workers=m.num_workers,
             batch_size=m.batch_size,
             limits=JobLimits.from_pb(m.limits),
+            job_key=m.job_key,
         )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -45,6 +46,9 @@ from dloader._shared.allocator_messages import (
     JobSpec,
     Measurement,
     NodeJobReport,
+    job_key,
+    key_digest,
+    split_batch,
 )
 from dloader.allocator.config import STORED_SETTINGS, Settings
 from dloader.allocator.jobs import (
@@ -59,7 +63,6 @@ from dloader.allocator.optimizer import Cluster
 from dloader.allocator.policies import JobState, Policy, make_policy
 from dloader.allocator.store import AllocatorStore, placement_of
 from dloader.errors import (
-    AllocatorError,
     AlreadyExists,
     DLoaderError,
     InvalidArgument,
@@ -106,6 +109,12 @@ class _Outcome:
     """Each job's cores per node id (empty: the nodes' cores are not limited)."""
 
 
+@functools.lru_cache(maxsize=4096)
+def _digest_of(token: str) -> str:
+    """The key digest each allocation of the job with ``token`` carries (hashed once)."""
+    return key_digest(job_key(token)) if token else ""
+
+
 def _plan(inp: _Inputs) -> _Outcome | None:
     """Runs the policy (in a worker thread; reads nothing but ``inp``). None: the policy failed
     for every job, keep the last allocation."""
@@ -116,19 +125,23 @@ def _plan(inp: _Inputs) -> _Outcome | None:
     aside: dict[str, str] = {}
     try:
         d = inp.policy.decide(inp.states, inp.cluster)
-    except AllocatorError:
-        # One job must never stop the decisions for the others: find the jobs the policy
-        # cannot decide for, set them aside with the reason, decide the rest.
-        aside = {s.job_id: why for s in inp.states if (why := unusable(inp.policy, s)) is not None}
+    except Exception:  # noqa: BLE001: one job must never stop the decisions for the others
+        # find the jobs the policy cannot decide for on this cluster, set them aside with the
+        # reason, decide the rest
+        aside = {
+            s.job_id: why
+            for s in inp.states
+            if (why := unusable(inp.policy, s, inp.cluster)) is not None
+        }
         try:
             if not aside:
                 raise
             d = inp.policy.decide([s for s in inp.states if s.job_id not in aside], inp.cluster)
-        except AllocatorError:
+        except Exception:
             log.exception("policy %s failed; keeping the last allocation", inp.policy.name)
             return None
         for jid, why in aside.items():
-            log.error("job %s set aside: the policy cannot use its model: %s", jid, why)
+            log.error("job %s set aside: the policy cannot place it: %s", jid, why)
     ids = inp.node_ids
     placements = {
         k: {n: g for n, g in zip(ids, p, strict=True) if g} for k, p in d.placements.items()
@@ -136,7 +149,7 @@ def _plan(inp: _Inputs) -> _Outcome | None:
     cores = {k: {n: c for n, c in zip(ids, v, strict=True) if c > 0} for k, v in d.cores.items()}
     reasons = dict(d.reasons)
     for jid, why in aside.items():
-        reasons[jid] = f"set aside: its model is unusable ({why})"
+        reasons[jid] = f"set aside: the policy cannot place it ({why})"
     ms = (time.perf_counter() - began) * 1e3
     return _Outcome(placements, dict(d.batch_sizes), reasons, ms, cores)
 
@@ -287,7 +300,13 @@ class AllocatorCore:
         return self.commit(self.prepare(spec))
 
     def _unusable(self, job: SubmittedJob) -> str | None:
-        return unusable(self._policy, job.state([], self._clock()))
+        """Why the policy cannot decide for ``job`` alone, on its minimum GPUs and, where
+        nodes are registered, on this cluster (its cores included)."""
+        state = job.state([], self._clock())
+        why = unusable(self._policy, state)
+        if why is None and (cluster := self.nodes.cluster()[1]) is not None:
+            why = unusable(self._policy, state, cluster)
+        return why
 
     def _check_usable(self, job: SubmittedJob) -> None:
         """INVALID_ARGUMENT naming the field if the policy cannot use the job's model."""
@@ -300,21 +319,37 @@ class AllocatorCore:
         raise InvalidArgument(field, f"the job's model is unusable by the policy: {why}")
 
     def owned(self, job_id: str, token: str, action: str) -> SubmittedJob:
-        """An active job the caller may act on: an operator, or the holder of its token who is
-        also the user who submitted it, where both are known as users (by uid on the Unix
-        socket, by client certificate on TCP: a token that leaked to another user is not
-        enough)."""
+        """An active job the caller may act on. Identity decides, then the token:
+
+        * a token that is given must be the job's, whoever calls (an operator's launcher checks
+          its token file with an empty UpdateJob; a wrong one must not pass for the operator);
+        * an operator may act on any job without a token (``dloaderctl``, the daemon's loops);
+        * a job an operator submitted is acted on by operators only: its token alone (leaked,
+          or read from a file another user made) is not enough;
+        * otherwise the holder of the job's token who is also the user who submitted it, where
+          both are known as users (by uid on the Unix socket, by client certificate on TCP): a
+          token that leaked to another user is not enough."""
         job = self.get(job_id)
         caller = current_caller()
+        if token and not same_token(job.token, token):
+            raise PermissionDenied(
+                "token", f"{action} of job {shown(job_id)}: the token given is not the job's"
+            )
         if caller.at_least(Role.OPERATOR):
             return job
-        if caller.identified and job.owner and caller.owner != job.owner:
+        if not job.owner:
+            raise PermissionDenied(
+                "caller",
+                f"{action} of job {shown(job_id)}: an operator submitted it, and only an "
+                f"operator may act on it; the caller is {caller}",
+            )
+        if caller.identified and caller.owner != job.owner:
             raise PermissionDenied(
                 "caller",
                 f"{action} of job {shown(job_id)}: it was submitted by {job.owner}, not by "
                 f"{caller}",
             )
-        if not same_token(job.token, token):
+        if not token:
             raise PermissionDenied(
                 "token", f"{action} of job {shown(job_id)} needs its token (from SubmitJob)"
             )
@@ -545,10 +580,12 @@ class AllocatorCore:
             pos = 0
             if not nodes:
                 pos, queue = queue, queue + 1
+            gpus = sum(nodes.values())
+            local, steps = split_batch(batch, gpus, job.spec.max_local_batch_size)
             views.append(
                 Allocation(
                     jid,
-                    sum(nodes.values()),
+                    gpus,
                     dict(nodes),
                     batch,
                     self._reasons.get(jid, ""),
@@ -556,6 +593,9 @@ class AllocatorCore:
                     job.rendezvous if jid not in rec else "",
                     job.generation,
                     dict(job.cores) if jid not in rec else {},
+                    local,
+                    steps,
+                    _digest_of(job.token),
                 )
             )
         return AllocationSet(

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from dloader._shared.allocator_messages import MAX_BATCH, GradientStats, JobSpec
+from dloader._shared.allocator_messages import MAX_BATCH, GradientStats, JobSpec, check_scaling
 from dloader.allocator.optimizer import Cluster
 from dloader.allocator.policies import JobState, Policy
-from dloader.errors import AllocatorError, InvalidArgument, finite_within
+from dloader.errors import InvalidArgument, finite_within
 from dloader.predictor import (
     GradientNoise,
     InputModel,
@@ -30,8 +30,6 @@ __all__ = [
 ]
 
 MAX_MEASUREMENTS = 2000  # kept per job; the oldest are dropped beyond
-MAX_SCALING_PARAM = 1e6  # seconds (per step, per sample): far beyond any real job
-MAX_GAMMA = 10.0
 GRADIENT_RANGE = (1e-30, 1e30)
 
 
@@ -53,18 +51,8 @@ def fit_model(spec: JobSpec) -> ScalingModel:
         except (PredictorError, ValueError) as exc:
             raise InvalidArgument("job.measurements", f"cannot fit a model: {exc}") from None
     if spec.scaling:
-        try:
-            params = ScalingParams(**spec.scaling)
-        except TypeError as exc:
-            raise InvalidArgument("job.scaling", str(exc)) from None
-        for name, value in spec.scaling.items():
-            if name == "gamma":
-                finite_within("job.scaling.gamma", value, 1.0, MAX_GAMMA)
-            else:
-                finite_within(f"job.scaling.{name}", value, 0.0, MAX_SCALING_PARAM)
-        if params.alpha_c + params.beta_c <= 0:
-            raise InvalidArgument("job.scaling", "alpha_c + beta_c must be > 0 (compute time)")
-        return ScalingModel(params)
+        check_scaling(spec.scaling)
+        return ScalingModel(ScalingParams(**spec.scaling))
     raise InvalidArgument(
         "job.scaling", "need scaling parameters or at least 1 measurement to predict throughput"
     )
@@ -145,12 +133,16 @@ class SubmittedJob:
         )
 
 
-def unusable(policy: Policy, state: JobState) -> str | None:
-    """Why ``policy`` cannot decide for the job alone on its minimum GPUs (None: it can)."""
-    need = max(state.min_gpus, 1)
-    cluster = Cluster((need,)) if need <= 64 else Cluster.uniform(-(-need // 8), 8)
+def unusable(policy: Policy, state: JobState, cluster: Cluster | None = None) -> str | None:
+    """Why ``policy`` cannot decide for the job alone (None: it can), on ``cluster`` (the one
+    being decided, cores included) or, without one, on its minimum GPUs. Any exception counts:
+    a job the policy cannot place is set aside whatever the reason, never the cluster's
+    decision with it."""
+    if cluster is None:
+        need = max(state.min_gpus, 1)
+        cluster = Cluster((need,)) if need <= 64 else Cluster.uniform(-(-need // 8), 8)
     try:
         policy.decide([replace(state, placement=(), batch_size=None)], cluster)
-    except AllocatorError as exc:
-        return str(exc)
+    except Exception as exc:  # noqa: BLE001: whatever the policy raised, the job is the cause
+        return str(exc) or type(exc).__name__
     return None

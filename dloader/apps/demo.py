@@ -21,6 +21,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -171,7 +172,7 @@ def node(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.seconds < 20:
         parser.error(f"--seconds={args.seconds} must be >= 20 (the sidecar explores first)")
-    from dloader.apps.experiment import run_jobs, score, sidecar_process
+    from dloader.apps.experiment import score
 
     console = Console(width=None if sys.stdout.isatty() else 110)
     jobs = [("io_heavy", 4, 0.0, None), ("cpu_heavy", 4, 0.0, None), ("gpu_bound", 4, 0.0, None)]
@@ -181,20 +182,12 @@ def node(argv: list[str]) -> int:
         "cpu_heavy (3 ms CPU per sample), gpu_bound (a slow accelerator)"
     )
     folder = Path(args.state_dir).resolve()
-    tmp = Path(tempfile.mkdtemp(prefix="dloader-demo-"))
+    tmp = run_folder()
+    try:
+        before, after = _phases(jobs, args, tmp, folder, console)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # also on Ctrl-C and SIGTERM
     window = (args.seconds * 0.4, args.seconds)  # scored: the end of each phase
-    with console.status(f"before: 4 workers each, no sidecar ({args.seconds:g} s) ..."):
-        before = run_jobs(jobs, tmp / "before", seconds=args.seconds)
-    with (
-        console.status(
-            f"after: with the adaptive sidecar at unix://{tmp}/sidecar/sidecar.sock,"
-            f" state in {folder} ({args.seconds:g} s) ..."
-        ),
-        sidecar_process(tmp / "sidecar", policy="adaptive", worker_budget=args.worker_budget) as sc,
-    ):
-        after = run_jobs(jobs, tmp / "after", seconds=args.seconds, sidecar=sc.target)
-        (folder / "state").mkdir(parents=True, exist_ok=True)
-        shutil.copy2(tmp / "sidecar" / "state" / "sidecar.db", folder / "state" / "sidecar.db")
     total_b, per_b = score(before, *window)
     total_a, per_a = score(after, *window)
     table = Table(
@@ -228,10 +221,58 @@ def node(argv: list[str]) -> int:
     console.print(
         f"[bold green]{total_a / total_b:.2f}x[/] the useful throughput of the node "
         f"with the sidecar (sum of each job's throughput / its accelerator limit). "
-        f"The sidecar's decisions are in {tmp / 'sidecar' / 'sidecar.log'}; its "
+        f"The sidecar's decisions are in {folder / 'state' / 'sidecar.log'}; its "
         f"state (jobs, models, decisions) in {folder / 'state' / 'sidecar.db'}."
     )
     return 0
+
+
+def _phases(
+    jobs: list[tuple[str, int, float, None]],
+    args: argparse.Namespace,
+    tmp: Path,
+    folder: Path,
+    console: Console,
+) -> tuple[Any, Any]:
+    """Runs both phases in ``tmp``; the sidecar's state and log are kept in ``folder``."""
+    from dloader.apps.experiment import run_jobs, sidecar_process
+
+    with console.status(f"before: 4 workers each, no sidecar ({args.seconds:g} s) ..."):
+        before = run_jobs(jobs, tmp / "before", seconds=args.seconds)
+    with (
+        console.status(
+            f"after: with the adaptive sidecar at unix://{tmp}/sidecar/sidecar.sock,"
+            f" state in {folder} ({args.seconds:g} s) ..."
+        ),
+        sidecar_process(tmp / "sidecar", policy="adaptive", worker_budget=args.worker_budget) as sc,
+    ):
+        after = run_jobs(jobs, tmp / "after", seconds=args.seconds, sidecar=sc.target)
+    (folder / "state").mkdir(parents=True, exist_ok=True)
+    for name in ("state/sidecar.db", "sidecar.log"):
+        shutil.copy2(tmp / "sidecar" / name, folder / "state" / Path(name).name)
+    return before, after
+
+
+_RUN_PREFIX = "dloader-demo-"
+
+
+def run_folder() -> Path:
+    """A new temporary folder for one demo run (its sockets and the jobs' output), holding the
+    run's PID; first removes the folders of this user's earlier runs whose process is gone (a
+    demo killed with SIGKILL cannot remove its own)."""
+    base = Path(tempfile.gettempdir())
+    for old in base.glob(f"{_RUN_PREFIX}*"):
+        try:
+            if old.stat().st_uid != os.getuid() or old.is_symlink():
+                continue
+            pid = int((old / "pid").read_text())
+        except (OSError, ValueError):
+            continue
+        if pid != os.getpid() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(old, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=_RUN_PREFIX))
+    (tmp / "pid").write_text(str(os.getpid()))
+    return tmp
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,8 +15,11 @@ Batch-size changes do not restart anything: the node sidecar applies them to the
 loaders (the script's ``dloader.DataLoader(..., job_name=JOB_ID, batch_size_range=...)``).
 
 The script sees ``DLOADER_JOB_NAME`` (the job id), ``DLOADER_ALLOCATED_GPUS`` (its processes on
-this node), ``DLOADER_GLOBAL_BATCH_SIZE`` (the allocation when it was started) and
-``DLOADER_GENERATION`` (the allocation's placement generation).
+this node), ``DLOADER_GLOBAL_BATCH_SIZE``, ``DLOADER_LOCAL_BATCH_SIZE`` and
+``DLOADER_ACCUMULATION_STEPS`` (the allocation when it was started, as the allocator gave it),
+``DLOADER_GENERATION`` (the allocation's placement generation) and ``DLOADER_JOB_KEY`` (derived
+from the job's token: the script's loaders give it to the node's sidecar, which ties them to
+this job by it, never by name).
 
 Several nodes: run one launcher per node of the job, each with its ``--node-id``; one submits the
 job (and writes its credential to ``--token-file`` on storage the others share, as they share
@@ -64,13 +67,14 @@ from typing import Any
 
 import grpc
 
-from dloader._shared import env
+from dloader._shared import env, files
 from dloader._shared.allocator_messages import (
     SCALING_FIELDS,
     Allocation,
     AllocationSet,
     JobSpec,
     Measurement,
+    job_key,
 )
 from dloader._shared.cli import LOG_LEVELS, count, finite, seconds
 from dloader._shared.client import Backoff, Endpoint
@@ -158,9 +162,20 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _measurements(path: Path) -> tuple[Measurement, ...]:
-    """``--measurements``: a CSV of measured steps, each row checked."""
+    """``--measurements``: a CSV of measured steps, each row checked (a FIFO or a folder is
+    refused, not waited on)."""
+    expected = (
+        "expected columns nodes,replicas,local_bsz,step_time[,sync_time] with a row per "
+        "measured step"
+    )
+    fd = files.open_regular(path, "--measurements", follow=True)
+    if fd is None:
+        raise ConfigError(f"--measurements {path}: no such file")
     try:
-        with path.open(newline="") as f:
+        with os.fdopen(fd, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+            if not rows:
+                raise ValueError("no rows")
             return tuple(
                 Measurement(
                     nodes=int(row["nodes"]),
@@ -169,13 +184,10 @@ def _measurements(path: Path) -> tuple[Measurement, ...]:
                     step_seconds=float(row["step_time"]),
                     sync_seconds=float(row.get("sync_time") or 0.0),
                 )
-                for row in csv.DictReader(f)
+                for row in rows
             )
-    except (OSError, KeyError, ValueError, TypeError) as exc:
-        raise ConfigError(
-            f"--measurements {path}: {exc}; expected columns "
-            "nodes,replicas,local_bsz,step_time[,sync_time] with a row per measured step"
-        ) from None
+    except (OSError, KeyError, ValueError, TypeError, csv.Error) as exc:
+        raise ConfigError(f"--measurements {path}: {exc}; {expected}") from None
 
 
 def job_spec(args: argparse.Namespace) -> JobSpec:
@@ -213,17 +225,18 @@ def job_spec(args: argparse.Namespace) -> JobSpec:
     try:
         spec.normalised(default_restart_seconds=0.0)  # the allocator's own check, here first
     except InvalidArgument as exc:
-        flag = "--" + exc.field.removeprefix("job.").replace("_", "-")
-        raise ConfigError(f"{flag}: {exc.message}") from None
+        field = exc.field.removeprefix("job.")
+        flag = "--" + field.split(".")[0].replace("_", "-")
+        raise ConfigError(f"{flag}: {field}: {exc.message}") from None
     return spec
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Writes ``text`` to ``path``, readable by its owner only (a credential)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(text)
+def check_token_file(path: Path) -> None:
+    """``--token-file`` checked before the allocator is contacted: a path in a folder only
+    this user may write, and, where a file is there already, a credential of this user's
+    (``ConfigError`` saying why not: a link, a FIFO, a folder, another user's file)."""
+    files.check_private_folder(path.parent, "--token-file")
+    files.read_private(path, "--token-file")
 
 
 class Launcher:
@@ -298,7 +311,15 @@ class Launcher:
         ]
         environ = {
             **os.environ,
-            **env.launch_exports(a.job_id, gpus, mine.batch_size, mine.generation),
+            **env.launch_exports(
+                a.job_id,
+                gpus,
+                mine.batch_size,
+                mine.local_batch_size,
+                mine.accumulation_steps,
+                mine.generation,
+                job_key(self._token()),
+            ),
         }
         self.proc = await asyncio.create_subprocess_exec(*cmd, env=environ, start_new_session=True)
         self.gpus, self.generation = gpus, mine.generation
@@ -391,7 +412,14 @@ class Launcher:
             )
             self.job_token = r.token
             if self.args.token_file is not None:
-                _write_private(self.args.token_file, r.token)
+                try:
+                    files.write_private(self.args.token_file, r.token, "--token-file")
+                except (ConfigError, OSError) as exc:
+                    await self._cancel_submitted(stub)
+                    raise LaunchRefused(
+                        f"job {r.job_id} submitted, but its token could not be written "
+                        f"({exc}): the job was cancelled"
+                    ) from None
             log.info("job %s submitted (queue position %d)", r.job_id, r.queue_position)
             self.checked = True
         except grpc.aio.AioRpcError as exc:
@@ -457,10 +485,23 @@ class Launcher:
         return stop.is_set()
 
     def _token(self) -> str:
+        """The job's token: from SubmitJob, else from ``--token-file`` where a trusted file is
+        there (:func:`dloader._shared.files.read_private`; "": none yet)."""
         if not self.job_token and self.args.token_file is not None:
-            with contextlib.suppress(OSError):
-                self.job_token = self.args.token_file.read_text().strip()
+            try:
+                self.job_token = files.read_private(self.args.token_file, "--token-file") or ""
+            except ConfigError as exc:
+                raise LaunchRefused(str(exc)) from None
         return self.job_token
+
+    async def _cancel_submitted(self, stub: pb_grpc.ClusterAllocatorAsyncStub) -> None:
+        """Ends the job this launcher just submitted (it could not keep its token)."""
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await stub.CompleteJob(
+                pb.CompleteJobRequest(job_id=self.args.job_id, failed=True, token=self.job_token),
+                metadata=self._meta,
+                timeout=10,
+            )
 
     async def _complete(self, stub: pb_grpc.ClusterAllocatorAsyncStub, code: int) -> int:
         try:
@@ -605,6 +646,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         spec = None if args.follow else job_spec(args)
+        if args.token_file is not None:
+            check_token_file(args.token_file)
     except ConfigError as exc:
         print(f"dloader-launch: {exc}", file=sys.stderr)
         return 2

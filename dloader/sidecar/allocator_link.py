@@ -4,12 +4,13 @@ It registers the node with its GPUs and the cores its loaders may use (``--cpu-b
 reports every period which GPUs the allocator may use, how fast the node's allocator-managed
 jobs run and what their input pipelines deliver on ``c`` cores (each job's loader model here:
 :func:`input_curve`), and watches the allocations of this node: when a job's global batch size
-changes, every loader of that job on this node (matched by the loader's ``job_name``) is
-directed to ``global batch / GPUs of the job``, which the job's agent applies with
-``loader.set_batch_size``; the job's cores on this node become the node's prior for it
-(:meth:`NodeCore.set_cpu_targets`). GPU-count changes are for the job's launcher
-(``dloader-launch``) to apply. If the allocator is absent or goes away, the node keeps its
-configuration and the link reconnects with backoff; the sidecar itself is never affected.
+changes, every loader of that job on this node (tied to it by its key, ``DLOADER_JOB_KEY``,
+never by its name) is directed to the allocation's local batch size, as the allocator gave it,
+which the job's agent applies with ``loader.set_batch_size``; the job's cores on this node
+become the node's prior for it (:meth:`NodeCore.set_cpu_targets`). GPU-count changes are for
+the job's launcher (``dloader-launch``) to apply. If the allocator is absent or goes away, the
+node keeps its configuration and the link reconnects with backoff; the sidecar itself is never
+affected.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import defaultdict
 
 import grpc
 
 from dloader._shared.allocator_messages import (
     MAX_INPUT_POINTS,
     MAX_INPUT_RATE,
+    MIN_INPUT_RATE,
     AllocationSet,
     InputCurve,
     NodeJobReport,
@@ -65,7 +66,8 @@ class AllocatorLink:
         self.host = host  # where other nodes reach this one for a job's rendezvous
         self.period_s = period_s
         self._metadata = allocator.metadata or None
-        self.managed: dict[str, int] = {}  # allocator job id -> its GPUs (all nodes)
+        #: the allocator's jobs with GPUs: key digest -> (job id, its GPUs on all nodes)
+        self.managed: dict[str, tuple[str, int]] = {}
         self.connected = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -123,52 +125,52 @@ class AllocatorLink:
             self.apply(AllocationSet.from_pb(snapshot))
 
     def apply(self, snapshot: AllocationSet) -> None:
-        """Directs this node's loaders of each allocated job to its per-GPU batch size, and
-        gives the node the jobs' cores here as its prior."""
-        self.managed = {a.job_id: a.gpus for a in snapshot.allocations if a.gpus}
+        """Directs this node's loaders of each allocated job to the allocation's local batch
+        size, and gives the node the jobs' cores here as its prior. A local job is one of the
+        allocator's only by the digest of its key (``DLOADER_JOB_KEY``, which dloader-launch
+        derives from the job's token), never by its name: another user's jobs named like
+        it get nothing of it, and say nothing in its report."""
+        self.managed = {
+            a.key_digest: (a.job_id, a.gpus)
+            for a in snapshot.allocations
+            if a.gpus and a.key_digest
+        }
         if snapshot.dry_run:
             return
         self.core.set_cpu_targets(
-            {a.job_id: a.cpus[self.node_id] for a in snapshot.allocations if self.node_id in a.cpus}
+            {
+                a.key_digest: a.cpus[self.node_id]
+                for a in snapshot.allocations
+                if a.key_digest and self.node_id in a.cpus
+            }
         )
-        by_name = defaultdict(list)
-        for job in self.core.jobs.values():
-            by_name[job.record.name].append(job.job_id)
         for a in snapshot.allocations:
-            if not a.gpus or not a.batch_size:
+            if not a.gpus or not a.local_batch_size:
                 continue
-            local = max(a.batch_size // a.gpus, 1)
-            for job_id in by_name.get(a.job_id, []):
+            for job in self.core.allocator_jobs(a.key_digest):
                 self.core.direct_batch_size(
-                    job_id,
-                    local,
-                    f"allocator v{snapshot.version}: global batch {a.batch_size} "
-                    f"on {a.gpus} GPU(s): {a.reason}",
+                    job.job_id,
+                    a.local_batch_size,
+                    f"allocator v{snapshot.version}: global batch {a.batch_size} on {a.gpus} "
+                    f"GPU(s), {a.local_batch_size} per process x {a.accumulation_steps} "
+                    f"step(s): {a.reason}",
                 )
 
     def report(self) -> pb.ReportNodeRequest:
         """This node's report: usable GPUs, and its allocator-managed jobs' throughput and
-        input curves."""
-        rates: dict[str, float] = defaultdict(float)
-        models: dict[str, list[LoaderModel]] = defaultdict(list)
-        for job in self.core.jobs.values():
-            name = job.record.name
-            if name in self.managed and job.last_report:
-                rates[name] += job.last_report.samples_per_second
-                models[name].append(job.model)
+        input curves (each job's loaders found by its key's digest)."""
         settings = self.core.settings
-        return pb.ReportNodeRequest(
-            node_id=self.node_id,
-            free_gpus=self.gpus,
-            jobs=[
-                NodeJobReport(
-                    n,
-                    rates[n],
-                    input_curve=input_curve(models[n], settings.cpu_budget, settings.worker_budget),
-                ).to_pb()
-                for n in sorted(rates)
-            ],
-        )
+        jobs = []
+        for digest, (job_id, _) in sorted(self.managed.items(), key=lambda kv: kv[1][0]):
+            ranks = [j for j in self.core.allocator_jobs(digest) if j.last_report]
+            if not ranks:
+                continue
+            rate = sum(j.last_report.samples_per_second for j in ranks if j.last_report)
+            curve = input_curve(
+                [j.model for j in ranks], settings.cpu_budget, settings.worker_budget
+            )
+            jobs.append(NodeJobReport(job_id, rate, input_curve=curve).to_pb())
+        return pb.ReportNodeRequest(node_id=self.node_id, free_gpus=self.gpus, jobs=jobs)
 
     async def _report(self, stub: pb_grpc.ClusterAllocatorAsyncStub, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -198,7 +200,7 @@ def input_curve(models: list[LoaderModel], cores: float, workers: int) -> InputC
             rate = sum(m.input_rate(c / ranks, share) for m in models)
             if out and rate < out[-1][1]:
                 rate = out[-1][1]  # a curve never falls as cores grow
-            if rate > 0 and (not out or c > out[-1][0]):
+            if rate >= MIN_INPUT_RATE and (not out or c > out[-1][0]):
                 out.append((c, min(rate, MAX_INPUT_RATE)))
     except PredictorError:
         return ()

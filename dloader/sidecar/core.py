@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from dloader._daemon.peer import Role, Shares, current_caller, require, same_token
 from dloader._daemon.streams import Mailbox, Streams
+from dloader._shared.allocator_messages import key_digest
 from dloader._shared.node_messages import Directive, JobReport, Registration
 from dloader.errors import (
     InvalidArgument,
@@ -49,6 +50,10 @@ from dloader.sidecar.store import SidecarStore, StoredJob
 __all__ = ["CpuWeights", "Directive", "Job", "NodeCore", "PolicySettings"]
 
 log = logging.getLogger(__name__)
+
+#: Processes of a job's tree read beyond the node's worker budget (its training processes,
+#: pin-memory and launcher children): a tree is not walked further.
+TREE_SLACK = 32
 
 _NAME_MAX = 200
 _SAVE_MODEL_EVERY = 5  # reports
@@ -150,7 +155,7 @@ class NodeCore:
         store: SidecarStore,
         settings: PolicySettings,
         *,
-        tree_stats: Callable[[list[int]], ProcessTreeStats] = process_tree_stats,
+        tree_stats: Callable[[list[int]], ProcessTreeStats] | None = None,
         clock: Callable[[], float] = time.monotonic,
         pin_cpus: Sequence[int] = (),
         cgroup: CpuWeights | None = None,
@@ -164,7 +169,10 @@ class NodeCore:
         store: the state database.
         settings: policy and budgets (the daemon's settings resolve flags against the stored
             policy: :mod:`dloader.sidecar.config`).
-        tree_stats: how process trees are measured (a fake in tests).
+        tree_stats: how process trees are measured (a fake in tests; None: ``/proc``, each
+            job's tree read to at most the node's worker budget plus :data:`TREE_SLACK`
+            processes: a user's tree of 1,500 processes once cost the sidecar 34-78% of a
+            core).
         clock: monotonic seconds.
         pin_cpus: the CPUs to divide into disjoint CPU sets for the jobs' loader workers,
             sized by their CPU shares (when there is at least one CPU per job); empty: off.
@@ -189,7 +197,7 @@ class NodeCore:
         self.cgroup = cgroup
         self.store = store
         self.settings = settings
-        self._tree_stats = tree_stats
+        self._tree_stats = tree_stats or self._read_tree
         self._clock = clock
         self.jobs: dict[str, Job] = {}
         self._revision = 0
@@ -252,6 +260,12 @@ class NodeCore:
             )
         if reg.batch_size < 1:
             raise InvalidArgument("batch_size", f"{reg.batch_size} must be >= 1")
+        if reg.job_key and (
+            len(reg.job_key) != 64 or any(c not in "0123456789abcdef" for c in reg.job_key)
+        ):
+            raise InvalidArgument(
+                "job_key", f"{shown(reg.job_key)}: expected 64 lowercase hex digits (or none)"
+            )
         pids = self._local_pids(list(reg.pids))
         starts = self._pin(pids)
         tree = self._tree_stats(pids)
@@ -269,6 +283,7 @@ class NodeCore:
             time.time(),
             starts,
             owner,
+            key_digest(reg.job_key),
         )
         model = self._model_of_last(name, owner)
         self.store.add_job(rec)
@@ -321,23 +336,28 @@ class NodeCore:
         return model
 
     def set_cpu_targets(self, targets: Mapping[str, float]) -> None:
-        """The cluster allocator's cores for its jobs on this node, by job name: a prior, not
-        a cage. A job its model has not placed yet starts (and explores) from the worker
-        count its share of the target feeds, within its limits and the node's budget; from
-        then on the node's policy arbitrates from what the jobs measure, as for any job. Kept
-        for the jobs of those names that register later (only the latest targets: bounded by
-        the allocator's jobs on this node)."""
+        """The cluster allocator's cores for its jobs on this node, by the digest of each
+        job's key (:attr:`StoredJob.allocator_key`: never by name, which anyone may give): a
+        prior, not a cage. A job its model has not placed yet starts (and explores) from the
+        worker count its share of the target feeds, within its limits and the node's budget;
+        from then on the node's policy arbitrates from what the jobs measure, as for any job.
+        Kept for the jobs of those keys that register later (only the latest targets: bounded
+        by the allocator's jobs on this node)."""
         self.cpu_targets = dict(targets)
         for job in list(self.jobs.values()):
             self._start_from_target(job)
 
+    def allocator_jobs(self, digest: str) -> list[Job]:
+        """The local jobs (one per rank) tied to the allocator's job whose key has ``digest``."""
+        return [j for j in self.jobs.values() if digest and j.record.allocator_key == digest]
+
     def _start_from_target(self, job: Job) -> None:
-        target = self.cpu_targets.get(job.record.name)
+        key = job.record.allocator_key
+        target = self.cpu_targets.get(key) if key else None
         if target is None or job.placed or abs(target - job.cpu_target) <= 0.05 * target:
             return  # no target, its model decides, or it already started from this one
         job.cpu_target = target
-        ranks = sum(j.record.name == job.record.name for j in self.jobs.values())
-        cores = target / max(ranks, 1)
+        cores = target / max(len(self.allocator_jobs(key)), 1)
         if job.model.observations:  # a worker runs t_cpu of every t_io + t_cpu seconds
             t_cpu = job.model.cpu_seconds_per_sample
             busy = t_cpu / max(t_cpu + job.model.io_seconds_per_sample, 1e-12)
@@ -815,6 +835,10 @@ class NodeCore:
         own and applies them here: :meth:`walk`, :meth:`apply_walks`.)"""
         return self.apply_walks(self.walk(self.walk_plan()))
 
+    def _read_tree(self, pids: list[int]) -> ProcessTreeStats:
+        """``pids``' tree from ``/proc``, to as many processes as a job's loader may have."""
+        return process_tree_stats(pids, limit=self.settings.worker_budget + TREE_SLACK)
+
     def walk_plan(self) -> list[tuple[str, list[int], list[int]]]:
         """What :meth:`walk` reads: each job's id, PIDs and pinned start times."""
         return [(j.job_id, list(j.record.pids), list(j.record.starts)) for j in self.jobs.values()]
@@ -849,6 +873,15 @@ class NodeCore:
                 continue
             before, before_at = job.tree, job.tree_at
             job.tree, job.tree_at = walked.tree, self._clock()
+            if job.tree.truncated and (before is None or not before.truncated):
+                log.warning(
+                    "job %s (%s): its process tree has more than %d processes; only the "
+                    "nearest are read (the node's worker budget plus %d)",
+                    job.job_id,
+                    job.record.name,
+                    self.settings.worker_budget + TREE_SLACK,
+                    TREE_SLACK,
+                )
             if not job.tree.alive:
                 gone.append(job.job_id)
                 self._end(job, "ended: its processes are gone")

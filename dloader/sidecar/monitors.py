@@ -9,6 +9,7 @@ reports no GPU; the sidecar then relies on the loaders' own data-wait measuremen
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -151,6 +152,9 @@ class ProcessTreeStats:
     """Per process: its anonymous resident memory, private or shared. What a forked worker
     shares of it with its parent it may yet copy (writing to a page, or reading a Python object:
     its reference count is written), so it bounds what the worker can come to hold."""
+    truncated: bool = False
+    """The tree had more processes than the walk reads (its limit): what it says covers
+    those nearest the registered processes."""
 
 
 @dataclass(frozen=True)
@@ -336,28 +340,35 @@ def _prune() -> None:
         _memory.pop(pid, None)
 
 
-def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
-    """CPU and memory of ``pids`` and all their descendants (their I/O is not read: no decision
-    uses it, and ``/proc/PID/io`` was a quarter of a walk's reads)."""
+def process_tree_stats(pids: Sequence[int], limit: int = 0) -> ProcessTreeStats:
+    """CPU and memory of ``pids`` and their descendants, to at most ``limit`` processes in all
+    (0: no limit), nearest first (their I/O is not read: no decision uses it, and
+    ``/proc/PID/io`` was a quarter of a walk's reads). A tree cut at ``limit`` says so
+    (``truncated``): what a user's own huge tree costs the node's daemon is bounded."""
     _prune()
     tree: dict[int, _Stat] = {}
-    alive = False
+    alive = truncated = False
     for pid in pids:
         root = _stat(pid)
         if root is None or root.state == "Z":
             continue
         alive = True
         tree[pid] = root
-        todo = _children_of(pid, root.threads)
-        while todo:
-            child = todo.pop()
+    todo = collections.deque((pid, st.threads) for pid, st in tree.items())
+    while todo:
+        parent, threads = todo.popleft()
+        for child in _children_of(parent, threads):
             if child in tree:
                 continue
+            if limit and len(tree) >= limit:
+                truncated = True
+                todo.clear()
+                break
             st = _stat(child)
             if st is None:  # gone since the scan
                 continue
             tree[child] = st
-            todo += _children_of(child, st.threads)
+            todo.append((child, st.threads))
     cpu = main = 0.0
     rss = pss = 0
     uss: dict[int, int] = {}
@@ -372,7 +383,9 @@ def process_tree_stats(pids: Sequence[int]) -> ProcessTreeStats:
             uss[pid], anon[pid], pss = u, a, pss + q
     workers = tuple(sorted(p for p in tree if p not in pids))
     delays = {pid: d for pid in workers if (d := run_delay_s(pid)) is not None}
-    return ProcessTreeStats(tuple(pids), alive, cpu, rss, workers, main, delays, uss, pss, anon)
+    return ProcessTreeStats(
+        tuple(pids), alive, cpu, rss, workers, main, delays, uss, pss, anon, truncated
+    )
 
 
 def available_memory_bytes() -> int:

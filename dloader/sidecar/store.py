@@ -65,6 +65,10 @@ CREATE TABLE IF NOT EXISTS decisions (
 ALTER TABLE jobs ADD COLUMN ended_at REAL;
 CREATE INDEX IF NOT EXISTS decisions_at ON decisions (at);
 """,
+    # 3: what ties a job to its job at the cluster allocator (the digest of its key)
+    """
+ALTER TABLE jobs ADD COLUMN allocator_key TEXT NOT NULL DEFAULT '';
+""",
 )
 
 log = logging.getLogger(__name__)
@@ -95,6 +99,9 @@ class StoredJob:
     uid: int | None = None
     """The local user who registered it (None: an operator or a TCP caller); per-user caps
     count it."""
+    allocator_key: str = ""
+    """The digest of the key it registered with (``DLOADER_JOB_KEY``, from dloader-launch):
+    the allocator's allocation of the job carries the same digest ("": not an allocator job)."""
 
 
 class SidecarStore(SqliteState):
@@ -111,8 +118,8 @@ class SidecarStore(SqliteState):
         """Stores a newly registered job."""
         self._exec(
             "INSERT INTO jobs (job_id, name, token, limits, pids, gpus, num_workers, "
-            "batch_size, registered_at, active, starts, uid) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
+            "batch_size, registered_at, active, starts, uid, allocator_key) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)",
             (
                 job.job_id,
                 job.name,
@@ -125,6 +132,7 @@ class SidecarStore(SqliteState):
                 job.registered_at,
                 json.dumps(job.starts),
                 job.uid,
+                job.allocator_key,
             ),
         )
 
@@ -157,8 +165,9 @@ class SidecarStore(SqliteState):
 
     def prune(self, now: float | None = None) -> int:
         """Drops what is older than ``HISTORY_KEEP_S``: ended jobs (row and model) and
-        decisions, and ended jobs past the ``MAX_ENDED_JOBS`` most recent and decisions past
-        the newest ``MAX_DECISIONS``; also reports of jobs no longer active (left by a crash).
+        decisions, and ended jobs past what is kept of each user's and of all
+        (:func:`dloader._daemon.store.ended_jobs_to_drop`) and decisions past the newest
+        ``MAX_DECISIONS``; also reports of jobs no longer active (left by a crash).
         Returns the rows deleted. The file keeps its size (SQLite reuses the freed pages)."""
         cutoff = (time.time() if now is None else now) - HISTORY_KEEP_S
         with self._lock:
@@ -166,10 +175,10 @@ class SidecarStore(SqliteState):
             gone = [
                 r[0]
                 for r in self._db.execute(
-                    "SELECT job_id FROM jobs WHERE active = 0 AND (COALESCE(ended_at, 0) < ? OR "
-                    "job_id NOT IN (SELECT job_id FROM jobs WHERE active = 0 "
-                    "ORDER BY COALESCE(ended_at, 0) DESC LIMIT ?))",
-                    (cutoff, base.MAX_ENDED_JOBS),
+                    base.ended_jobs_to_drop(
+                        "CASE WHEN active = 0 THEN COALESCE(ended_at, 0) END", "uid"
+                    ),
+                    (cutoff,),
                 ).fetchall()
             ]
             deleted = 0
@@ -189,7 +198,7 @@ class SidecarStore(SqliteState):
         file) with an error naming the file and the row, instead of keeping the sidecar down."""
         rows = self._exec(
             "SELECT job_id, name, token, limits, pids, gpus, num_workers, "
-            "batch_size, registered_at, starts, uid FROM jobs WHERE active = 1"
+            "batch_size, registered_at, starts, uid, allocator_key FROM jobs WHERE active = 1"
         )
         out = []
         for r in rows:
@@ -206,6 +215,7 @@ class SidecarStore(SqliteState):
                     float(r[8]),
                     [int(t) for t in json.loads(r[9])],
                     None if r[10] is None else int(r[10]),
+                    str(r[11]),
                 )
             except (ValueError, TypeError) as exc:
                 log.error(

@@ -197,7 +197,7 @@ class NodeShare(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ..., cpus: _Optional[float] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("job_id", "gpus", "nodes", "batch_size", "reason", "queue_position", "rendezvous", "generation")
+    __slots__ = ("job_id", "gpus", "nodes", "batch_size", "reason", "queue_position", "rendezvous", "generation", "local_batch_size", "accumulation_steps", "key_digest")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,9 @@ class Allocation(_message.Message):
     QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ACCUMULATION_STEPS_FIELD_NUMBER: _ClassVar[int]
+    KEY_DIGEST_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     gpus: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeShare]
@@ -214,7 +217,10 @@ class Allocation(_message.Message):
     queue_position: int
     rendezvous: str
     generation: int
-    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeShare, _Mapping]]] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., queue_position: _Optional[int] = ..., rendezvous: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+    local_batch_size: int
+    accumulation_steps: int
+    key_digest: str
+    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeShare, _Mapping]]] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., queue_position: _Optional[int] = ..., rendezvous: _Optional[str] = ..., generation: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accumulation_steps: _Optional[int] = ..., key_digest: _Optional[str] = ...) -> None: ...
 
 class GetAllocationsRequest(_message.Message):
     __slots__ = ()

@@ -21,20 +21,22 @@ class JobLimits(_message.Message):
     def __init__(self, min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., min_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., may_change_batch_size: _Optional[bool] = ...) -> None: ...
 
 class RegisterJobRequest(_message.Message):
-    __slots__ = ("name", "limits", "pids", "gpus", "num_workers", "batch_size")
+    __slots__ = ("name", "limits", "pids", "gpus", "num_workers", "batch_size", "job_key")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     PIDS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    JOB_KEY_FIELD_NUMBER: _ClassVar[int]
     name: str
     limits: JobLimits
     pids: _containers.RepeatedScalarFieldContainer[int]
     gpus: _containers.RepeatedScalarFieldContainer[int]
     num_workers: int
     batch_size: int
-    def __init__(self, name: _Optional[str] = ..., limits: _Optional[_Union[JobLimits, _Mapping]] = ..., pids: _Optional[_Iterable[int]] = ..., gpus: _Optional[_Iterable[int]] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+    job_key: str
+    def __init__(self, name: _Optional[str] = ..., limits: _Optional[_Union[JobLimits, _Mapping]] = ..., pids: _Optional[_Iterable[int]] = ..., gpus: _Optional[_Iterable[int]] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ..., job_key: _Optional[str] = ...) -> None: ...
 
 class RegisterJobResponse(_message.Message):
     __slots__ = ("job_id", "token", "directive")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from dloader._shared.allocator_messages import job_key
 from dloader.apps.experiment import score, sidecar_process
 from dloader.v1 import allocator_pb2 as pb
 from tests.allocator.test_service import Allocator, by_job, until
@@ -77,10 +78,12 @@ def _run(tmp: Path, policy: str) -> tuple[dict[str, str], dict[str, float], str]
         while not all("registered node" in (tmp / n / "sidecar.log").read_text() for n in socks):
             assert time.monotonic() < end, "the sidecars did not register with the allocator"
             time.sleep(0.1)
+        keys = {}  # what dloader-launch would export: ties each job's loader to its allocation
         for job_id, (_, scaling, per_core) in JOBS.items():
             spec = pb.JobSpec(job_id=job_id, batch_size=32, max_gpus=1, scaling=scaling)
             spec.input_curve.add(cores=1.0, samples_per_second=per_core)
-            alloc.stub.SubmitJob(pb.SubmitJobRequest(job=spec), timeout=5)
+            token = alloc.stub.SubmitJob(pb.SubmitJobRequest(job=spec), timeout=5).token
+            keys[job_id] = job_key(token)
         snap = until(
             alloc.stub,
             lambda s: len(s.allocations) == 4 and all(a.gpus == 1 for a in s.allocations),
@@ -97,7 +100,15 @@ def _run(tmp: Path, policy: str) -> tuple[dict[str, str], dict[str, float], str]
                 "--job-name", job_id, "--out", str(outs[job_id]), "--parent", str(os.getpid()),
             ]  # fmt: skip
             cpu = CPUS[0] if node == "A" else CPUS[1]
-            procs.append(_start(cmd, cpu, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(
+                _start(
+                    cmd,
+                    cpu,
+                    env={**os.environ, "DLOADER_JOB_KEY": keys[job_id]},
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         for p in procs:
             assert p.wait(timeout=120) == 0, p.args
         results = {j: json.loads(path.read_text()) for j, path in outs.items()}

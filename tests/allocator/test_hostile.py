@@ -175,3 +175,78 @@ def test_a_corrupt_placement_is_set_aside_not_fatal(
     restarted = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
     assert set(restarted.jobs) == {"good"}
     assert f"{tmp_path / 'a.db'}: jobs row 'bad' no longer validates" in caplog.text
+
+
+@pytest.mark.parametrize("rate", [5e-324, 1e-320, 1e-300])
+def test_a_job_with_a_vanishing_input_curve_does_not_stop_the_others(
+    tmp_path: Path, rate: float
+) -> None:
+    """#49 §1 (high): a job submitted with the input curve ``(4096 cores, 5e-324 samples/s)``
+    failed every decision round ("predicted throughput is 0 at every candidate"; with 1e-320 a
+    ZeroDivisionError), and another user's job was never placed. Such a curve is refused at
+    submission; a job the policy cannot place for any reason is set aside alone."""
+    c = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
+    c.register_node("n0", 4, cpus=16)
+    with pytest.raises(InvalidArgument) as err:
+        c.submit(request("tiny", input_curve=((4096.0, rate),)))
+    assert err.value.field.startswith("job.input_curve")
+    c.submit(request("other"))
+    assert {a.job_id: a for a in c.decide().allocations}["other"].gpus >= 1
+
+
+def test_a_job_the_policy_cannot_place_on_this_cluster_is_set_aside_alone(
+    tmp_path: Path,
+) -> None:
+    """The check that set a bad job aside tried it on a cluster without cores, so a model
+    that fails only where cores are limited stopped every decision: now the job is tried on
+    the cluster being decided."""
+    from dloader.predictor import InputModel
+
+    c = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
+    c.register_node("n0", 4, cpus=16)
+    c.submit(request("bad"))
+    c.submit(request("other"))
+    # a model that breaks after submission (as a later report's curve could)
+    object.__setattr__(c.jobs["bad"], "input", InputModel(((4096.0, 5e-324),)))
+    views = {a.job_id: a for a in c.decide().allocations}
+    assert views["other"].gpus >= 1
+    assert views["bad"].gpus == 0 and views["bad"].reason.startswith("set aside")
+
+
+def test_a_token_that_is_given_must_be_the_jobs_even_for_an_operator(tmp_path: Path) -> None:
+    """#49 §1 (high): the launcher checks its token file with an empty UpdateJob, which passed
+    for an operator whatever the token, so root's launcher ran its script on another user's
+    job. A token that is given is checked whoever calls."""
+    from dloader._daemon.peer import CALLER, Caller, Role
+    from dloader.errors import PermissionDenied
+
+    c = core(tmp_path)
+    nobody = Caller(Role.CLIENT, 65534, 1)
+    token = CALLER.set(nobody)
+    try:
+        _, _, job_token = c.submit(request("nobodys"))
+    finally:
+        CALLER.reset(token)
+    with pytest.raises(PermissionDenied, match="the token given is not the job's"):
+        c.update("nobodys", [], token="0" * 32)  # the operator (root's launcher), wrong token
+    c.update("nobodys", [], token=job_token)  # the right token: an operator may
+    c.update("nobodys", [])  # and an operator with no token (dloaderctl) too
+
+
+def test_a_job_an_operator_submitted_is_not_anyones_with_its_token(tmp_path: Path) -> None:
+    """#49 §1 (medium): jobs an operator submitted were protected by their token alone; a user
+    who got the token (a file it made first at the launcher's path) completed root's job."""
+    from dloader._daemon.peer import CALLER, Caller, Role
+    from dloader.errors import PermissionDenied
+
+    c = core(tmp_path)
+    _, _, job_token = c.submit(request("roots"))  # the operator
+    for caller in (Caller(Role.CLIENT, 65534, 1), Caller(Role.CLIENT)):  # a user, a TCP client
+        token = CALLER.set(caller)
+        try:
+            with pytest.raises(PermissionDenied, match="only an operator may act on it"):
+                c.complete("roots", token=job_token)
+        finally:
+            CALLER.reset(token)
+    assert "roots" in c.jobs
+    c.complete("roots", token=job_token)

@@ -18,6 +18,8 @@ from dloader._shared.allocator_messages import (
     JobSpec,
     NodeJobReport,
     check_input_curve,
+    job_key,
+    key_digest,
 )
 from dloader._shared.node_messages import JobLimits, Registration
 from dloader.allocator.config import Settings
@@ -105,7 +107,9 @@ def test_a_node_report_brings_a_jobs_input_curve(tmp_path: Path) -> None:
     [
         (tuple((float(i), float(i)) for i in range(1, MAX_INPUT_POINTS + 2)), "at most 16"),
         (((1.0, 10.0), (1.0, 20.0)), "must exceed"),
-        (((0.0, 10.0),), "must be > 0"),
+        (((0.0, 10.0),), r"cores: 0.0 must be a finite number within \[0.001"),
+        # a vanishing rate once made every decision fail (#49 §1)
+        (((4096.0, 5e-324),), r"samples_per_second: 5e-324 must be a finite number within"),
         (((1.0, math.nan),), "samples_per_second"),
         (((1e9, 1.0),), "cores"),
     ],
@@ -159,20 +163,25 @@ def test_the_sidecar_reports_what_its_loaders_deliver_on_c_cores() -> None:
 
 
 def test_the_allocators_cores_are_a_prior_for_jobs_not_placed_yet(tmp_path: Path) -> None:
+    """Targets are keyed by the digest of each job's key, never by its name."""
     core = NodeCore(SidecarStore(tmp_path / "n.db"), PolicySettings("adaptive", 16, 4, 60.0))
     pid = (os.getpid(),)
-    core.set_cpu_targets({"train": 3.0})
-    job = core.register(Registration("train", pid, 8, 32, JobLimits()))  # asked for 8 workers
-    assert job.directive.num_workers == 3 and job.initial_workers == 3
+    train, other_key = job_key("train's token"), job_key("other's token")
+    core.set_cpu_targets({key_digest(train): 3.0})
+    # a namesake without the key registers first: it gets nothing of the target
+    namesake = core.register(Registration("train", pid, 8, 32, JobLimits()))
+    assert namesake.directive.num_workers == 8
+    job = core.register(Registration("train", pid, 8, 32, JobLimits(), job_key=train))
+    assert job.directive.num_workers == 3 and job.initial_workers == 3  # asked for 8 workers
     assert "allocator's target" in job.directive.reason
-    other = core.register(Registration("other", pid, 2, 32, JobLimits()))
+    other = core.register(Registration("other", pid, 2, 32, JobLimits(), job_key=other_key))
     assert other.directive.num_workers == 2  # no target: its own count
-    core.set_cpu_targets({"other": 1.0})
+    core.set_cpu_targets({key_digest(other_key): 1.0})
     assert other.directive.num_workers == 1
     core._direct(other, "exploring", num_workers=2)  # its exploration moves on from there
-    core.set_cpu_targets({"other": 1.0})  # the same target again: left to explore
+    core.set_cpu_targets({key_digest(other_key): 1.0})  # the same target again: left to explore
     assert other.directive.num_workers == 2
     other.placed = True  # once its model places it, the node's policy decides
-    core.set_cpu_targets({"other": 4.0})
+    core.set_cpu_targets({key_digest(other_key): 4.0})
     assert other.directive.num_workers == 2
-    assert core.cpu_targets == {"other": 4.0}
+    assert core.cpu_targets == {key_digest(other_key): 4.0}

@@ -14,9 +14,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dloader._shared.allocator_messages import JobSpec, Measurement
+from dloader._shared.allocator_messages import JobSpec, Measurement, job_key
 from dloader._shared.client import Endpoint
-from dloader._shared.node_messages import JobLimits, Registration
+from dloader._shared.node_messages import JobLimits, JobReport, Registration
 from dloader.allocator.cli import parser, serve
 from dloader.allocator.config import AllocatorDaemonConfig, Settings
 from dloader.allocator.core import AllocatorCore
@@ -245,18 +245,14 @@ def test_tcp_needs_the_token(tmp_path: Path) -> None:
 def test_sidecar_link_registers_reports_and_directs_batch_sizes(
     alloc: Allocator, tmp_path: Path
 ) -> None:
+    """The link ties a local job to the allocator's by its key (DLOADER_JOB_KEY, derived from
+    the job's token), never by name (#49 §1, high: another user's 15 jobs named like root's cut
+    root's loader to 1 worker, took its batch-size directives and their rates went into its
+    report). It directs the allocation's local batch size as given."""
+
     async def scenario() -> None:
         core = NodeCore(SidecarStore(tmp_path / "node.db"), PolicySettings("even", 8, 2, 60.0))
         limits = JobLimits(1, 1, 1, 64, may_change_batch_size=True)
-        pid = (os.getpid(),)
-        rank0 = core.register(Registration("train-x", pid, 1, 4, limits)).job_id
-        fixed = core.register(Registration("train-y", pid, 1, 8, JobLimits(max_workers=1))).job_id
-        link = AllocatorLink(
-            core, Endpoint.of(f"unix://{alloc.socket}"), node_id="n0", gpus=4, period_s=0.2
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(link.run(stop))
-        await asyncio.wait_for(link.connected.wait(), 10)
         stub = pb_grpc.ClusterAllocatorStub(grpc.aio.insecure_channel(f"unix://{alloc.socket}"))
         spec = job(
             "train-x",
@@ -266,20 +262,48 @@ def test_sidecar_link_registers_reports_and_directs_batch_sizes(
             max_gpus=2,
             max_local_batch_size=32,
         ).job
-        await stub.SubmitJob(pb.SubmitJobRequest(job=spec))
-        await stub.SubmitJob(job("train-y", batch_size=8, max_gpus=2))
+        x = (await stub.SubmitJob(pb.SubmitJobRequest(job=spec))).token
+        y = (await stub.SubmitJob(job("train-y", batch_size=8, max_gpus=2))).token
+        pid = (os.getpid(),)
+        rank0 = core.register(Registration("train-x", pid, 1, 4, limits, job_key=job_key(x)))
+        fixed = core.register(
+            Registration("train-y", pid, 1, 8, JobLimits(max_workers=1), job_key=job_key(y))
+        )
+        # another user's jobs named like train-x: with no key, and with a made-up one
+        namesakes = [
+            core.register(Registration("train-x", pid, 1, 4, limits, job_key=k))
+            for k in ("", "0" * 64)
+        ]
+        for j in namesakes:
+            j.last_report = rank0.last_report = _report(j.job_id, 123.0)
+        link = AllocatorLink(
+            core, Endpoint.of(f"unix://{alloc.socket}"), node_id="n0", gpus=4, period_s=0.2
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(link.run(stop))
+        await asyncio.wait_for(link.connected.wait(), 10)
         end = time.monotonic() + 10
-        while core.jobs[rank0].directive.batch_size != 32 and time.monotonic() < end:
+        while rank0.directive.batch_size != 32 and time.monotonic() < end:
             await asyncio.sleep(0.05)
-        # global batch 64 on 2 GPUs: 32 per loader; train-y may not change its batch
-        assert core.jobs[rank0].directive.batch_size == 32
-        assert "allocator" in core.jobs[rank0].directive.reason
-        assert core.jobs[fixed].directive.batch_size == 8
-        assert link.managed == {"train-x": 2, "train-y": 2}
+        # global batch 64 on 2 GPUs, at most 32 per process: 32 per loader, as allocated;
+        # train-y may not change its batch
+        assert rank0.directive.batch_size == 32
+        assert "allocator" in rank0.directive.reason and "32 per process" in rank0.directive.reason
+        assert fixed.directive.batch_size == 8
+        assert sorted(job_id for job_id, _ in link.managed.values()) == ["train-x", "train-y"]
+        for j in namesakes:  # nothing of the allocator's job reaches them
+            assert j.directive.batch_size == 4 and "allocator" not in j.directive.reason
+        reported = {r.job_id: r.samples_per_second for r in link.report().jobs}
+        assert reported == {"train-x": 123.0}  # rank0's rate alone, not the namesakes'
         stop.set()
         await task
 
     asyncio.run(scenario())
+
+
+def _report(job_id: str, rate: float) -> JobReport:
+    """A loader's report of ``rate`` samples/s (``job_id``: whose; the report names none)."""
+    return JobReport(time.time(), 1, 4, rate, 0.0, 0.1, 0.0, 1.0, 100)
 
 
 def test_a_silent_node_leaves_the_pool_until_it_reports(tmp_path: Path, caplog) -> None:

@@ -71,3 +71,45 @@ def test_the_demo_refuses_a_length_that_never_ends(capsys: pytest.CaptureFixture
         with pytest.raises(SystemExit):
             main(["--seconds", bad])
         assert "--seconds" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_the_demo_leaves_no_folder_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """#49 §1 (low): dloader-demo left its temporary folder after SIGTERM or SIGKILL. SIGTERM:
+    it removes it on the way out; SIGKILL: the next run removes a dead run's folder."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    from dloader.apps.demo import run_folder
+
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "dloader.apps.demo", "--seconds", "20",
+         "--state-dir", str(tmp_path / "state")],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("dloader-demo-*/before")):
+            assert time.monotonic() < deadline and demo.poll() is None, "the demo never started"
+            time.sleep(0.1)
+        demo.send_signal(getattr(signal, how))
+        demo.wait(timeout=60)
+    finally:
+        demo.kill()
+    left = list(tmp_path.glob("dloader-demo-*"))
+    if how == "SIGTERM":
+        assert not left
+        return
+    assert left  # a killed process removes nothing itself: the next run does
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine = run_folder()
+    assert list(tmp_path.glob("dloader-demo-*")) == [mine]

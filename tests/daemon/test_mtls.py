@@ -39,12 +39,15 @@ def make_ca(folder: Path, name: str) -> tuple[Path, Path]:
     return cert, key
 
 
-def issue(folder: Path, ca: tuple[Path, Path], name: str, *ext: str) -> tuple[str, str]:
-    """A certificate for ``name`` signed by ``ca``; (certificate, key) paths."""
+def issue(
+    folder: Path, ca: tuple[Path, Path], name: str, *ext: str, subject: str = ""
+) -> tuple[str, str]:
+    """A certificate for ``name`` (its subject ``/CN=name`` unless ``subject``) signed by
+    ``ca``; (certificate, key) paths."""
     key, csr, cert = folder / f"{name}.key", folder / f"{name}.csr", folder / f"{name}.pem"
     _openssl(
         "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-subj", f"/CN={name}", *ext, "-keyout", str(key), "-out", str(csr),
+        "-subj", subject or f"/CN={name}", *ext, "-keyout", str(key), "-out", str(csr),
     )  # fmt: skip
     _openssl(
         "x509", "-req", "-in", str(csr), "-CA", str(ca[0]), "-CAkey", str(ca[1]),
@@ -64,6 +67,12 @@ def pki(tmp_path: Path) -> dict[str, object]:
         "alice": issue(tmp_path, ca, "alice"),
         "bob": issue(tmp_path, ca, "bob"),
         "mallory": issue(tmp_path, other, "mallory"),
+        # signed by the right CA, but naming no one, or not one
+        "nameless": issue(tmp_path, ca, "nameless", subject="/O=nobody"),
+        "san-only": issue(
+            tmp_path, ca, "san-only", "-addext", "subjectAltName=DNS:alice", subject="/O=x"
+        ),
+        "two-names": issue(tmp_path, ca, "two-names", subject="/CN=alice/CN=bob"),
     }
 
 
@@ -127,3 +136,28 @@ def test_each_certificate_has_its_own_share(target: str, pki: dict[str, object])
     assert next(bob.WatchAllocations(pb.WatchAllocationsRequest(), timeout=10)) is not None
     for s in mine:
         s.cancel()
+
+
+@pytest.mark.parametrize("who", ["nameless", "san-only", "two-names"])
+def test_a_certificate_that_names_no_one_is_refused_whatever_its_token(
+    target: str, pki: dict[str, object], who: str
+) -> None:
+    """#49 §1 (medium, low): a CA-signed certificate with no name plus the shared client token
+    was "not identified" and skipped the owner check; a subject alternative name alone counted
+    as the common name (``DNS:alice`` acted as alice); of two common names the first was
+    taken. Each is refused now, with or without a token."""
+    client = pki[who]
+    endpoint = Endpoint.of(target, "op", tls_ca=str(pki["ca"]), tls_client=client)  # type: ignore[arg-type]
+    for meta in ((), (("authorization", "Bearer op"),)):
+        with pytest.raises(grpc.RpcError) as err:
+            pb_grpc.ClusterAllocatorStub(endpoint.channel()).GetAllocations(
+                pb.GetAllocationsRequest(), metadata=meta, timeout=10
+            )
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, who
+        assert "common name" in (err.value.details() or ""), err.value.details()
+
+
+def test_a_subjects_attributes_are_read_with_their_escapes() -> None:
+    from dloader._daemon.server import _rdn_attributes
+
+    assert _rdn_attributes(r"CN=a\,b,O=x+CN=c") == [("CN", r"a,b"), ("O", "x"), ("CN", "c")]

@@ -127,3 +127,56 @@ def test_ended_jobs_are_capped_by_count_in_both_stores(
     assert {r[0] for r in alloc._exec("SELECT job_id FROM jobs")} == {"j4", "j5", "j6", "j7"}
     side.close()
     alloc.close()
+
+
+def test_one_users_churn_evicts_its_own_history_not_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#49 §1 (medium): one user evicted every user's stored history and models by churning
+    10,050 ended jobs (the cap was global). What is kept is kept per owner and, past the
+    total, round-robin over the owners: the churner loses its own oldest."""
+    import time
+
+    from dloader._daemon import store as base
+    from dloader._shared.node_messages import JobLimits
+    from dloader.sidecar.store import StoredJob
+
+    monkeypatch.setattr(base, "MAX_ENDED_JOBS", 6)
+    monkeypatch.setattr(base, "MAX_ENDED_JOBS_PER_OWNER", 4)
+    side = SidecarStore(tmp_path / "s.db")
+    alloc = AllocatorStore(tmp_path / "a.db")
+    seq = iter(range(1, 100))
+
+    def ended(job_id: str, uid: int) -> None:
+        side.add_job(StoredJob(job_id, job_id, "t", JobLimits(), [1], [], 1, 8, 0.0, uid=uid))
+        alloc.add_job(job_id, next(seq), b"spec", token="t", owner=f"uid {uid}")
+        side.end_job(job_id)
+        alloc.complete_job(job_id, failed=False)
+        time.sleep(0.005)  # distinct end times
+
+    for i in range(2):
+        ended(f"alice{i}", 1001)
+    ended("bob0", 1002)
+    for i in range(30):  # mallory churns
+        ended(f"mallory{i}", 1003)
+    side.flush()
+    side.prune()
+    alloc.prune()
+    kept = {"alice0", "alice1", "bob0", "mallory29", "mallory28", "mallory27"}
+    assert {r[0] for r in side._exec("SELECT job_id FROM jobs")} == kept
+    assert {r[0] for r in alloc._exec("SELECT job_id FROM jobs")} == kept
+    side.close()
+    alloc.close()
+
+
+def test_a_completed_allocator_job_keeps_only_what_names_it(tmp_path: Path) -> None:
+    """#49 §1 (medium): a completed job kept its whole spec (~200 KB with 2,000 measurements:
+    ~2 GB at the 10,000 cap); now its id and owner stay (the id is not taken again), the spec,
+    model and token go."""
+    alloc = AllocatorStore(tmp_path / "a.db")
+    alloc.add_job("big", 1, b"x" * 200_000, token="t", owner="uid 7")
+    alloc.complete_job("big", failed=False)
+    assert alloc.known_job("big")
+    ((spec, token, owner),) = alloc._exec("SELECT spec, token, owner FROM jobs")
+    assert len(spec) == 0 and token == "" and owner == "uid 7"
+    alloc.close()

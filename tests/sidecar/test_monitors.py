@@ -165,3 +165,22 @@ def test_a_process_exiting_while_its_memory_is_read_is_skipped(
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.integration
+def test_a_huge_tree_is_read_to_the_limit_nearest_first() -> None:
+    """#49 §1 (low): the sidecar spent 34-78% of a core walking a user's 1,500-process tree;
+    a walk now stops at its limit (the node's worker budget plus a slack), nearest first."""
+    # a shell with 40 sleeping children, one of which has a child of its own (depth 2)
+    script = "(sleep 60 & wait) & " + "sleep 60 & " * 39 + "wait"
+    root = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    try:
+        full = _wait_for(lambda: _tree_if(root.pid, lambda s: len(s.worker_pids) == 41))
+        assert not full.truncated
+        cut = process_tree_stats([root.pid], limit=11)
+        assert cut.truncated and len(cut.worker_pids) == 10  # the root and 10 of its tree
+        children = set(subprocess.check_output(["pgrep", "-P", str(root.pid)]).split())
+        assert {str(p).encode() for p in cut.worker_pids} <= children  # nearest first
+    finally:
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait()
