@@ -205,33 +205,43 @@ def test_pure_code_does_no_io(module: str) -> None:
     assert not bad, f"{module} is decision code but imports {sorted(bad)}"
 
 
-def test_no_import_cycles() -> None:
-    graph = {
-        m: {
-            t
-            for n in imports(p, m)
-            if n.startswith("dloader") and (t := resolve(n, MODULES)) not in (None, m)
-        }
-        for m, p in MODULES.items()
-    }
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """An import cycle in ``graph`` (module -> the modules it imports), or None."""
     state: dict[str, int] = {}
     stack: list[str] = []
 
-    def walk(m: str) -> None:
+    def walk(m: str) -> list[str] | None:
         state[m] = 1
         stack.append(m)
         for t in sorted(graph[m]):
             if state.get(t) == 1:
-                cycle = [*stack[stack.index(t) :], t]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
-            if t not in state:
-                walk(t)
+                return [*stack[stack.index(t) :], t]
+            if t not in state and (cycle := walk(t)):
+                return cycle
         stack.pop()
         state[m] = 2
+        return None
 
     for m in sorted(graph):
-        if m not in state:
-            walk(m)
+        if m not in state and (cycle := walk(m)):
+            return cycle
+    return None
+
+
+def import_graph(known: dict[str, Path], prefix: str) -> dict[str, set[str]]:
+    return {
+        m: {
+            t
+            for n in imports(p, m)
+            if n.startswith(prefix) and (t := resolve(n, known)) not in (None, m)
+        }
+        for m, p in known.items()
+    }
+
+
+def test_no_import_cycles() -> None:
+    cycle = find_cycle(import_graph(MODULES, "dloader"))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
 def test_the_checker_catches_a_wrong_arrow(tmp_path: Path) -> None:
@@ -347,3 +357,74 @@ def test_every_environment_variable_is_documented() -> None:
     package = {n for n, w in found.items() if any(p.startswith("dloader/") for p in w)}
     env = (PACKAGE / "_shared" / "env.py").read_text()
     assert not {n for n in package if n not in env}, package
+
+
+# ---------------------------------------------------------------------- benchmarks/
+
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def bench_modules() -> dict[str, Path]:
+    out = {}
+    for path in BENCHMARKS.rglob("*.py"):
+        rel = path.relative_to(ROOT).with_suffix("")
+        name = ".".join(rel.parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+BENCH = bench_modules()
+
+
+def bench_topic(module: str) -> str:
+    """``benchmarks.<topic>.x`` -> ``<topic>``; ``benchmarks._common`` and the package itself
+    are ``common``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] != "_common") else "common"
+
+
+def test_the_benchmarks_have_their_topics() -> None:
+    topics = {bench_topic(m) for m in BENCH}
+    assert {"loader", "sidecar", "allocator", "predictor", "daemons", "gpu", "common"} <= topics
+    for topic in topics - {"common"}:
+        assert f"benchmarks.{topic}.plots" in BENCH, f"benchmarks/{topic}/ draws in no plots.py"
+
+
+@pytest.mark.parametrize("module", sorted(BENCH))
+def test_benchmarks_import_their_own_topic_and_the_common_helpers(module: str) -> None:
+    """A benchmark imports ``benchmarks._common``, its own topic's modules and the package,
+    never another topic's benchmark; ``_common`` imports no benchmark; a topic's ``plots``
+    draws and imports no benchmark of its topic; the package never imports a benchmark."""
+    mine = bench_topic(module)
+    wrong = []
+    for name in imports(BENCH[module], module):
+        if not name.startswith("benchmarks"):
+            continue
+        target = resolve(name, BENCH)
+        if target is None or target == module:
+            continue
+        theirs = bench_topic(target)
+        if mine == "common" and target != "benchmarks":
+            wrong.append(f"{module} (common) imports {target}")
+        elif theirs not in ("common", mine):
+            wrong.append(f"{module} ({mine}) imports {target} ({theirs})")
+        elif module.endswith(".plots") and target.rsplit(".", 1)[-1].startswith("bench_"):
+            wrong.append(f"{module} draws, and imports the benchmark {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_package_never_imports_a_benchmark() -> None:
+    found = [
+        f"{m} imports {n}"
+        for m, p in MODULES.items()
+        for n in imports(p, m)
+        if n.split(".")[0] == "benchmarks"
+    ]
+    assert not found, found
+
+
+def test_no_import_cycles_among_the_benchmarks() -> None:
+    """``bench_sidecar`` and its generated mixes once imported each other."""
+    cycle = find_cycle(import_graph(BENCH, "benchmarks"))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]

@@ -61,6 +61,7 @@ from typing import Any
 
 from benchmarks._common import add_out_dir, machine, outputs, table
 from benchmarks.sidecar import plots
+from benchmarks.sidecar.sidecar_log import PLACED, PREDICTED, REGISTERED, STAMP
 from dloader.apps.experiment import Arrival, JobPlan, run_jobs, score, sidecar_process
 from dloader.apps.splits import LADDER, QUICK_LADDER, Split, coordinate_search, parse_split
 from dloader.apps.testbed import PROFILES, REAL_MIX, make_dataset
@@ -84,10 +85,6 @@ def with_sidecar(
         )
 
 
-_REGISTERED = re.compile(r"job (\S+) \((\S+)\) registered")
-_PREDICTED = re.compile(r"job (\S+): (\d+) workers \(.*\) \[model: ([\d,]+) samples/s\]$")
-
-
 def prediction_errors(log: Path, per: dict[str, Any]) -> dict[str, float | None]:
     """Per job: the adaptive sidecar's last prediction for the worker count the job ran in the
     scored window, vs what it measured there: ``|predicted / measured - 1|`` (None: no
@@ -97,9 +94,9 @@ def prediction_errors(log: Path, per: dict[str, Any]) -> dict[str, float | None]
     names: dict[str, str] = {}
     last: dict[str, dict[int, float]] = {}
     for line in log.read_text().splitlines():
-        if m := _REGISTERED.search(line):
+        if m := REGISTERED.search(line):
             names[m.group(1)] = m.group(2)
-        elif m := _PREDICTED.search(line):
+        elif m := PREDICTED.search(line):
             job = names.get(m.group(1), m.group(1))
             last.setdefault(job, {})[int(m.group(2))] = float(m.group(3).replace(",", ""))
     out: dict[str, float | None] = {}
@@ -213,20 +210,14 @@ def phase_scores(results: dict[str, Any], phase: float, phases: int = 3) -> list
     return out
 
 
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)")
-
-
-_PLACED = re.compile(r"job (\S+): placed by its model ([\d.]+) s after registering")
-
-
 def placed_after_s(log: Path, name: str, nth: int) -> float | None:
     """Seconds from the ``nth`` (0-based) registration of a job named ``name`` until the
     adaptive policy's model placed it (None: never, or another policy)."""
     text = log.read_text()
-    jobs = [m.group(1) for m in _REGISTERED.finditer(text) if m.group(2) == name]
+    jobs = [m.group(1) for m in REGISTERED.finditer(text) if m.group(2) == name]
     if len(jobs) <= nth:
         return None
-    for m in _PLACED.finditer(text):
+    for m in PLACED.finditer(text):
         if m.group(1) == jobs[nth]:
             return float(m.group(2))
     return None
@@ -237,11 +228,11 @@ def first_decision_s(log: Path, name: str, nth: int) -> float | None:
     worker-count change (None: none logged: it kept the count it came with)."""
     registered_at, job, seen = None, None, 0
     for line in log.read_text().splitlines():
-        stamp = _STAMP.match(line)
+        stamp = STAMP.match(line)
         if stamp is None:
             continue
         at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f")
-        m = _REGISTERED.search(line)
+        m = REGISTERED.search(line)
         if m and m.group(2) == name and job is None:
             if seen == nth:
                 registered_at, job = at, m.group(1)

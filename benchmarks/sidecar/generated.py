@@ -42,7 +42,7 @@ import numpy as np
 
 from benchmarks._common import machine, outputs, table
 from benchmarks.sidecar import plots
-from benchmarks.sidecar.bench_sidecar import _PLACED, _REGISTERED, _STAMP
+from benchmarks.sidecar.sidecar_log import PLACED, REGISTERED, STAMP
 from dloader.apps.experiment import run_jobs, sidecar_process
 from dloader.apps.scenarios import NodeMix, cost_split, draw_mixes
 from dloader.apps.splits import QUICK_LADDER, Split, coordinate_search
@@ -112,7 +112,7 @@ _EXPECTS = re.compile(r"the model expects \(samples/s\): (.*)$")
 
 
 def _stamp(line: str) -> float | None:
-    m = _STAMP.match(line)
+    m = STAMP.match(line)
     if m is None:
         return None
     return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
@@ -131,10 +131,10 @@ def read_log(log: Path) -> dict[str, Any]:
         at = _stamp(line)
         if at is None:
             continue
-        if m := _REGISTERED.search(line):
+        if m := REGISTERED.search(line):
             names[m.group(1)] = m.group(2)
             registered[m.group(2)] = at
-        elif m := _PLACED.search(line):
+        elif m := PLACED.search(line):
             placed.setdefault(names.get(m.group(1), m.group(1)), float(m.group(2)))
         elif m := _EXPECTS.search(line):
             values = {}

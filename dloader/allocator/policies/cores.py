@@ -9,9 +9,9 @@ a job reaches more cores only by holding GPUs on more nodes.
 
 **One decision over GPUs, batch sizes and cores.** The DP values a job at ``k`` GPUs and batch
 ``b`` at what its pipeline can feed there, ``min(X(k, b), R(k * rho))`` (:func:`fed_table`),
-where ``rho`` is the cores per GPU the job can count on: first the cluster's cores per GPU;
-then, in a second pass, what the division below gave it per GPU (a CPU-hungry job beside
-CPU-light ones gets more than its share, a light one needs less). So a GPU that the job's
+where ``rho`` is the cores per GPU the job can count on: the cluster's cores per GPU (one pass;
+the division below then gives a CPU-hungry job beside CPU-light ones more than that share, and
+its batch is refitted to the cores it got). So a GPU that the job's
 pipeline cannot feed is worth only the samples its cores bring; a batch larger than the pipeline
 feeds gains nothing and costs statistical efficiency; a job whose input is not known yet is
 valued as today. With unlimited cores ``R`` never binds and the decision is today's.
