@@ -7,6 +7,7 @@ The public surface of the in-process library:
   agent that cooperates with the node sidecar.
 * :class:`ElasticDistributedSampler`: a ``DistributedSampler`` whose epoch continues under a
   new world size; :mod:`dloader.elastic`: checkpoints of model, optimizer and data position.
+* :class:`RayWorkers`: loader workers on other machines' CPUs (Ray), beside the local ones.
 * :class:`LoaderStats`, :class:`WorkerStats`: the telemetry snapshot types.
 * :mod:`dloader.errors`: the project's one exception hierarchy.
 
@@ -26,6 +27,7 @@ from dloader.errors import DLoaderError, StateError, WorkerDiedError, WorkerStar
 if TYPE_CHECKING:
     from dloader._dataloader import DataLoader
     from dloader._elastic_sampler import ElasticDistributedSampler
+    from dloader._engine.remote import RayWorkers
     from dloader._engine.telemetry import LoaderStats, WorkerStats
     from dloader._string_array import StringArray
 
@@ -34,6 +36,7 @@ __all__ = [
     "DataLoader",
     "ElasticDistributedSampler",
     "LoaderStats",
+    "RayWorkers",
     "StateError",
     "StringArray",
     "WorkerDiedError",
@@ -47,6 +50,7 @@ _LAZY = {
     "DataLoader": "dloader._dataloader",
     "ElasticDistributedSampler": "dloader._elastic_sampler",
     "LoaderStats": "dloader._engine.telemetry",
+    "RayWorkers": "dloader._engine.remote",
     "StringArray": "dloader._string_array",
     "WorkerStats": "dloader._engine.telemetry",
 }

@@ -21,6 +21,7 @@ from dloader._engine import ranks
 from dloader._engine.control import ControlLimits
 from dloader._engine.iterator import EpochPlan, IteratorConfig, LoaderIterator
 from dloader._engine.position import STATE_VERSION, check_state
+from dloader._engine.remote import RayWorkers, check_remote
 from dloader._engine.telemetry import LoaderStats, Telemetry
 from dloader._engine.timing import STATS_WINDOW_S
 from dloader._shared import env
@@ -91,6 +92,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             If the sidecar is absent or dies, training goes on unchanged.
         job_name: the job's name at the sidecar (default: ``$DLOADER_JOB_NAME`` or the
             script name and PID).
+        remote: loader workers on other machines' CPUs, as Ray actors
+            (:class:`dloader.RayWorkers`; needs ``dloader-elastic[ray]``), beside the local
+            ``num_workers``. A map-style dataset only, picklable, its files reachable from the
+            remote nodes (checked here and by each remote worker at its start). They keep the
+            order, exactly-once and the position as local workers do; a remote worker that
+            dies has its batches given to the others. :meth:`resize_remote` changes their
+            count live. See ``docs/remote.md``.
 
     Live changes:
         * :meth:`resize` applies mid-epoch for map-style datasets; workers added report ready
@@ -129,8 +137,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         stats_window_s: float = STATS_WINDOW_S,
         sidecar: str | None = None,
         job_name: str | None = None,
+        remote: RayWorkers | None = None,
     ) -> None:
         _check_int("min_workers", min_workers, 0)
+        if remote is not None:
+            if not isinstance(remote, RayWorkers):
+                raise TypeError(f"remote={remote!r}: expected a dloader.RayWorkers")
+            check_remote(dataset, collate_fn, worker_init_fn)
         if max_workers is not None:
             _check_int("max_workers", max_workers, 1)
             if max_workers < min_workers:
@@ -178,6 +191,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.min_workers = min_workers
         self.max_workers = max_workers
         self.batch_size_range = batch_size_range
+        self.remote = remote
+        self.remote_workers = remote.workers if remote is not None else 0
+        """Remote workers the loader is set to (:meth:`resize_remote`)."""
         self._staged_batch_size: int | None = None
         self._user_batch_sampler = batch_sampler is not None
         self._is_iterable = isinstance(dataset, IterableDataset)
@@ -292,6 +308,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             generator=self.generator,
             telemetry=self._telemetry,
             leave_state=leave_state,
+            remote=self.remote,
         )
 
     def _epoch_plan(self, restore: dict[str, Any] | None) -> EpochPlan:
@@ -308,6 +325,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             restore=restore,
             skip_batches=skip,
             len_called=self._IterableDataset_len_called,
+            remote_workers=self.remote_workers,
         )
 
     def _get_iterator(self) -> LoaderIterator:  # type: ignore[override]
@@ -405,6 +423,32 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 )
             return
         it.request_resize(num_workers)
+
+    def resize_remote(self, workers: int) -> None:
+        """Sets the number of remote workers (``remote=RayWorkers(...)``), as :meth:`resize`
+        sets the local ones: safe from any thread, applied between batches. New remote workers
+        take tasks once their actor is up and has loaded its probe sample; retired ones finish
+        the batches they hold.
+
+        Raises:
+            ValueError: the loader has no remote workers configured, or ``workers`` is outside
+                ``[0, RayWorkers.max_workers]``.
+        """
+        if self.remote is None:
+            raise ValueError(
+                "resize_remote(): this loader has no remote workers; construct it with "
+                "remote=dloader.RayWorkers(...)"
+            )
+        _check_int("workers", workers, 0)
+        if workers > self.remote.max_workers:
+            raise ValueError(
+                f"workers={workers} is above RayWorkers.max_workers={self.remote.max_workers}"
+            )
+        with self._control:
+            self.remote_workers = workers
+            it = self._live_iterator()
+            if it is not None:
+                it.request_remote_resize(workers)
 
     def set_batch_size(self, batch_size: int, *, at_batch: int | None = None) -> None:
         """Changes the batch size from the next batch not yet dispatched to a worker.
@@ -523,6 +567,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             batch_size=self.batch_size,
             epoch=self._epoch,
             tuner=self.autotuner.summary if self.autotuner is not None else "",
+            remote_workers=self.remote_workers,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -595,6 +640,7 @@ class _Controls:
             worker_bound=loader.worker_bound(),
             batch_size_range=loader.batch_size_range,
             prefetch_factor=loader.prefetch_factor or 2,
+            max_remote_workers=loader.remote.max_workers if loader.remote is not None else 0,
         )
 
     def resize(self, num_workers: int, *, unless: threading.Event | None = None) -> bool:
@@ -607,6 +653,14 @@ class _Controls:
                 return False
             if num_workers != loader.num_workers:
                 loader._set_workers(num_workers)
+        return True
+
+    def resize_remote(self, workers: int) -> bool:
+        loader = self._ref()
+        if loader is None or loader.remote is None:
+            return False
+        if workers != loader.remote_workers:
+            loader.resize_remote(min(workers, loader.remote.max_workers))
         return True
 
     def set_batch_size(self, batch_size: int) -> bool:

@@ -27,6 +27,7 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "PredictorError",
+    "RemoteWorkerError",
     "RequestError",
     "ResourceExhausted",
     "StateError",
@@ -89,6 +90,11 @@ class WorkerDiedError(DLoaderError, RuntimeError):
 
 class WorkerStartError(DLoaderError, RuntimeError):
     """A loader worker process could not be started (it exited or failed before it was ready)."""
+
+
+class RemoteWorkerError(DLoaderError, RuntimeError):
+    """Remote loader workers (Ray) cannot run: Ray is not installed, the dataset cannot be sent
+    to them, or a remote worker cannot load it (its files are not reachable there)."""
 
 
 class StateError(DLoaderError, ValueError):

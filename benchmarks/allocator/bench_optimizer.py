@@ -9,6 +9,8 @@ node packing) and, separately, the DP alone (``optimize``). Admission first: at 
 first 64 jobs (one GPU minimum each) enter the DP; the others wait. ``goodput-dp + CPUs``: the
 same with 3 cores per GPU and each job's input pipeline known (Synergy's profile of its
 application): the cores priced in the tables, placed and divided (same targets).
+``goodput-dp + CPUs + pool``: the same with a CPU pool of 1 core per GPU for remote loader
+workers, every job able to use it (the pool priced in and divided too; same targets).
 
     python -m benchmarks.allocator.bench_optimizer               # ~1 min
     python -m benchmarks.allocator.bench_optimizer --repeats 5   # quicker
@@ -23,6 +25,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks._common import add_out_dir, machine, outputs, table
@@ -45,7 +48,9 @@ CELLS = [  # (nodes, gpus per node, jobs)
 REQUESTS = [1, 1, 1, 1, 2, 4, 4, 8, 8, 12, 16, 32]
 
 
-def jobs_for(apps: dict[str, AppTrace], n: int, seed: int, cpus: bool = False) -> list[JobState]:
+def jobs_for(
+    apps: dict[str, AppTrace], n: int, seed: int, cpus: bool = False, pool: bool = False
+) -> list[JobState]:
     rng = random.Random(seed)
     names = sorted(apps)
     profiles = read_cpu_profiles() if cpus else {}
@@ -66,14 +71,13 @@ def jobs_for(apps: dict[str, AppTrace], n: int, seed: int, cpus: bool = False) -
                 noise=app.noise(batch, epoch),
                 batch_size=batch,
                 input=input_truth(app, profiles[APP_PROFILES[app.name]]) if cpus else None,
+                remote_max=1e6 if pool else 0.0,
             )
         )
     return out
 
 
 def with_placements(jobs: list[JobState], decision) -> list[JobState]:
-    from dataclasses import replace
-
     return [
         replace(
             j,
@@ -102,17 +106,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}\n")
     apps = load_apps(args.traces)
     rows, results = [], []
-    for policy_name, cpus in (
-        ("goodput-dp", False),
-        ("goodput-dp", True),
-        ("elastic-gpu", False),
+    for policy_name, cpus, pool in (
+        ("goodput-dp", False, False),
+        ("goodput-dp", True, False),
+        ("goodput-dp", True, True),
+        ("elastic-gpu", False, False),
     ):
         policy = make_policy(policy_name)
         assert isinstance(policy, DpPolicy)
-        label = f"{policy_name} + CPUs" if cpus else policy_name
+        label = policy_name + (" + CPUs" if cpus else "") + (" + pool" if pool else "")
         for nodes, per_node, n in CELLS:
             cluster = Cluster.uniform(nodes, per_node, 3.0 * per_node if cpus else None)
-            jobs = jobs_for(apps, n, seed=n, cpus=cpus)
+            if pool:
+                cluster = replace(cluster, pool=float(nodes * per_node))
+            jobs = jobs_for(apps, n, seed=n, cpus=cpus, pool=pool)
             jobs = with_placements(jobs, policy.decide(jobs, cluster))  # a warm, running state
             decide = ms(functools.partial(policy.decide, jobs, cluster), args.repeats)
             specs = [policy.spec(j, cluster) for j in jobs]
@@ -151,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print()
-    for label in ("goodput-dp", "goodput-dp + CPUs"):
+    for label in ("goodput-dp", "goodput-dp + CPUs", "goodput-dp + CPUs + pool"):
         mine = [r for r in results if r["policy"] == label]
         small = next(r for r in mine if r["gpus"] == 64 and r["jobs"] == 160)
         large = next(r for r in mine if r["gpus"] == 2048 and r["jobs"] == 1000)

@@ -92,3 +92,29 @@ def cpu_ratios(ratios: dict[str, dict[str, list[float]]], png: Path) -> None:
     fig.suptitle(f"GPUs and CPUs decided together (bar: median)\n{machine()}", fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
+
+
+def pool_shares(speeds: dict[str, dict[str, Any]], png: Path) -> None:
+    """Per GPU speed, each workload's share of the average-JCT gain the CPU pool reached (of
+    what the same cores on the GPU nodes give), its p99 and makespan ratios; a bar at the
+    median share."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, r in enumerate(speeds.values()):
+        shares = [s for s in r["shares"] if s == s]
+        if not shares:
+            continue
+        ax.scatter([i] * len(shares), shares, s=14, color="C0", alpha=0.7)
+        ax.hlines(np.median(shares), i - 0.3, i + 0.3, color="C0", lw=2)
+        ax.scatter([i + 0.15] * len(r["p99"]), r["p99"], s=10, color="C1", marker="x")
+        ax.scatter([i - 0.15] * len(r["makespan"]), r["makespan"], s=10, color="C2", marker="+")
+    ax.scatter([], [], color="C0", label="share of the gain")
+    ax.scatter([], [], color="C1", marker="x", label="p99 JCT, pool / none")
+    ax.scatter([], [], color="C2", marker="+", label="makespan, pool / none")
+    ax.axhline(0.6, color="grey", lw=0.8, ls="--")
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xticks(range(len(speeds)), [f"GPU x{s}" for s in speeds])
+    ax.legend(fontsize=7)
+    fig.suptitle(f"a CPU pool for input pipelines (goodput-dp)\n{machine()}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)

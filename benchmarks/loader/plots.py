@@ -166,3 +166,35 @@ def pinning(runs: dict[str, dict[str, list[dict[str, float]]]], png: Path) -> No
     ax.set_title(machine()[:80], fontsize=7)
     fig.tight_layout()
     fig.savefig(png)
+
+
+def remote(
+    runs: dict[str, dict[str, list[dict[str, Any]]]],
+    sizes: dict[int, dict[str, Any]],
+    png: Path,
+) -> None:
+    """Left: samples/s per pipeline, local workers alone vs with one remote worker (mean of
+    rounds, each round a dot). Right: the local node's CPU per remote batch by batch bytes."""
+    plt = pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    arms = list(dict.fromkeys(a for v in runs.values() for a in v))
+    for i, arm in enumerate(arms):
+        for j, by_arm in enumerate(runs.values()):
+            ys = [x["samples_per_s"] for x in by_arm.get(arm, [])]
+            if not ys:
+                continue
+            x = j + 0.2 * (i * 2 - 1)
+            ax.bar(x, sum(ys) / len(ys), width=0.4, color=f"C{i}", label=arm if j == 0 else None)
+            ax.plot([x] * len(ys), ys, "k.", markersize=4)
+    ax.set_xticks(range(len(runs)), list(runs))
+    ax.set_ylabel("samples/s of the training loop")
+    ax.legend()
+    if sizes:
+        xs = [s / 2**20 for s in sizes]
+        bx.plot(xs, [v["local_cpu_ms_per_batch"] for v in sizes.values()], "o-")
+        bx.set_xscale("log")
+        bx.set_xlabel("batch size, MB")
+        bx.set_ylabel("local CPU ms per remote batch")
+    fig.suptitle(machine()[:100], fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)

@@ -100,6 +100,7 @@ class SidecarAgent:
                 min_batch_size=low,
                 max_batch_size=high,
                 may_change_batch_size=limits.batch_size_range is not None,
+                max_remote_workers=limits.max_remote_workers,
             ),
             job_key=self._job_key,
         )
@@ -224,6 +225,8 @@ class SidecarAgent:
                 return
             if d.batch_size:
                 self._controls.set_batch_size(d.batch_size)
+            if d.remote_workers is not None:
+                self._controls.resize_remote(d.remote_workers)
             self._cpus = list(d.cpus)
             log.info(
                 "dloader: sidecar directive %d applied: %d workers (%s)",

@@ -11,6 +11,8 @@ weakly: a controller never keeps a dropped loader alive, and learns that it is g
 * :meth:`~LoaderControls.resize` is a controller's resize: unlike the user's
   ``loader.resize()``, it does not stop the tuner, and it is refused once ``unless`` is set
   (the user took over: their resize stopped the controller while it was deciding).
+* :meth:`~LoaderControls.resize_remote` sets the count of its remote workers (Ray actors on
+  other machines' CPUs), where the loader was given ``remote=RayWorkers(...)``.
 * :meth:`~LoaderControls.set_batch_size` is the one route of a batch size a controller
   directs: applied at once in a single process; in a data-parallel job (one rank of several),
   staged, for :func:`dloader.integrations.torchrun.sync_batch_size` to apply on every rank at
@@ -42,6 +44,8 @@ class ControlLimits:
     """The batch sizes a controller may set (None: it may not change the batch size)."""
     prefetch_factor: int
     """Batches each worker may hold undelivered."""
+    max_remote_workers: int = 0
+    """Remote (Ray) workers the loader may have (``RayWorkers.max_workers``; 0: none)."""
 
 
 class LoaderControls(Protocol):
@@ -64,4 +68,9 @@ class LoaderControls(Protocol):
         """Applies, or stages for the ranks to apply together, a directed batch size (checked
         against the range: ``ValueError``); False if the loader takes none (no range, the
         same size, or gone)."""
+        ...
+
+    def resize_remote(self, workers: int) -> bool:
+        """Sets the remote (Ray) worker count, within ``RayWorkers.max_workers``; False if the
+        loader has no remote workers configured, or is gone."""
         ...

@@ -56,6 +56,16 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from dloader._engine.index_stream import IndexStream
 from dloader._engine.position import STATE_VERSION
 from dloader._engine.processes import PROCESS_START_LOCK
+from dloader._engine.remote import (
+    GONE,
+    REMOTE_SLOT_BASE,
+    STOPPED,
+    RayWorkers,
+    RemoteSlotProcess,
+    RemoteSlotQueue,
+    helper_loop,
+    remote_payload,
+)
 from dloader._engine.result_pipe import ResultPipe
 from dloader._engine.telemetry import Telemetry
 from dloader._engine.timing import DEATH_GRACE_S, JOIN_TIMEOUT_S, POLL_INTERVAL_S
@@ -67,7 +77,7 @@ from dloader._engine.workers import (
     shard_datapipe,
     worker_loop,
 )
-from dloader.errors import WorkerDiedError, WorkerStartError
+from dloader.errors import RemoteWorkerError, WorkerDiedError, WorkerStartError
 
 __all__ = ["EpochPlan", "IteratorConfig", "LoaderIterator"]
 
@@ -100,6 +110,8 @@ class IteratorConfig:
     """Called with ``(id(iterator), state)`` when the iterator ends or is closed, so that the
     loader still knows the position after ``break``. It must not hold the loader strongly
     (the loader would then live as long as its iterator)."""
+    remote: RayWorkers | None = None
+    """Where remote workers run (None: none; :mod:`dloader._engine.remote`)."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,8 @@ class EpochPlan:
     """Batches to start past, as if delivered (``skip_batches``)."""
     len_called: int | None = None
     """``len(loader)`` as torch recorded it for an iterable dataset (its length warning)."""
+    remote_workers: int = 0
+    """Remote workers (Ray) beside the local ones."""
 
 
 @dataclass
@@ -131,14 +145,16 @@ class _Worker:
     in_flight: int = 0  # tasks sent and not yet returned
     owed: int = 0  # tasks sent and not yet delivered to the trainer (bounded by prefetch_factor)
     stopping: bool = False  # told to exit; a clean exit is expected
+    remote: bool = False  # a remote worker (a Ray actor, through the helper process)
 
 
 class _Task:
-    __slots__ = ("data", "num", "slot")
+    __slots__ = ("data", "index", "num", "slot")
 
-    def __init__(self, slot: int | None, num: int) -> None:
+    def __init__(self, slot: int | None, num: int, index: Any = None) -> None:
         self.slot = slot
         self.num = num
+        self.index = index  # what the task fetches (given again if its remote worker is lost)
         self.data: Any = _PENDING
 
 
@@ -194,11 +210,7 @@ def _receive_and_pin(
             inbox.put(_ReceiveFailed(exc))
             return
         slot, gen, task_idx, payload, num, fetch_s, cpu_s = msg
-        if (
-            task_idx != READY
-            and payload is not ITER_END
-            and not isinstance(payload, ExceptionWrapper)
-        ):
+        if task_idx >= 0 and payload is not ITER_END and not isinstance(payload, ExceptionWrapper):
             try:
                 payload = _Pinned(_pin_memory(payload, device))
             except Exception:
@@ -263,6 +275,7 @@ class LoaderIterator:
         self._prefetch = config.prefetch_factor or 2
         self._workers: dict[int, _Worker] = {}
         self._active: list[int] = []  # slots of ready workers that take new tasks, sorted
+        self._balance = False  # a remote worker is active: dispatch to the least loaded
         self._target = initial
         self._pending_target: int | None = None
         self._control = threading.Lock()
@@ -274,6 +287,14 @@ class LoaderIterator:
         self._result_queue: Any = None
         self._done_event: Any = None
         self._in_process: Fetcher | None = None
+        self._remote = config.remote
+        self._remote_target = plan.remote_workers if config.remote is not None else 0
+        self._pending_remote: int | None = None
+        self._helper: Any = None  # the remote workers' helper process (the Ray driver)
+        self._helper_tasks: Any = None
+        self._remote_serial = itertools.count(REMOTE_SLOT_BASE)
+        self._remote_losses = 0  # remote workers lost in a row (replacements back off)
+        self._respawn_at = 0.0  # when a lost remote worker's replacement may start
         # Datapipes, as torch: their graph's shuffles are seeded from a seed drawn from the
         # loader's generator (shared by every rank) for each epoch, and sharded over ranks (and
         # workers).
@@ -300,6 +321,8 @@ class LoaderIterator:
             shard_datapipe(self._dataset, self._world, self._rank)
         elif self._loader_kind_iterable:
             self._in_process_fetcher()  # as torch: iter(dataset) when the iterator is made
+        if self._remote_target:
+            self._spawn_remote(self._remote_target)  # they take tasks once up
 
     # ------------------------------------------------------------------ epoch and state
 
@@ -384,6 +407,9 @@ class LoaderIterator:
         self._share_seed()
         self._target = plan.num_workers
         self._apply_target()
+        if self._remote is not None:
+            self._remote_target = plan.remote_workers
+            self._apply_remote_target()
         self._fill()
 
     def state(self, *, pin_order: bool = True) -> dict[str, Any]:
@@ -426,6 +452,11 @@ class LoaderIterator:
         with self._control:
             self._pending_target = num_workers
 
+    def request_remote_resize(self, workers: int) -> None:
+        """Asks for ``workers`` remote workers; applied as :meth:`request_resize` is."""
+        with self._control:
+            self._pending_remote = workers
+
     def cut_batches_at(self, batch_size: int, at_batch: int | None = None) -> None:
         """Cuts batches not yet dispatched at ``batch_size`` (an int store: atomic), or those
         from batch ``at_batch`` of this iteration on (not dispatched yet: ValueError)."""
@@ -452,8 +483,8 @@ class LoaderIterator:
 
     @property
     def live_workers(self) -> int:
-        """Workers started or ready and not retiring."""
-        return sum(1 for w in self._workers.values() if w.state != "retiring")
+        """Local workers started or ready and not retiring."""
+        return sum(1 for w in self._workers.values() if w.state != "retiring" and not w.remote)
 
     # ------------------------------------------------------------------ pool management
 
@@ -537,24 +568,88 @@ class LoaderIterator:
                 self._launch_error = exc
                 return
 
+    def _spawn_remote(self, count: int) -> None:
+        """Adds ``count`` remote workers: slots the helper process runs as Ray actors (the
+        helper and the result pipe start with the first). They take tasks once up."""
+        assert self._remote is not None
+        if self._result_queue is None:
+            self._result_queue = ResultPipe(self._ctx)
+            if self._pin_memory:
+                self._start_receiver()
+            self._done_event = self._ctx.Event()
+        if self._helper is None:
+            self._helper_tasks = self._ctx.Queue()
+            self._helper_tasks.cancel_join_thread()
+            payload = remote_payload(
+                self._dataset,
+                self._auto_collation,
+                self._collate_fn,
+                self._drop_last,
+                self._base_seed,
+                self._worker_init_fn,
+            )
+            self._helper = self._ctx.Process(
+                target=helper_loop,
+                args=(
+                    self._remote,
+                    payload,
+                    self._helper_tasks,
+                    self._result_queue,
+                    self._done_event,
+                ),
+                name="dloader-remote",
+                daemon=True,
+            )
+            with PROCESS_START_LOCK:
+                self._helper.start()
+        total = self._target + self._remote_target
+        for _ in range(count):
+            slot = next(self._remote_serial)
+            worker = _Worker(
+                slot,
+                RemoteSlotProcess(self._helper),
+                RemoteSlotQueue(self._helper_tasks, slot),
+                remote=True,
+            )
+            self._workers[slot] = worker
+            rec = self._telemetry.worker(slot)
+            rec.state, rec.remote = worker.state, True
+            self._helper_tasks.put(("add", slot, total))
+
     def _rebuild_active(self) -> None:
         self._active = sorted(s for s, w in self._workers.items() if w.state == "ready")
+        self._balance = any(self._workers[s].remote for s in self._active)
 
     def _apply_pending(self) -> None:
         with self._control:
             target, self._pending_target = self._pending_target, None
-        if target is not None and not self._shutdown:
+            remote, self._pending_remote = self._pending_remote, None
+        if self._shutdown:
+            return
+        if target is not None:
             self._target = target
             self._apply_target()
+        if remote is not None and self._remote is not None:
+            self._remote_target = remote
+            self._apply_remote_target()
 
     def _apply_target(self) -> None:
-        live = [w for w in self._workers.values() if w.state != "retiring"]
-        if len(live) < self._target:
-            self._spawn(self._target - len(live), ready=False)
-        elif len(live) > self._target:
+        self._resize_kind(remote=False, target=self._target)
+
+    def _apply_remote_target(self) -> None:
+        self._resize_kind(remote=True, target=self._remote_target)
+
+    def _resize_kind(self, *, remote: bool, target: int) -> None:
+        live = [w for w in self._workers.values() if w.state != "retiring" and w.remote == remote]
+        if len(live) < target:
+            if remote:
+                self._spawn_remote(target - len(live))
+            else:
+                self._spawn(target - len(live), ready=False)
+        elif len(live) > target:
             # Retire workers that have not started serving first, then the highest slots.
             live.sort(key=lambda w: (w.state != "starting", -w.slot))
-            for w in live[: len(live) - self._target]:
+            for w in live[: len(live) - target]:
                 self._retire(w)
             self._rebuild_active()
 
@@ -573,6 +668,8 @@ class LoaderIterator:
 
     def _reap(self) -> None:
         """Joins retired workers that have exited and raises if any other worker died."""
+        if self._remote_losses:
+            self._respawn_remote()
         if self._launch_error is not None:
             exc, self._launch_error = self._launch_error, None
             self._shutdown_workers(graceful=False)
@@ -603,6 +700,11 @@ class LoaderIterator:
         active = self._active
         if not active:
             return None
+        if self._balance:
+            # Remote workers beside local ones run at other speeds: the next task goes to the
+            # ready worker with the fewest tasks out (below its prefetch share), so that a
+            # fast worker gets more; without remote workers, torch's round robin.
+            return self._least_loaded()
         if not self._in_order:
             # As torch: a worker takes a new task only while it holds fewer than its share.
             cap = self._prefetch
@@ -612,6 +714,20 @@ class LoaderIterator:
             return None
         i = bisect.bisect_right(active, self._last_slot)
         return active[i] if i < len(active) else active[0]
+
+    def _least_loaded(self) -> int | None:
+        """The ready worker with the fewest tasks out and room for one more (None: none)."""
+        best: int | None = None
+        n = len(self._active)
+        start = bisect.bisect_right(self._active, self._last_slot)
+        for k in range(n):
+            slot = self._active[(start + k) % n]
+            w = self._workers[slot]
+            if w.in_flight >= self._prefetch:
+                continue
+            if best is None or w.in_flight < self._workers[best].in_flight:
+                best = slot
+        return best
 
     def _fill(self) -> None:
         """Dispatches until ``prefetch_factor`` tasks per ready worker are undelivered, as torch."""
@@ -629,7 +745,7 @@ class LoaderIterator:
                 return
             w = workers[slot]
             w.index_queue.put((self._gen, self._send_idx, index, self._shared_seed))
-            self._tasks[self._send_idx] = _Task(slot, num)
+            self._tasks[self._send_idx] = _Task(slot, num, index if self._remote else None)
             self._send_idx += 1
             self._last_slot = slot
             w.in_flight += 1
@@ -651,10 +767,30 @@ class LoaderIterator:
         if task_idx == READY:
             if w is not None:
                 rec = self._telemetry.worker(slot)
+                if w.remote:
+                    pid, host, error = payload
+                    if error is not None:
+                        self._shutdown_workers(graceful=False)
+                        raise RemoteWorkerError(
+                            f"remote worker {slot} on {host} cannot load the dataset: {error}\n"
+                            "A remote worker gets a pickled copy of the dataset and must reach "
+                            "its files from its own node (docs/remote.md)"
+                        )
+                    payload = w.process.pid = pid
+                    w.process.host = host
+                    self._remote_losses = 0
                 rec.pid = payload
                 if w.state == "starting":
                     w.state = rec.state = "ready"
                     self._rebuild_active()
+            return
+        if task_idx == STOPPED:
+            if w is not None:
+                w.process.stopped = True
+            return
+        if task_idx == GONE:
+            if w is not None:
+                self._lose(w, *payload)
             return
         if w is not None:
             w.in_flight -= 1
@@ -662,14 +798,74 @@ class LoaderIterator:
                 self._stop(w)
         if gen != self._gen:
             return  # a result from an abandoned epoch (persistent workers)
+        task = self._tasks.get(task_idx)
+        if task is None or task.slot != slot:
+            return  # given again to another worker after this one was taken for lost
         self._telemetry.record_fetch(slot, fetch_s, cpu_s)
-        task = self._tasks[task_idx]
         task.data, task.num = payload, num
         if payload is ITER_END and w is not None and w.state == "ready":
             w.state = "ended"
             self._rebuild_active()
         if not self._in_order:
             self._done_order.append(task_idx)
+
+    def _lose(self, w: _Worker, why: str, held: list[int]) -> None:
+        """A remote worker (or its node) died: its tasks not yet returned go to other workers
+        with their indices unchanged (or are loaded here if none is ready), and the loader goes
+        on with the workers it has. Its target stays: a replacement is started, and takes tasks
+        once the cluster has room for it."""
+        del self._workers[w.slot]
+        if w.stopping:
+            self._n_stopping -= 1
+        with self._telemetry.lock:
+            self._telemetry.workers.pop(w.slot, None)
+        self._rebuild_active()
+        given = 0
+        for task_idx in held:
+            task = self._tasks.get(task_idx)
+            if task is None or task.slot != w.slot or task.data is not _PENDING:
+                continue
+            given += 1
+            slot = self._least_loaded()
+            if slot is None and self._active:
+                slot = min(self._active, key=lambda s: self._workers[s].in_flight)
+            if slot is None:
+                task.slot = None
+                task.data, task.num = self._fetch_index(task.index)
+                if not self._in_order:
+                    self._done_order.append(task_idx)
+                continue
+            new = self._workers[slot]
+            new.index_queue.put((self._gen, task_idx, task.index, self._shared_seed))
+            task.slot = slot
+            new.in_flight += 1
+            new.owed += 1
+        log.warning(
+            "dloader: remote worker %d%s lost (%s): %d batch(es) it held given to other workers",
+            w.slot,
+            f" on {w.process.host}" if w.process.host else "",
+            why,
+            given,
+        )
+        self._remote_losses += 1
+        self._respawn_at = time.monotonic() + min(2.0 ** (self._remote_losses - 1), 60.0)
+
+    def _respawn_remote(self) -> None:
+        """Starts replacements for lost remote workers once their back-off has passed (1 s,
+        then twice as long after each loss in a row, at most a minute: a node that is gone
+        does not make the loader start actor after actor)."""
+        if self._remote is None or self._shutdown or time.monotonic() < self._respawn_at:
+            return
+        live = sum(1 for w in self._workers.values() if w.remote and w.state != "retiring")
+        if live < self._remote_target:
+            self._apply_remote_target()
+
+    def _fetch_index(self, index: Any) -> tuple[Any, int]:
+        """One task loaded in this process (an error is the batch's, as from a worker)."""
+        try:
+            return self._in_process_fetcher().fetch(index)
+        except Exception:
+            return ExceptionWrapper(where="in the DataLoader's main process"), 0
 
     def _start_receiver(self) -> None:
         """The receiver thread (pinned memory). It is given what it reads, never ``self``: a
@@ -718,7 +914,7 @@ class LoaderIterator:
                 msg = self._recv(POLL_INTERVAL_S)
             except queue.Empty:
                 self._reap()
-                if self._pending_target is not None:
+                if self._pending_target is not None or self._pending_remote is not None:
                     self._apply_pending()
                     return
                 if deadline is not None and time.monotonic() > deadline:
@@ -786,7 +982,7 @@ class LoaderIterator:
         if self._n_stopping:
             self._reap()  # join retired workers that have exited
         while True:
-            if self._pending_target is not None:
+            if self._pending_target is not None or self._pending_remote is not None:
                 self._apply_pending()
             if self._in_order:
                 task = tasks.get(self._rcvd_idx)
@@ -862,6 +1058,11 @@ class LoaderIterator:
         done = sum(1 for t in self._tasks.values() if t.data is not _PENDING)
         tel.queue_depth = done
         tel.in_flight = len(self._tasks) - done
+        records = tel.workers
+        for slot, w in self._workers.items():
+            rec = records.get(slot)
+            if rec is not None:
+                rec.in_flight = w.in_flight
 
     def _warn_length(self) -> None:
         msg = (
@@ -892,7 +1093,7 @@ class LoaderIterator:
         self._receiver_stop.set()  # no more reading or pinning
         for launcher in self._launchers:
             launcher.join()  # every worker is started (or failed to) before we stop them
-        workers = [w for w in self._workers.values() if w.process.pid is not None]
+        workers = [w for w in self._workers.values() if w.process.pid is not None and not w.remote]
         if self._done_event is not None:
             self._done_event.set()
         for w in workers:
@@ -911,6 +1112,14 @@ class LoaderIterator:
                 w.process.terminate()
                 w.process.join(timeout=JOIN_TIMEOUT_S)
             w.index_queue.close()
+        if self._helper is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._helper_tasks.put(None)  # the helper ends its actors and exits
+            self._helper.join(timeout=JOIN_TIMEOUT_S)
+            if self._helper.is_alive():
+                self._helper.terminate()
+                self._helper.join(timeout=JOIN_TIMEOUT_S)
+            self._helper_tasks.close()
         if self._receiver is not None:
             self._receiver.join(timeout=JOIN_TIMEOUT_S)  # told above; it ends within a poll
         if self._result_queue is not None:

@@ -36,6 +36,8 @@ class WorkerStats:
     """Moving average of the worker's CPU time per batch, seconds."""
     cpu_total_seconds: float
     """CPU seconds this worker has spent fetching."""
+    remote: bool = False
+    """A remote worker (a Ray actor on another node: its ``pid`` is there)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class LoaderStats:
     """Per-worker figures (empty when loading in-process)."""
     tuner: str = ""
     """With ``num_workers="auto"``: what the tuner is doing and why (else empty)."""
+    remote_workers: int = 0
+    """Remote worker count the loader is set to (``RayWorkers``; 0: none)."""
 
 
 @dataclass
@@ -85,6 +89,7 @@ class _WorkerRecord:
     fetch_seconds: float = 0.0
     cpu_seconds: float = 0.0
     cpu_total_seconds: float = 0.0
+    remote: bool = False
 
 
 class Telemetry:
@@ -165,7 +170,13 @@ class Telemetry:
         rec.cpu_total_seconds += cpu_seconds
 
     def snapshot(
-        self, *, num_workers: int, batch_size: int | None, epoch: int, tuner: str = ""
+        self,
+        *,
+        num_workers: int,
+        batch_size: int | None,
+        epoch: int,
+        tuner: str = "",
+        remote_workers: int = 0,
     ) -> LoaderStats:
         """A consistent :class:`LoaderStats` at this moment."""
         now = time.monotonic()
@@ -191,6 +202,7 @@ class Telemetry:
                     r.fetch_seconds,
                     r.cpu_seconds,
                     r.cpu_total_seconds,
+                    r.remote,
                 )
                 for slot, r in sorted(self.workers.items())
             )
@@ -211,4 +223,5 @@ class Telemetry:
                 in_flight=self.in_flight,
                 workers=workers,
                 tuner=tuner,
+                remote_workers=remote_workers,
             )

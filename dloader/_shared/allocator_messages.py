@@ -221,6 +221,8 @@ class NodeJobReport:
     gradient: GradientStats | None = None
     input_curve: InputCurve = ()
     """The node's model of the job's input pipeline there (empty: none yet)."""
+    remote_cores_max: float = 0.0
+    """The most CPU-pool cores the job's loaders on the node can use (0: none)."""
 
     def to_pb(self) -> allocator_pb2.NodeJobReport:
         """As a ``dloader.v1.NodeJobReport``."""
@@ -231,6 +233,7 @@ class NodeJobReport:
             measurements=[m.to_pb() for m in self.measurements],
             gradient=self.gradient.to_pb() if self.gradient else None,
             input_curve=_curve_pb(self.input_curve),
+            remote_cores_max=self.remote_cores_max,
         )
 
     @classmethod
@@ -243,6 +246,7 @@ class NodeJobReport:
             Measurement.many_from_pb(m.measurements),
             _gradient_of(m),
             _curve_of(m.input_curve, "jobs.input_curve"),
+            finite_within("jobs.remote_cores_max", m.remote_cores_max, 0.0, MAX_CORES),
         )
 
 
@@ -402,6 +406,8 @@ class Allocation:
     accumulation_steps`` (:func:`split_batch`)."""
     key_digest: str = ""
     """:func:`key_digest` of the job's key: what a node's sidecar ties its local jobs to."""
+    remote_cpus: float = 0.0
+    """Cores of the cluster's CPU pool for its remote loader workers (0: none)."""
 
     def to_pb(self) -> allocator_pb2.Allocation:
         """As a ``dloader.v1.Allocation``."""
@@ -430,6 +436,7 @@ class Allocation:
             m.local_batch_size,
             max(m.accumulation_steps, 1),
             m.key_digest,
+            m.remote_cpus,
         )
 
 

@@ -33,6 +33,8 @@ class JobLimits:
     min_batch_size: int = 0
     max_batch_size: int = 0
     may_change_batch_size: bool = False
+    max_remote_workers: int = 0
+    """Remote (Ray) workers its loader may have (``RayWorkers.max_workers``; 0: none)."""
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> JobLimits:
@@ -52,6 +54,7 @@ class JobLimits:
             m.min_batch_size,
             m.max_batch_size,
             m.may_change_batch_size,
+            m.max_remote_workers,
         )
 
 
@@ -205,6 +208,9 @@ class Directive:
     """CPU set for the loader workers; empty: unchanged."""
     reason: str = ""
     revision: int = 0
+    remote_workers: int | None = None
+    """Remote (Ray) loader workers; None: unchanged (the sidecar directs them only for the
+    cluster allocator's CPU pool)."""
 
     def to_json(self) -> dict[str, Any]:
         """As a JSON-compatible dict (the helper -> agent pipe)."""
@@ -219,9 +225,13 @@ class Directive:
 
     def to_pb(self, job_id: str) -> Any:
         """As a ``dloader.v1.Directive`` for ``job_id``."""
-        return _pb().Directive(job_id=job_id, **{**asdict(self), "cpus": list(self.cpus)})
+        fields = {**asdict(self), "cpus": list(self.cpus)}
+        if self.remote_workers is None:
+            del fields["remote_workers"]
+        return _pb().Directive(job_id=job_id, **fields)
 
     @classmethod
     def from_pb(cls, m: Any) -> Directive:
         """From a ``dloader.v1.Directive``."""
-        return cls(m.num_workers, m.batch_size, tuple(m.cpus), m.reason, m.revision)
+        remote = m.remote_workers if m.HasField("remote_workers") else None
+        return cls(m.num_workers, m.batch_size, tuple(m.cpus), m.reason, m.revision, remote)

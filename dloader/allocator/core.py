@@ -107,6 +107,8 @@ class _Outcome:
     ms: float
     cores: dict[str, dict[str, float]] = field(default_factory=dict)
     """Each job's cores per node id (empty: the nodes' cores are not limited)."""
+    remote: dict[str, float] = field(default_factory=dict)
+    """Each job's cores of the CPU pool (its remote loader workers)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -151,7 +153,7 @@ def _plan(inp: _Inputs) -> _Outcome | None:
     for jid, why in aside.items():
         reasons[jid] = f"set aside: the policy cannot place it ({why})"
     ms = (time.perf_counter() - began) * 1e3
-    return _Outcome(placements, dict(d.batch_sizes), reasons, ms, cores)
+    return _Outcome(placements, dict(d.batch_sizes), reasons, ms, cores, dict(d.remote))
 
 
 class AllocatorCore:
@@ -478,6 +480,8 @@ class AllocatorCore:
             job.samples_per_second = rate
             if r.input_curve:  # checked on arrival (NodeJobReport.from_pb)
                 job.input = InputModel.of(r.input_curve)
+            if r.remote_cores_max or node_id in job.remote_max:
+                job.remote_max[node_id] = r.remote_cores_max
             if r.measurements or r.gradient is not None:
                 # a node reports for the jobs on it: its role, not the job's token, allows it
                 self.apply_update(self._staged(job, r.measurements, r.gradient))
@@ -539,6 +543,7 @@ class AllocatorCore:
             batch = outcome.batch_sizes.get(jid, job.batch_size)
             if not dry:
                 job.cores = outcome.cores.get(jid, {}) if new else {}
+                job.remote_cpus = outcome.remote.get(jid, 0.0) if new else 0.0
             if new == job.placement and batch == job.batch_size:
                 continue
             if not new:
@@ -596,6 +601,7 @@ class AllocatorCore:
                     local,
                     steps,
                     _digest_of(job.token),
+                    job.remote_cpus if jid not in rec else 0.0,
                 )
             )
         return AllocationSet(

@@ -60,6 +60,7 @@ __all__ = [
     "APP_PROFILES",
     "MEMORY_GB_PER_GPU",
     "PACKAGED_CPU_PROFILES",
+    "SAMPLE_MB",
     "CpuProfile",
     "input_truth",
     "read_cpu_profiles",
@@ -77,6 +78,19 @@ APP_PROFILES = {
     "deepspeech2": "deepspeech",
     "bert": "bert",
     "ncf": "lstm",
+}
+#: MB a sample of each Pollux application weighs as its loader hands it over (what a remote
+#: loader worker moves): estimates from the models' input shapes, not measured: ImageNet and
+#: YOLOv3 crops as uint8 (224 x 224 x 3; 416 x 416 x 3), CIFAR-10 (32 x 32 x 3 uint8), a
+#: DeepSpeech2 spectrogram (161 bins x ~300 frames, float32), a BERT sequence (384 tokens x 3
+#: int64 tensors), an NCF (user, item, label) triple.
+SAMPLE_MB = {
+    "imagenet": 0.15,
+    "cifar10": 0.003,
+    "yolov3": 0.52,
+    "deepspeech2": 0.19,
+    "bert": 0.009,
+    "ncf": 0.0001,
 }
 _COLUMNS = ("model", "cpus_per_gpu", "mem_gb_per_gpu", "speed", "speedup_at_ideal")
 

@@ -101,6 +101,10 @@ class SubmittedJob:
     """Its input pipeline on ``c`` cores as a node last reported it (None: none reported)."""
     cores: dict[str, float] = field(default_factory=dict)
     """Its cores per node id, where the nodes' cores are limited (the policy's last word)."""
+    remote_max: dict[str, float] = field(default_factory=dict)
+    """Per node id: the most CPU-pool cores its loaders there can use (their reports)."""
+    remote_cpus: float = 0.0
+    """Its cores of the CPU pool (the policy's last word)."""
 
     @property
     def job_id(self) -> str:
@@ -130,6 +134,7 @@ class SubmittedJob:
             explored_gpus=max(m.replicas for m in r.measurements) if r.measurements else None,
             explored_nodes=max(m.nodes for m in r.measurements) if r.measurements else None,
             input=self.input or (InputModel.of(r.input_curve) if r.input_curve else None),
+            remote_max=sum(self.remote_max.get(n, 0.0) for n in self.placement),
         )
 
 

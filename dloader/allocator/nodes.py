@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dloader._shared.allocator_messages import MAX_CORES, check_id
-from dloader.allocator.optimizer import Cluster
+from dloader.allocator.optimizer import POOL_EFFICIENCY, Cluster
 from dloader.errors import AllocatorError, InvalidArgument, NotFound, finite_within, shown
 
 __all__ = ["DEFAULT_RENDEZVOUS_PORTS", "Node", "NodeRegistry"]
@@ -78,11 +78,16 @@ class NodeRegistry:
     def register(
         self, node_id: str, gpus: int, address: str = "", host: str = "", cpus: float = 0.0
     ) -> Node:
-        """Adds a node (or replaces its GPU count and cores), checked."""
+        """Adds a node (or replaces its GPU count and cores), checked. A node with no GPUs and
+        some cores is a node of the CPU pool (its cores run jobs' loader workers remotely)."""
         check_id("node_id", node_id)
-        if not 1 <= gpus <= MAX_NODE_GPUS:
-            raise InvalidArgument("gpus", f"{gpus} must be within [1, {MAX_NODE_GPUS}]")
         finite_within("cpus", cpus, 0.0, MAX_CORES)
+        if not (1 if cpus == 0 else 0) <= gpus <= MAX_NODE_GPUS:
+            raise InvalidArgument(
+                "gpus",
+                f"{gpus} must be within [1, {MAX_NODE_GPUS}] (or 0 with cpus > 0: a node of "
+                "the CPU pool)",
+            )
         if host and not _HOST.fullmatch(host):
             raise InvalidArgument(
                 "host", f"{shown(host)} must be a hostname, an IPv4 address or [IPv6 address]"
@@ -129,7 +134,20 @@ class NodeRegistry:
         if not ids:
             return [], None
         cpus = tuple(self.nodes[n].cpus for n in ids)
-        return ids, Cluster(tuple(usable[n] for n in ids), cpus if all(cpus) else None)
+        if not all(cpus):
+            return ids, Cluster(tuple(usable[n] for n in ids))
+        pool = sum(
+            node.cpus for n, node in self.nodes.items() if node.gpus == 0 and not self.silent(n)
+        )
+        return ids, Cluster(
+            tuple(usable[n] for n in ids), cpus, pool=pool, pool_efficiency=POOL_EFFICIENCY
+        )
+
+    def silent(self, node_id: str) -> bool:
+        """Whether a node has been silent past the timeout (a pool node's cores leave the pool
+        as a GPU node's GPUs do)."""
+        quiet = self._clock() - self.nodes[node_id].last_seen
+        return self.timeout_s > 0 and quiet > self.timeout_s
 
     def rendezvous(self, job_id: str, placement: dict[str, int], taken: Iterable[str]) -> str:
         """``host:port`` for a placement over several nodes (its first node hosts it), else "".

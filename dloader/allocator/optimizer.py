@@ -69,6 +69,8 @@ from dloader.errors import AllocatorError
 __all__ = [
     "DEFAULT_HORIZON_S",
     "DEFAULT_RESTART_S",
+    "POOL_COST_S_PER_MB",
+    "POOL_EFFICIENCY",
     "Assignment",
     "Cluster",
     "Objective",
@@ -99,6 +101,15 @@ Objective = Literal["throughput", "goodput"]
 _TIE = 1e-9  # a nudge so that ties keep the current count
 
 
+#: What a core of a CPU pool feeds (remote loader workers, Ray) as a share of a core on the job's
+#: own node, for samples of a few bytes: ``benchmarks/loader/bench_remote.py`` measured 0.87 (a
+#: CPU-bound pipeline on one local core gained 0.87 of its samples/s from one remote core).
+POOL_EFFICIENCY = 0.87
+#: Seconds of the job's own node's CPU per MB of batches its remote workers send (receiving,
+#: copying into the trainer's shared memory): 2.4 ms/MB measured by ``bench_remote``.
+POOL_COST_S_PER_MB = 0.0024
+
+
 @dataclass(frozen=True)
 class Cluster:
     """The nodes: GPUs per node, one entry per node, and each node's further resources.
@@ -109,10 +120,21 @@ class Cluster:
     nodes: tuple[int, ...]
     cpus: tuple[float, ...] | None = None
     """CPU cores per node for the jobs' input pipelines (None: unlimited)."""
+    pool: float = 0.0
+    """CPU cores of a pool of CPU-only nodes, where jobs' loader workers may run remotely
+    (Ray; 0: none). Only with ``cpus``: where cores are unlimited nothing needs them."""
+    pool_efficiency: float = 1.0
+    """What a pool core feeds, as a share of what a core on the job's own node feeds (the
+    transfer's cost; measured by ``benchmarks/loader/bench_remote.py``)."""
 
     def __post_init__(self) -> None:
         if not self.nodes or any(n < 1 for n in self.nodes):
             raise AllocatorError(f"nodes={self.nodes!r}: need >= 1 node, each with >= 1 GPU")
+        if not (math.isfinite(self.pool) and self.pool >= 0) or not (0 < self.pool_efficiency <= 1):
+            raise AllocatorError(
+                f"pool={self.pool!r}, pool_efficiency={self.pool_efficiency!r}: expected a "
+                "pool of >= 0 cores fed at an efficiency in (0, 1]"
+            )
         if self.cpus is not None and (
             len(self.cpus) != len(self.nodes)
             or not all(math.isfinite(c) and c > 0 for c in self.cpus)

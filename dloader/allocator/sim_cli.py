@@ -19,12 +19,17 @@ import math
 import random
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from dloader._shared.cli import finite, positive
 from dloader.allocator.cpu_profiles import PACKAGED_CPU_PROFILES, read_cpu_profiles
-from dloader.allocator.optimizer import DEFAULT_HORIZON_S, DEFAULT_RESTART_S, Cluster
+from dloader.allocator.optimizer import (
+    DEFAULT_HORIZON_S,
+    DEFAULT_RESTART_S,
+    POOL_EFFICIENCY,
+    Cluster,
+)
 from dloader.allocator.policies import POLICIES, make_policy
 from dloader.allocator.simulator import LEARNING, SimResult, Simulator
 from dloader.allocator.traces import (
@@ -101,6 +106,26 @@ def parser() -> argparse.ArgumentParser:
         default=1.0,
         help="with --cpus-per-node: the GPUs' speed over the V100 the profiles were measured "
         "on; a GPU s times faster needs s times the cores (about 3 for an H100)",
+    )
+    p.add_argument(
+        "--cpu-pool-nodes",
+        type=int,
+        default=0,
+        help="with --cpus-per-node: CPU-only nodes whose cores run jobs' loader workers "
+        "remotely (Ray; default 0: no pool)",
+    )
+    p.add_argument(
+        "--cpu-pool-cores",
+        type=positive,
+        default=16.0,
+        help="cores of each CPU-only node of the pool (default 16)",
+    )
+    p.add_argument(
+        "--pool-efficiency",
+        type=positive,
+        default=POOL_EFFICIENCY,
+        help="what a pool core feeds as a share of what a core on the job's node feeds "
+        f"(default {POOL_EFFICIENCY}: measured by benchmarks/loader/bench_remote.py)",
     )
     p.add_argument("--interval", type=finite, default=60.0, help="seconds between decisions")
     p.add_argument(
@@ -247,6 +272,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         names = _policies(args.policy)
         cluster = Cluster.uniform(args.nodes, args.gpus_per_node, args.cpus_per_node)
+        if args.cpu_pool_nodes:
+            if args.cpu_pool_nodes < 0 or args.cpus_per_node is None:
+                raise AllocatorError(
+                    f"--cpu-pool-nodes {args.cpu_pool_nodes}: expected >= 0 nodes, and "
+                    "--cpus-per-node (where cores are unlimited no pipeline needs a pool)"
+                )
+            cluster = replace(
+                cluster,
+                pool=args.cpu_pool_nodes * args.cpu_pool_cores,
+                pool_efficiency=min(args.pool_efficiency, 1.0),
+            )
         if args.philly is not None and args.seed is None:
             args.seed = random.randrange(1 << 31)
             log.info("Philly draw: --seed %d (give it to draw the same workload again)", args.seed)
@@ -288,6 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "nodes": args.nodes,
             "gpus_per_node": args.gpus_per_node,
             "cpus_per_node": args.cpus_per_node,
+            "cpu_pool_cores": cluster.pool,
+            "pool_efficiency": cluster.pool_efficiency,
         },
         gpu_speed=args.gpu_speed,
         seed=args.seed,

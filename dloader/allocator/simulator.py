@@ -31,12 +31,13 @@ import numpy as np
 from dloader.allocator.cpu_profiles import (
     APP_PROFILES,
     PACKAGED_CPU_PROFILES,
+    SAMPLE_MB,
     CpuProfile,
     input_truth,
     read_cpu_profiles,
 )
-from dloader.allocator.optimizer import DEFAULT_RESTART_S, Cluster
-from dloader.allocator.policies import JobState, Policy
+from dloader.allocator.optimizer import DEFAULT_RESTART_S, POOL_COST_S_PER_MB, Cluster
+from dloader.allocator.policies import ClusterDecision, JobState, Policy
 from dloader.allocator.policies.cores import proportional_cores
 from dloader.allocator.traces import AppTrace, WorkloadJob, placement_key
 from dloader.errors import AllocatorError
@@ -95,6 +96,10 @@ class _SimJob:
     """Seconds lost waiting for input (running time times the share not fed)."""
     fed_seen: dict[float, float] = field(default_factory=dict)
     """Online learning: samples/s its pipeline delivered, by core count."""
+    remote: float = 0.0
+    """Cores of the cluster's CPU pool its remote loader workers hold."""
+    remote_seconds: float = 0.0
+    """Core-seconds of the pool it held."""
 
     @property
     def gpus(self) -> int:
@@ -128,6 +133,8 @@ class SimJobResult:
     input_s: float = 0.0
     """Seconds lost waiting for input: running time times the share of its GPUs' rate that
     its cores did not feed."""
+    remote_seconds: float = 0.0
+    """Core-seconds of the cluster's CPU pool its remote loader workers held."""
 
 
 @dataclass
@@ -147,6 +154,8 @@ class SimResult:
     """Wall time of each policy decision."""
     cpus: tuple[float, ...] | None = None
     """CPU cores per node (None: unlimited)."""
+    pool: float = 0.0
+    """Cores of the CPU pool (0: none)."""
 
     def summary(self, within_hours: float = 4.0) -> dict[str, float | int | str]:
         """Headline numbers (JSON-compatible)."""
@@ -173,6 +182,11 @@ class SimResult:
             "cpu_utilisation": (
                 float(sum(j.cpu_seconds for j in self.jobs) / (sum(self.cpus) * makespan))
                 if self.cpus is not None and makespan > 0
+                else math.nan
+            ),
+            "pool_utilisation": (
+                float(sum(j.remote_seconds for j in self.jobs) / (self.pool * makespan))
+                if self.pool > 0 and makespan > 0
                 else math.nan
             ),
             "restarts": sum(j.restarts for j in self.jobs),
@@ -310,6 +324,7 @@ class Simulator:
             explored_nodes=spanned,
             attained_gpu_s=job.gpu_seconds,
             input=known,
+            remote_max=math.inf if self.cluster.pool > 0 else 0.0,
         )
 
     def _observe(self, job: _SimJob) -> None:
@@ -321,7 +336,7 @@ class Simulator:
         truth = self.inputs.get(job.spec.application)
         if truth is not None:
             for g, c in zip(job.placement, job.cores, strict=True):
-                cores = round(c, 2)
+                cores = round(self._effective(job, truth, g, c), 2)
                 if g > 0 and cores > 0:  # what the node's sidecar measured, the newest kept
                     job.fed_seen.pop(cores, None)
                     job.fed_seen[cores] = truth.rate(cores)
@@ -336,10 +351,26 @@ class Simulator:
         if truth is None:
             return 1.0, 0.0
         k, wanted = job.gpus, job.batch / gpu_step
-        parts = [(g, c) for g, c in zip(job.placement, job.cores, strict=True) if g > 0]
+        parts = [
+            (g, self._effective(job, truth, g, c))
+            for g, c in zip(job.placement, job.cores, strict=True)
+            if g > 0
+        ]
         fed = min(min(truth.rate(c) * k / (g * wanted) for g, c in parts), 1.0)
         used = sum(min(c, truth.cores_for(wanted * fed * g / k)) for g, c in parts)
         return fed, used
+
+    def _effective(self, job: _SimJob, truth: InputModel, gpus: int, cores: float) -> float:
+        """The cores feeding a job's ``gpus`` GPUs on one node: the node's ``cores`` for it
+        plus, with remote workers, that part's share of its pool cores at the pool's
+        efficiency, less what receiving their batches costs the node (its samples' MB times
+        :data:`POOL_COST_S_PER_MB`, each second of samples from the pool)."""
+        if not job.remote or not job.gpus:
+            return cores
+        pooled = self.cluster.pool_efficiency * job.remote * gpus / job.gpus
+        moved = truth.rate(cores + pooled) - truth.rate(cores)  # samples/s from the pool
+        mb = SAMPLE_MB.get(job.spec.application, 0.0)
+        return max(cores - moved * mb * POOL_COST_S_PER_MB, 0.0) + pooled
 
     def _advance(self, job: _SimJob, t: float, dt: float) -> None:
         k = job.gpus
@@ -365,6 +396,7 @@ class Simulator:
             job.progress += rate * run
             job.gpu_seconds += run * k
             job.cpu_seconds += run * cores_used
+            job.remote_seconds += run * job.remote
             job.input_s += run * (1.0 - fed)
             if packed != placement_key(job.placement):  # its share of the GPU time, then input
                 lost = max(1.0 - app.iteration_time(packed, job.batch) / gpu_step, 0.0)
@@ -409,7 +441,7 @@ class Simulator:
                         f"job {head} can never start on {self.cluster.capacity} GPUs: "
                         f"{decision.reasons.get(head, '')}"
                     )
-                self._apply(active, decision.placements, decision.batch_sizes, decision.cores, t)
+                self._apply(active, decision, t)
             times.append(t)
             for j in jobs:
                 gpus[j.spec.name].append(j.gpus if j.end is None else 0)
@@ -432,16 +464,16 @@ class Simulator:
             gpus,
             optimizer_ms,
             self.cluster.cpus,
+            self.cluster.pool,
         )
 
-    def _apply(
-        self,
-        active: list[_SimJob],
-        placements: dict[str, tuple[int, ...]],
-        batches: dict[str, int],
-        cores: dict[str, tuple[float, ...]],
-        t: float,
-    ) -> None:
+    def _apply(self, active: list[_SimJob], decision: ClusterDecision, t: float) -> None:
+        placements, batches, cores = decision.placements, decision.batch_sizes, decision.cores
+        pool = sum(decision.remote.values())
+        if pool > self.cluster.pool * (1 + 1e-6) + 1e-9:
+            raise AllocatorError(
+                f"policy {self.policy.name} gave out {pool:g} pool cores of {self.cluster.pool:g}"
+            )
         per_node = [0] * len(self.cluster.nodes)
         for p in placements.values():
             per_node = [a + b for a, b in zip(per_node, p, strict=True)]
@@ -462,6 +494,7 @@ class Simulator:
                 )
         for j in active:
             j.cores = cores.get(j.spec.name, ()) if self.cluster.cpus is not None else ()
+            j.remote = decision.remote.get(j.spec.name, 0.0) if j.spec.name in placements else 0.0
         for j in active:
             new = placements.get(j.spec.name, ())
             if new != j.placement:
@@ -495,4 +528,5 @@ class Simulator:
             j.placement_s,
             j.cpu_seconds,
             j.input_s,
+            j.remote_seconds,
         )

@@ -98,6 +98,9 @@ PROFILES: dict[str, Profile] = {
     ),
     # real pipelines (dloader.apps.pipelines), costs measured on a 2-core EPYC
     "image_jpeg": Profile("image_jpeg", 0.0, 4.1, 32, 8.0, 0.6, pipeline="jpeg"),
+    # the same decode and crop, sent as uint8 for the accelerator to normalise (a quarter of
+    # the bytes: what a loader whose batches cross a network sends)
+    "image_jpeg_u8": Profile("image_jpeg_u8", 0.0, 3.9, 32, 8.0, 0.6, pipeline="jpeg_u8"),
     "text_pack": Profile("text_pack", 0.0, 1.6, 32, 6.0, 0.3, pipeline="text"),
     "remote_read": Profile("remote_read", 10.4, 0.2, 32, 4.0, 0.4, pipeline="remote"),
 }
@@ -123,16 +126,16 @@ def make_dataset(
         raise ValueError(f"profile {profile.name}: only emulated profiles can slow down")
     from dloader.apps import pipelines
 
-    if profile.pipeline == "jpeg":
+    if profile.pipeline in ("jpeg", "jpeg_u8"):
         files = pipelines.make_jpegs(pipelines.default_cache() / str(jpegs), jpegs)
-        return pipelines.JpegImages(files, length)
+        return pipelines.JpegImages(files, length, normalise=profile.pipeline == "jpeg")
     if profile.pipeline == "text":
         return pipelines.PackedText(length)
     if profile.pipeline == "remote":
         return pipelines.RemoteReads(length)
     raise ValueError(
-        f"profile {profile.name}: pipeline={profile.pipeline!r}, expected emulated, jpeg, text "
-        "or remote"
+        f"profile {profile.name}: pipeline={profile.pipeline!r}, expected emulated, jpeg, "
+        "jpeg_u8, text or remote"
     )
 
 
@@ -425,6 +428,26 @@ def main(argv: list[str] | None = None) -> int:
             help=f"{what}, times X (a variation of the profile; default: 1)",
         )
     parser.add_argument(
+        "--ray-address",
+        default=None,
+        help="remote loader workers on this Ray cluster (dloader only; docs/remote.md)",
+    )
+    parser.add_argument(
+        "--remote-workers",
+        type=int,
+        default=0,
+        help="with --ray-address: remote workers to start with (default 0; the sidecar may "
+        "direct more, up to --remote-max)",
+    )
+    parser.add_argument(
+        "--remote-max", type=int, default=8, help="with --ray-address: the most (default 8)"
+    )
+    parser.add_argument(
+        "--remote-resource",
+        default="",
+        help="with --ray-address: a custom Ray resource each remote worker needs (the pool's)",
+    )
+    parser.add_argument(
         "--parent",
         type=int,
         default=None,
@@ -467,6 +490,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.sidecar and args.loader == "torch":
         parser.error("--sidecar needs --loader dloader")
+    if args.ray_address and args.loader == "torch":
+        parser.error("--ray-address needs --loader dloader")
+    if not 0 <= args.remote_workers <= args.remote_max:
+        parser.error(
+            f"--remote-workers={args.remote_workers}: expected 0..--remote-max={args.remote_max}"
+        )
     profile = PROFILES[args.profile].scaled(args.io_scale, args.cpu_scale, args.step_scale)
     if args.device == "cuda":
         from dloader.apps.gpu_step import PIPELINES
@@ -494,8 +523,16 @@ def main(argv: list[str] | None = None) -> int:
             pin_memory=args.device == "cuda",
         )
     else:
-        from dloader import DataLoader
+        from dloader import DataLoader, RayWorkers
 
+        remote = None
+        if args.ray_address:
+            remote = RayWorkers(
+                args.remote_workers,
+                address=args.ray_address,
+                max_workers=args.remote_max,
+                resources={args.remote_resource: 1.0} if args.remote_resource else {},
+            )
         loader = DataLoader(
             dataset,
             batch_size=bs,
@@ -506,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             sidecar=args.sidecar,
             job_name=args.job_name or profile.name,
             stats_window_s=args.stats_window,
+            remote=remote,
         )
     what = f"{args.seconds:g} s" if args.seconds is not None else f"{args.samples:,} samples"
     print(
@@ -513,9 +551,11 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     workers: list[int] = []
+    remote_workers: list[int] = []
 
     def on_step(step: int, now: float) -> None:
         workers.append(loader.num_workers)
+        remote_workers.append(getattr(loader, "remote_workers", 0))
 
     steps = None if args.samples is None else -(-args.samples // bs)
     step = None
@@ -546,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
                     "profile": profile.name,
                     "limit": profile.limit(bs),
                     "timeline": timeline,
+                    "remote_workers": remote_workers,
                     "started": started,
                     "tuner": tuner,
                     "search_s": getattr(getattr(loader, "autotuner", None), "search_s", None),

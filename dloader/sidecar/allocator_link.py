@@ -55,8 +55,11 @@ class AllocatorLink:
         host: str = "",
         period_s: float = 5.0,
     ) -> None:
-        if gpus < 1:
-            raise ValueError(f"--gpus={gpus}: the node must offer at least 1 GPU to the allocator")
+        if gpus < 0 or (gpus == 0 and core.settings.cpu_budget <= 0):
+            raise ValueError(
+                f"--gpus={gpus}: a node offers at least 1 GPU to the allocator, or none and its "
+                "--cpu-budget cores to the CPU pool"
+            )
         self.core = core
         self.endpoint = allocator
         self.target = allocator.target
@@ -68,6 +71,8 @@ class AllocatorLink:
         self._metadata = allocator.metadata or None
         #: the allocator's jobs with GPUs: key digest -> (job id, its GPUs on all nodes)
         self.managed: dict[str, tuple[str, int]] = {}
+        #: key digests of the jobs the CPU pool serves (their remote workers are directed)
+        self._pooled: set[str] = set()
         self.connected = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -144,6 +149,7 @@ class AllocatorLink:
                 if a.key_digest and self.node_id in a.cpus
             }
         )
+        self._direct_remote(snapshot)
         for a in snapshot.allocations:
             if not a.gpus or not a.local_batch_size:
                 continue
@@ -154,6 +160,33 @@ class AllocatorLink:
                     f"allocator v{snapshot.version}: global batch {a.batch_size} on {a.gpus} "
                     f"GPU(s), {a.local_batch_size} per process x {a.accumulation_steps} "
                     f"step(s): {a.reason}",
+                )
+
+    def _direct_remote(self, snapshot: AllocationSet) -> None:
+        """Each allocated job's cores of the CPU pool, as remote workers of its loaders here
+        (one per core): this node's share of them (by its GPUs of the job), split among the
+        job's ranks here. Only for jobs the pool serves or served: a loader's own remote
+        workers are left alone where the allocator never gave it pool cores."""
+        for a in snapshot.allocations:
+            if not a.key_digest:
+                continue
+            ranks = self.core.allocator_jobs(a.key_digest)
+            if not ranks or not (a.remote_cpus > 0 or a.key_digest in self._pooled):
+                continue
+            here = a.nodes.get(self.node_id, 0)
+            share = a.remote_cpus * here / a.gpus if a.gpus else 0.0
+            if a.remote_cpus > 0:
+                self._pooled.add(a.key_digest)
+            else:
+                self._pooled.discard(a.key_digest)
+            total = round(share)  # whole workers, one a core; the remainder to the first ranks
+            for i, job in enumerate(sorted(ranks, key=lambda j: j.job_id)):
+                n = total // len(ranks) + (i < total % len(ranks))
+                self.core.direct_remote_workers(
+                    job.job_id,
+                    n,
+                    f"allocator v{snapshot.version}: {a.remote_cpus:.1f} CPU-pool cores for the "
+                    f"job, {share:.1f} for its {len(ranks)} rank(s) here",
                 )
 
     def report(self) -> pb.ReportNodeRequest:
@@ -169,7 +202,10 @@ class AllocatorLink:
             curve = input_curve(
                 [j.model for j in ranks], settings.cpu_budget, settings.worker_budget
             )
-            jobs.append(NodeJobReport(job_id, rate, input_curve=curve).to_pb())
+            remote = float(sum(j.record.limits.max_remote_workers for j in ranks))
+            jobs.append(
+                NodeJobReport(job_id, rate, input_curve=curve, remote_cores_max=remote).to_pb()
+            )
         return pb.ReportNodeRequest(node_id=self.node_id, free_gpus=self.gpus, jobs=jobs)
 
     async def _report(self, stub: pb_grpc.ClusterAllocatorAsyncStub, stop: asyncio.Event) -> None:

@@ -140,6 +140,12 @@ def parser() -> argparse.ArgumentParser:
         default=0,
         help="GPUs this node offers the allocator (default: the GPUs NVML sees)",
     )
+    p.add_argument(
+        "--cpu-pool",
+        action="store_true",
+        help="a CPU-only node: offer its --cpu-budget cores to the allocator's CPU pool, where "
+        "jobs' remote loader workers run (through Ray; docs/remote.md), and no GPUs",
+    )
     return p
 
 
@@ -175,7 +181,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
             core,
             config.allocator,
             node_id=config.node_id,
-            gpus=config.gpus or len(gpus.read()),
+            gpus=0 if config.cpu_pool else config.gpus or len(gpus.read()),
             address=f"unix://{os.path.abspath(config.listen.socket or '')}",
             host=config.node_host,
         )

@@ -207,6 +207,9 @@ class SidecarDaemonConfig:
     """Where other nodes reach this one for a multi-node job's rendezvous ("": the node id)."""
     gpus: int = 0
     """GPUs offered to the allocator (0: the GPUs NVML sees)."""
+    cpu_pool: bool = False
+    """A CPU-only node: its ``cpu_budget`` cores join the allocator's CPU pool (remote loader
+    workers run on them, through Ray); it offers no GPUs."""
     log_level: str = "INFO"
     job_timeout_s: float = 60.0
     """A job silent this long is ended (0: never)."""
@@ -221,6 +224,11 @@ class SidecarDaemonConfig:
             raise ConfigError(f"--metrics-port {self.metrics_port}: expected 0..65535")
         if self.gpus < 0:
             raise ConfigError(f"--gpus {self.gpus}: expected >= 0")
+        if self.cpu_pool and (self.gpus or self.allocator is None):
+            raise ConfigError(
+                "--cpu-pool: a node of the allocator's CPU pool offers no GPUs (drop --gpus) "
+                "and needs --allocator"
+            )
 
     @classmethod
     def resolve(cls, args: argparse.Namespace, stored_policy: str | None) -> SidecarDaemonConfig:
@@ -267,6 +275,7 @@ class SidecarDaemonConfig:
             node_id=args.node_id or socket.gethostname(),
             node_host=args.node_host,
             gpus=args.gpus,
+            cpu_pool=args.cpu_pool,
             log_level=args.log_level,
             job_timeout_s=args.job_timeout,
         )

@@ -244,6 +244,11 @@ class NodeCore:
             raise InvalidArgument(
                 "limits.min_workers", f"min_workers={lo} is above max_workers={hi}"
             )
+        if limits.max_remote_workers > _MAX_WORKERS:
+            raise InvalidArgument(
+                "limits.max_remote_workers",
+                f"{limits.max_remote_workers} must be within [0, {_MAX_WORKERS}]",
+            )
         blo, bhi = limits.min_batch_size, limits.max_batch_size
         if bhi and blo > bhi:
             raise InvalidArgument(
@@ -827,6 +832,19 @@ class NodeCore:
             return True
         self._direct(job, reason, batch_size=b)
         log.info("job %s: batch size %d (%s)", job_id, b, reason)
+        return True
+
+    def direct_remote_workers(self, job_id: str, workers: int, reason: str) -> bool:
+        """Directs a job's loader to ``workers`` remote (Ray) workers, within what its owner
+        allows (``max_remote_workers``; False: none, the job has no remote workers)."""
+        job = self.get(job_id)
+        most = job.record.limits.max_remote_workers
+        if most <= 0:
+            return False
+        n = min(max(workers, 0), most)
+        if n != job.directive.remote_workers:
+            self._direct(job, reason, remote_workers=n)
+            log.info("job %s: %d remote worker(s) (%s)", job_id, n, reason)
         return True
 
     def reap(self) -> list[str]:

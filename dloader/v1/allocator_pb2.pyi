@@ -157,20 +157,22 @@ class RegisterNodeResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeJobReport(_message.Message):
-    __slots__ = ("job_id", "samples_per_second", "batch_size", "measurements", "gradient", "input_curve")
+    __slots__ = ("job_id", "samples_per_second", "batch_size", "measurements", "gradient", "input_curve", "remote_cores_max")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MEASUREMENTS_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_FIELD_NUMBER: _ClassVar[int]
     INPUT_CURVE_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_CORES_MAX_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     samples_per_second: float
     batch_size: int
     measurements: _containers.RepeatedCompositeFieldContainer[Measurement]
     gradient: GradientStats
     input_curve: _containers.RepeatedCompositeFieldContainer[InputPoint]
-    def __init__(self, job_id: _Optional[str] = ..., samples_per_second: _Optional[float] = ..., batch_size: _Optional[int] = ..., measurements: _Optional[_Iterable[_Union[Measurement, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., input_curve: _Optional[_Iterable[_Union[InputPoint, _Mapping]]] = ...) -> None: ...
+    remote_cores_max: float
+    def __init__(self, job_id: _Optional[str] = ..., samples_per_second: _Optional[float] = ..., batch_size: _Optional[int] = ..., measurements: _Optional[_Iterable[_Union[Measurement, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., input_curve: _Optional[_Iterable[_Union[InputPoint, _Mapping]]] = ..., remote_cores_max: _Optional[float] = ...) -> None: ...
 
 class ReportNodeRequest(_message.Message):
     __slots__ = ("node_id", "free_gpus", "jobs")
@@ -197,7 +199,7 @@ class NodeShare(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ..., cpus: _Optional[float] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("job_id", "gpus", "nodes", "batch_size", "reason", "queue_position", "rendezvous", "generation", "local_batch_size", "accumulation_steps", "key_digest")
+    __slots__ = ("job_id", "gpus", "nodes", "batch_size", "reason", "queue_position", "rendezvous", "generation", "local_batch_size", "accumulation_steps", "key_digest", "remote_cpus")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +211,7 @@ class Allocation(_message.Message):
     LOCAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     ACCUMULATION_STEPS_FIELD_NUMBER: _ClassVar[int]
     KEY_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_CPUS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     gpus: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeShare]
@@ -220,7 +223,8 @@ class Allocation(_message.Message):
     local_batch_size: int
     accumulation_steps: int
     key_digest: str
-    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeShare, _Mapping]]] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., queue_position: _Optional[int] = ..., rendezvous: _Optional[str] = ..., generation: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accumulation_steps: _Optional[int] = ..., key_digest: _Optional[str] = ...) -> None: ...
+    remote_cpus: float
+    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeShare, _Mapping]]] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., queue_position: _Optional[int] = ..., rendezvous: _Optional[str] = ..., generation: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accumulation_steps: _Optional[int] = ..., key_digest: _Optional[str] = ..., remote_cpus: _Optional[float] = ...) -> None: ...
 
 class GetAllocationsRequest(_message.Message):
     __slots__ = ()

@@ -7,18 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JobLimits(_message.Message):
-    __slots__ = ("min_workers", "max_workers", "min_batch_size", "max_batch_size", "may_change_batch_size")
+    __slots__ = ("min_workers", "max_workers", "min_batch_size", "max_batch_size", "may_change_batch_size", "max_remote_workers")
     MIN_WORKERS_FIELD_NUMBER: _ClassVar[int]
     MAX_WORKERS_FIELD_NUMBER: _ClassVar[int]
     MIN_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAY_CHANGE_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_REMOTE_WORKERS_FIELD_NUMBER: _ClassVar[int]
     min_workers: int
     max_workers: int
     min_batch_size: int
     max_batch_size: int
     may_change_batch_size: bool
-    def __init__(self, min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., min_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., may_change_batch_size: _Optional[bool] = ...) -> None: ...
+    max_remote_workers: int
+    def __init__(self, min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., min_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., may_change_batch_size: _Optional[bool] = ..., max_remote_workers: _Optional[int] = ...) -> None: ...
 
 class RegisterJobRequest(_message.Message):
     __slots__ = ("name", "limits", "pids", "gpus", "num_workers", "batch_size", "job_key")
@@ -103,20 +105,22 @@ class WatchDirectivesRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class Directive(_message.Message):
-    __slots__ = ("job_id", "num_workers", "batch_size", "cpus", "reason", "revision")
+    __slots__ = ("job_id", "num_workers", "batch_size", "cpus", "reason", "revision", "remote_workers")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     CPUS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_WORKERS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     num_workers: int
     batch_size: int
     cpus: _containers.RepeatedScalarFieldContainer[int]
     reason: str
     revision: int
-    def __init__(self, job_id: _Optional[str] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ..., cpus: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
+    remote_workers: int
+    def __init__(self, job_id: _Optional[str] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ..., cpus: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., revision: _Optional[int] = ..., remote_workers: _Optional[int] = ...) -> None: ...
 
 class DeregisterJobRequest(_message.Message):
     __slots__ = ("job_id", "token")

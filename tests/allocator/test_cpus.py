@@ -281,3 +281,94 @@ def test_sim_cli_takes_cpus_and_reports_cpu_use(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         main([*base, "--cpus-per-node", "0", "--out", str(out)])
     assert "--cpus-per-node" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- a CPU pool (#47)
+
+
+def test_the_pool_goes_to_what_jobs_are_short_of_within_what_they_can_use() -> None:
+    from dloader.allocator.policies.cores import divide_pool
+
+    cluster = Cluster((4, 4), (4.0, 4.0), pool=6.0, pool_efficiency=0.5)
+    short = {"a": 1.0, "b": 5.0, "fed": 0.0, "local-only": 3.0}
+    most = {"a": 10.0, "b": 10.0, "fed": 10.0, "local-only": 0.0}
+    got = divide_pool(short, most, {}, cluster)
+    # a needs 1 / 0.5 = 2 pool cores; b the rest (4 of the 10 it would need); nothing to a job
+    # that is fed or whose loaders have no remote workers
+    assert got == pytest.approx({"a": 2.0, "b": 4.0})
+    assert divide_pool(short, {"a": 1.0, "b": 1.0}, {}, cluster) == {"a": 1.0, "b": 1.0}
+    assert divide_pool(short, most, {}, Cluster((4, 4), (4.0, 4.0))) == {}
+    with pytest.raises(AllocatorError, match="pool="):
+        Cluster((4,), (4.0,), pool=-1.0)
+
+
+def test_goodput_dp_gives_the_pool_to_a_starved_job_that_can_use_it() -> None:
+    """A job whose pipeline feeds 10 samples/s a core, on 4 GPUs that compute 4,000: its
+    node's 4 cores feed 40; the pool's cores go to it, at their efficiency, and its batch is
+    refitted to what it has in all. A job whose loaders have no remote workers gets none."""
+    cluster = Cluster((4, 4), (4.0, 4.0), pool=8.0, pool_efficiency=0.75)
+    slow = InputModel.linear(10.0)
+    jobs = [
+        _job("starved", 4, input=slow, remote_max=100.0),
+        _job("no-remote", 4, input=slow, remote_max=0.0),
+    ]
+    d = make_policy("goodput-dp").decide(jobs, cluster)
+    assert d.remote == {"starved": pytest.approx(8.0)}
+    assert "8.0 pool cores" in d.reasons["starved"]
+    plain = make_policy("goodput-dp").decide(jobs, Cluster((4, 4), (4.0, 4.0)))
+    assert plain.remote == {}
+    blind = make_policy("goodput-dp-cpu-blind").decide(jobs, cluster)
+    assert blind.remote == {}
+
+
+def test_a_pool_speeds_up_cpu_starved_jobs_in_the_simulator(apps, workload) -> None:
+    from dataclasses import replace
+
+    tight = Cluster.uniform(3, 4, 4.0)
+
+    def run(cluster: Cluster):  # type: ignore[no-untyped-def]
+        return Simulator(workload, apps, make_policy("goodput-dp"), cluster).run()
+
+    none, pooled = run(tight), run(replace(tight, pool=12.0, pool_efficiency=0.9))
+    s = pooled.summary()
+    assert 0 < s["pool_utilisation"] <= 1
+    assert s["avg_jct_s"] < none.summary()["avg_jct_s"]
+    assert sum(j.remote_seconds for j in pooled.jobs) > 0
+    assert math.isnan(none.summary()["pool_utilisation"])
+
+
+def test_the_simulator_refuses_a_policy_that_overdraws_the_pool(apps, workload) -> None:
+    from dataclasses import replace
+
+    class Greedy:
+        name = "greedy"
+
+        def __init__(self) -> None:
+            self.inner = make_policy("goodput-dp")
+
+        def decide(self, jobs, cluster):  # type: ignore[no-untyped-def]
+            d = self.inner.decide(jobs, cluster)
+            return replace(d, remote={j: cluster.pool for j in d.placements})
+
+    cluster = Cluster.uniform(
+        3,
+        4,
+        4.0,
+    )
+    with pytest.raises(AllocatorError, match="pool cores"):
+        Simulator(workload, apps, Greedy(), replace(cluster, pool=2.0)).run()
+
+
+def test_sim_cli_takes_a_cpu_pool(tmp_path, capsys) -> None:
+    out = tmp_path / "r.json"
+    base = ["--workload", str(DATA / "workload.csv"), "--traces", str(DATA), "--nodes", "3"]
+    rc = main(
+        [*base, "--cpus-per-node", "4", "--cpu-pool-nodes", "1", "--cpu-pool-cores", "6",
+         "--out", str(out), "--quiet"]
+    )  # fmt: skip
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["cluster"]["cpu_pool_cores"] == 6.0
+    assert 0 < result["pool_utilisation"] <= 1
+    assert main([*base, "--cpu-pool-nodes", "1", "--out", str(out), "--quiet"]) == 2
+    assert "--cpus-per-node" in capsys.readouterr().err

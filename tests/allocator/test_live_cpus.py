@@ -21,7 +21,7 @@ from dloader._shared.allocator_messages import (
     job_key,
     key_digest,
 )
-from dloader._shared.node_messages import JobLimits, Registration
+from dloader._shared.node_messages import JobLimits, JobReport, Registration
 from dloader.allocator.config import Settings
 from dloader.allocator.core import AllocatorCore
 from dloader.allocator.store import AllocatorStore
@@ -185,3 +185,78 @@ def test_the_allocators_cores_are_a_prior_for_jobs_not_placed_yet(tmp_path: Path
     core.set_cpu_targets({key_digest(other_key): 4.0})
     assert other.directive.num_workers == 2
     assert core.cpu_targets == {key_digest(other_key): 4.0}
+
+
+def test_a_cpu_only_node_joins_the_pool_and_a_starved_job_gets_it(tmp_path: Path) -> None:
+    """#47: a node registered with no GPUs and its cores is the CPU pool; a job whose loaders
+    report remote workers (``remote_cores_max``) and whose pipeline its node cannot feed gets
+    pool cores in its allocation (through the proto too); one that reports none gets none."""
+    core = _core(tmp_path)
+    core.register_node("gpu", 2, cpus=1.0)
+    core.register_node("pool", 0, cpus=8.0)
+    with pytest.raises(InvalidArgument, match="or 0 with cpus > 0"):
+        core.register_node("nothing", 0)
+    cluster = core.nodes.cluster()[1]
+    assert cluster.nodes == (2,) and cluster.pool == 8.0  # the pool node offers no GPUs
+    core.submit(_spec("remote-ok", HUNGRY))
+    core.submit(_spec("local-only", HUNGRY))
+    core.decide()  # placed first: its loaders report from its node
+    core.report_node(
+        "gpu",
+        2,
+        [
+            NodeJobReport("remote-ok", 100.0, input_curve=HUNGRY, remote_cores_max=4.0),
+            NodeJobReport("local-only", 100.0, input_curve=HUNGRY),
+        ],
+    )
+    snap = {a.job_id: a for a in core.decide().allocations}
+    assert 0 < snap["remote-ok"].remote_cpus <= 4.0
+    assert snap["local-only"].remote_cpus == 0.0
+    assert (
+        Allocation.from_pb(snap["remote-ok"].to_pb()).remote_cpus == snap["remote-ok"].remote_cpus
+    )
+    with pytest.raises(InvalidArgument, match="remote_cores_max"):
+        NodeJobReport.from_pb(NodeJobReport("x", 1.0, remote_cores_max=math.inf).to_pb())
+
+
+def test_the_sidecar_directs_its_share_of_the_pool_as_remote_workers(tmp_path: Path) -> None:
+    """The link turns a job's pool cores into remote workers of its loaders on this node (its
+    share of the job's GPUs, split among its ranks here), within each loader's bound; a loader
+    the pool never served keeps its own remote workers."""
+    from dloader._shared.allocator_messages import AllocationSet
+    from dloader._shared.client import Endpoint
+    from dloader.sidecar.allocator_link import AllocatorLink
+
+    node = NodeCore(SidecarStore(tmp_path / "n.db"), PolicySettings("even", 8, 2, 60.0))
+    pid = (os.getpid(),)
+    key = job_key("the job's token")
+    ranks = [
+        node.register(
+            Registration("train", pid, 1, 32, JobLimits(max_remote_workers=3), job_key=key)
+        )
+        for _ in range(2)
+    ]
+    own = node.register(
+        Registration("mine", pid, 1, 32, JobLimits(max_remote_workers=3), job_key=job_key("x"))
+    )
+    link = AllocatorLink(node, Endpoint.of("unix:///nowhere.sock"), node_id="n0", gpus=4)
+
+    def allocate(remote: float, version: int) -> None:
+        a = Allocation(
+            "train", 4, {"n0": 2, "n1": 2}, 64, "ok", key_digest=key_digest(key),
+            remote_cpus=remote, local_batch_size=16,
+        )  # fmt: skip
+        other = Allocation("mine", 1, {"n0": 1}, 32, "ok", key_digest=key_digest(job_key("x")))
+        link.apply(AllocationSet(version, False, "goodput-dp", (a, other)))
+
+    allocate(10.0, 1)  # half the job's GPUs here: 5 pool cores for 2 ranks: 3 and 2
+    assert sorted(r.directive.remote_workers for r in ranks) == [2, 3]
+    allocate(16.0, 2)  # 8 for 2 ranks: 4 each, but each loader allows 3
+    assert [r.directive.remote_workers for r in ranks] == [3, 3]
+    allocate(0.0, 3)  # the pool taken away: none
+    assert [r.directive.remote_workers for r in ranks] == [0, 0]
+    assert own.directive.remote_workers is None  # never served by the pool: left alone
+    for r in (*ranks, own):
+        r.last_report = JobReport(0.0, 1, 32, 100.0, 0.0, 0.1, 0.0, 1.0, 100)
+    report = {r.job_id: r for r in link.report().jobs}
+    assert report["train"].remote_cores_max == 6.0  # both ranks' bounds: the ask

@@ -23,6 +23,13 @@ what its GPUs there need, or, when the node is short, an equal share per unit of
 rest going to whoever still needs more. The baseline divides a node's cores in proportion to the
 GPUs each job holds there (:func:`proportional_cores`).
 
+**A pool of CPU-only nodes** (:attr:`Cluster.pool`) runs loader workers remotely (Ray): a pool
+core feeds ``pool_efficiency`` of what a core on the job's node feeds. The DP counts each GPU
+as bringing its share of the pool too (``rho`` grows by ``pool_efficiency * pool / GPUs``); after
+each node's division, the pool goes to the jobs still short of what their GPUs need, by
+water-filling (:func:`divide_pool`), within what their loaders can use (``JobState.remote_max``);
+each batch is then refitted to the local and pool cores together.
+
 Design for more resources: a further per-node resource (host memory, a GPU type) is one more
 per-node tuple in :class:`Cluster`, one more curve per job, and one more ``min`` in
 :func:`fed_table` and division in :func:`divide_cores`; the DP and the placer are unchanged.
@@ -42,6 +49,7 @@ from dloader.predictor import InputModel
 
 __all__ = [
     "divide_cores",
+    "divide_pool",
     "fed_table",
     "proportional_cores",
     "water_fill",
@@ -113,6 +121,26 @@ def divide_cores(
         for j, c in zip(here, got, strict=True):
             out[j][n] = float(c)
     return {j: tuple(v) for j, v in out.items()}
+
+
+def divide_pool(
+    short: Mapping[str, float],
+    most: Mapping[str, float],
+    weights: Mapping[str, float],
+    cluster: Cluster,
+) -> dict[str, float]:
+    """Each job's cores of the cluster's CPU pool (its remote workers): what it is ``short`` of
+    on its own nodes (cores), grossed up by the pool's efficiency and capped at the ``most`` its
+    loaders can use, water-filled by ``weights`` where the pool cannot cover every job; jobs
+    getting none are left out. Empty without a pool."""
+    if cluster.pool <= 0 or cluster.cpus is None:
+        return {}
+    jobs = [j for j, c in short.items() if c > 1e-9 and most.get(j, 0.0) > 0]
+    if not jobs:
+        return {}
+    demand = np.array([min(short[j] / cluster.pool_efficiency, most[j]) for j in jobs])
+    got = water_fill(demand, np.array([weights.get(j, 1.0) for j in jobs]), cluster.pool)
+    return {j: float(g) for j, g in zip(jobs, got, strict=True) if g > 1e-9}
 
 
 def fed_table(

@@ -20,7 +20,12 @@ from dloader.allocator.optimizer import (
     optimize,
     place,
 )
-from dloader.allocator.policies.cores import divide_cores, fed_table, proportional_cores
+from dloader.allocator.policies.cores import (
+    divide_cores,
+    divide_pool,
+    fed_table,
+    proportional_cores,
+)
 from dloader.allocator.policies.state import ClusterDecision, JobState, held_placements
 from dloader.allocator.policies.throughput import batch_grid, throughput_fn
 from dloader.errors import AllocatorError
@@ -122,9 +127,13 @@ class DpPolicy:
         if not (self.cpu_aware and any(j.input is not None for j in jobs)):
             decision = self._decide(jobs, cluster)
             return replace(decision, cores=proportional_cores(decision.placements, cluster))
-        # each GPU brings the cluster's cores per GPU (see .cores); then each node's cores go
-        # by what its jobs' GPUs would use, and each job's batch fits the cores it got
-        rho = {j.job_id: sum(cluster.cpus) / cluster.capacity for j in jobs}
+        # each GPU brings the cluster's cores per GPU, its share of the CPU pool included where
+        # the job can use the pool (see .cores); then each node's cores go by what its jobs'
+        # GPUs would use, the pool to those still short, and each job's batch fits the cores
+        # it got
+        local = sum(cluster.cpus) / cluster.capacity
+        pooled = cluster.pool_efficiency * cluster.pool / cluster.capacity
+        rho = {j.job_id: local + (pooled if j.remote_max > 0 else 0.0) for j in jobs}
         decision = self._decide(jobs, cluster, rho)
         tables = {
             j.job_id: (j.input, self._batch_table(j, cluster, sum(decision.placements[j.job_id])))
@@ -137,14 +146,19 @@ class DpPolicy:
         }
         weights = {j.job_id: j.priority for j in jobs}
         cores = divide_cores(decision.placements, need, weights, cluster)
+        short = {job_id: n - sum(cores[job_id]) for job_id, n in need.items()}
+        remote = divide_pool(short, {j.job_id: j.remote_max for j in jobs}, weights, cluster)
         sizes, reasons = dict(decision.batch_sizes), dict(decision.reasons)
         for job_id, (model, (batches, x, eff)) in tables.items():
-            got = sum(cores[job_id])
+            pool = remote.get(job_id, 0.0)
+            got = sum(cores[job_id]) + cluster.pool_efficiency * pool
             best = int(batches[int(np.argmax(np.minimum(x, model.rate(got)) * eff))])
+            if pool:
+                reasons[job_id] += f"; {pool:.1f} pool cores"
             if best != sizes[job_id]:
                 reasons[job_id] += f"; batch {best} for its {got:.1f} cores"
                 sizes[job_id] = best
-        return replace(decision, batch_sizes=sizes, reasons=reasons, cores=cores)
+        return replace(decision, batch_sizes=sizes, reasons=reasons, cores=cores, remote=remote)
 
     def _batch_table(
         self, job: JobState, cluster: Cluster, gpus: int

@@ -58,6 +58,9 @@ class JobState:
     input: InputModel | None = field(default=None, repr=False)
     """Its input pipeline: samples/s on ``c`` cores (None: not known yet, taken as never
     limiting: a CPU-aware policy decides for it as a CPU-blind one)."""
+    remote_max: float = 0.0
+    """The most cores of the cluster's CPU pool its loaders can use (remote workers; 0: none,
+    its loaders have no remote workers configured)."""
 
     def __post_init__(self) -> None:
         lo, hi = self.batch_range
@@ -95,6 +98,8 @@ class ClusterDecision:
     waiting: tuple[str, ...]
     cores: dict[str, tuple[float, ...]] = field(default_factory=dict)
     """CPU cores per node for each job that runs (empty: the cluster's cores are unlimited)."""
+    remote: dict[str, float] = field(default_factory=dict)
+    """Cores of the cluster's CPU pool for each job that gets some (its remote workers)."""
 
 
 class Policy(Protocol):
