@@ -225,6 +225,10 @@ class UnixFront:
         """Open connections per uid, operators' under None (counted from accept, before the
         relay connects)."""
         self._refusals = RefusalLog()
+        #: The relay tasks running: asyncio's stream server drops its own reference to a
+        #: connection's task when the client goes away, and a task nobody holds is collected
+        #: while pending ("Task was destroyed but it is pending!", 42 lines a minute of soak)
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Listens on the socket (mode 0660)."""
@@ -243,6 +247,10 @@ class UnixFront:
             os.unlink(self.path)
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         sock: socket.socket = writer.get_extra_info("socket")
         try:
             pid, uid, _gid = _CREDS.unpack(

@@ -57,6 +57,7 @@ from dloader._engine.index_stream import IndexStream
 from dloader._engine.position import STATE_VERSION
 from dloader._engine.processes import PROCESS_START_LOCK
 from dloader._engine.remote import (
+    FAILED,
     GONE,
     REMOTE_SLOT_BASE,
     STOPPED,
@@ -784,6 +785,9 @@ class LoaderIterator:
                     w.state = rec.state = "ready"
                     self._rebuild_active()
             return
+        if task_idx == FAILED:
+            self._shutdown_workers(graceful=False)
+            raise RemoteWorkerError(f"remote workers cannot start: {payload}")
         if task_idx == STOPPED:
             if w is not None:
                 w.process.stopped = True

@@ -19,7 +19,9 @@ the iterator sees a remote worker as one more worker slot. Messages of its own, 
 * :data:`GONE`, payload ``(why, task indices)``: the actor or its node died; its tasks not yet
   returned are listed, and the iterator gives them to other workers (their indices unchanged:
   nothing is lost or repeated, and the order holds);
-* :data:`STOPPED`: a worker told to stop has finished its tasks and is gone.
+* :data:`STOPPED`: a worker told to stop has finished its tasks and is gone;
+* :data:`FAILED`, payload a message: the helper cannot reach the Ray cluster (the loader
+  raises ``RemoteWorkerError`` with it).
 
 A batch crosses the network once (Ray's object transfer) and is copied once more into shared
 memory for the trainer, as a local worker's is.
@@ -49,6 +51,7 @@ from dloader._engine.workers import READY, Fetcher, seed_worker
 from dloader.errors import RemoteWorkerError
 
 __all__ = [
+    "FAILED",
     "GONE",
     "REMOTE_SLOT_BASE",
     "STOPPED",
@@ -60,6 +63,7 @@ __all__ = [
 
 GONE = -2
 STOPPED = -3
+FAILED = -4
 #: Remote workers' slots start here and are never reused, so that a late message from a lost
 #: worker cannot be taken for another's.
 REMOTE_SLOT_BASE = 1 << 16
@@ -274,7 +278,14 @@ def helper_loop(
     results.in_worker()
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
-        _Helper(spec, payload, results, done_event).serve(tasks)
+        try:
+            helper = _Helper(spec, payload, results, done_event)
+        except Exception as exc:  # no cluster there, or Ray cannot start
+            where = spec.address or "$RAY_ADDRESS or a new local instance"
+            why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc) else ''}"
+            results.send((REMOTE_SLOT_BASE, 0, FAILED, f"Ray at {where}: {why[:500]}", 0, 0.0, 0.0))
+            return
+        helper.serve(tasks)
 
 
 class _Helper:

@@ -125,6 +125,7 @@ def test_a_starved_job_gets_the_pool_and_the_allocator_shares_it(tmp_path: Path)
 
     before = rate(3.0, t_two)  # the node's one core (its remote workers not yet asked for)
     with_pool = rate(t_two + 12.0, min(SECOND_AT, RUN_S))  # two remote workers up
+    print(f"first job: {before:.0f} samples/s on its node's core, {with_pool:.0f} with 2 remote")
     assert with_pool > 1.3 * before, (before, with_pool)
     second_run = json.loads((tmp_path / "second.json").read_text())
     assert 1 in second_run["remote_workers"]
