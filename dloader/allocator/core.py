@@ -127,7 +127,7 @@ def _plan(inp: _Inputs) -> _Outcome | None:
     aside: dict[str, str] = {}
     try:
         d = inp.policy.decide(inp.states, inp.cluster)
-    except Exception:  # noqa: BLE001: one job must never stop the decisions for the others
+    except Exception:  # any error: one job must never stop the decisions for the others
         # find the jobs the policy cannot decide for on this cluster, set them aside with the
         # reason, decide the rest
         aside = {

@@ -148,6 +148,6 @@ def unusable(policy: Policy, state: JobState, cluster: Cluster | None = None) ->
         cluster = Cluster((need,)) if need <= 64 else Cluster.uniform(-(-need // 8), 8)
     try:
         policy.decide([replace(state, placement=(), batch_size=None)], cluster)
-    except Exception as exc:  # noqa: BLE001: whatever the policy raised, the job is the cause
+    except Exception as exc:  # whatever the policy raised, the job is the cause
         return str(exc) or type(exc).__name__
     return None
