@@ -84,7 +84,12 @@ def sidecar_file(path: Path, days: float, per_day: int, ended_reports: int, now:
         ]
         kept = REPORTS_PER_LIVE_JOB if live else ended_reports
         reports += [(job_id, at + k, _report(k)) for k in range(kept)]
-    db.executemany("INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", jobs)
+    db.executemany(
+        "INSERT INTO jobs (job_id, name, token, limits, pids, gpus, num_workers, batch_size, "
+        "registered_at, active, starts, uid, ended_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        jobs,
+    )
     db.executemany("INSERT INTO models VALUES (?, ?, ?)", models)
     db.executemany(
         "INSERT INTO decisions (at, job_id, num_workers, batch_size, cpus, reason) "
@@ -113,7 +118,12 @@ def allocator_file(path: Path, days: float, per_day: int, now: float) -> None:
             (at + k, i + 1, job_id, 4, '{"n0": 4}', 256, "goodput: 4 GPUs", 0)
             for k in range(DECISIONS_PER_JOB)
         ]
-    db.executemany("INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", jobs)
+    db.executemany(
+        "INSERT INTO jobs (job_id, seq, spec, submitted_at, placement, batch_size, completed_at, "
+        "failed, model, token, generation, rendezvous, owner) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        jobs,
+    )
     db.executemany(
         "INSERT INTO decisions (at, version, job_id, gpus, placement, batch_size, reason, "
         "dry_run) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

@@ -671,6 +671,7 @@ class LoaderIterator:
         """Joins retired workers that have exited and raises if any other worker died."""
         if self._remote_losses:
             self._respawn_remote()
+        self._check_helper()
         if self._launch_error is not None:
             exc, self._launch_error = self._launch_error, None
             self._shutdown_workers(graceful=False)
@@ -732,6 +733,8 @@ class LoaderIterator:
 
     def _fill(self) -> None:
         """Dispatches until ``prefetch_factor`` tasks per ready worker are undelivered, as torch."""
+        if self._helper is not None:
+            self._check_helper()
         if self._stream_done or not self._active:
             return
         workers = self._workers
@@ -853,6 +856,21 @@ class LoaderIterator:
         )
         self._remote_losses += 1
         self._respawn_at = time.monotonic() + min(2.0 ** (self._remote_losses - 1), 60.0)
+
+    def _check_helper(self) -> None:
+        """Raises if the remote workers' helper (the Ray driver) exited unasked, with its exit
+        code: its workers' tasks cannot come back. (A helper that could not join the cluster
+        says why first, on the pipe: ``FAILED``.)"""
+        helper = self._helper
+        if helper is None or self._shutdown or helper.exitcode is None:
+            return
+        code = helper.exitcode
+        self._drain_nowait()  # a helper that could not join the cluster said why (FAILED)
+        self._shutdown_workers(graceful=False)
+        raise RemoteWorkerError(
+            f"the remote workers' helper process (the Ray driver, pid {helper.pid}) exited "
+            f"with code {code}"
+        )
 
     def _respawn_remote(self) -> None:
         """Starts replacements for lost remote workers once their back-off has passed (1 s,

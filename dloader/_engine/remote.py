@@ -85,6 +85,9 @@ class RayWorkers:
         runtime_env: Ray's ``runtime_env`` for the workers (the remote nodes need dloader, torch
             and what the dataset imports).
         max_workers: the most remote workers :meth:`DataLoader.resize_remote` accepts.
+        connect_timeout_s: how long the loader's helper may take to join the cluster (Ray
+            itself retries an unreachable address for minutes); then the loader raises
+            ``RemoteWorkerError`` naming the address.
     """
 
     workers: int = 0
@@ -93,6 +96,7 @@ class RayWorkers:
     resources: Mapping[str, float] = field(default_factory=dict)
     runtime_env: Mapping[str, Any] | None = None
     max_workers: int = 256
+    connect_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int):
@@ -105,6 +109,10 @@ class RayWorkers:
         if not (isinstance(self.num_cpus, (int, float)) and 0 < self.num_cpus <= 1024):
             raise ValueError(
                 f"RayWorkers(num_cpus={self.num_cpus!r}): expected 0 < num_cpus <= 1024"
+            )
+        if not (isinstance(self.connect_timeout_s, (int, float)) and self.connect_timeout_s > 0):
+            raise ValueError(
+                f"RayWorkers(connect_timeout_s={self.connect_timeout_s!r}): expected seconds > 0"
             )
         for name, amount in dict(self.resources).items():
             if not (isinstance(name, str) and isinstance(amount, (int, float)) and amount > 0):
@@ -277,14 +285,26 @@ def helper_loop(
     pipe (see the module docstring)."""
     results.in_worker()
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    where = spec.address or "$RAY_ADDRESS or a new local instance"
+
+    def fail(why: str) -> None:
+        results.send((REMOTE_SLOT_BASE, 0, FAILED, f"Ray at {where}: {why[:500]}", 0, 0.0, 0.0))
+
+    def too_slow() -> None:  # Ray retries an unreachable address for minutes
+        fail(f"not joined within {spec.connect_timeout_s:g} s (RayWorkers.connect_timeout_s)")
+        os._exit(1)
+
     with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+        watchdog = threading.Timer(spec.connect_timeout_s, too_slow)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             helper = _Helper(spec, payload, results, done_event)
         except Exception as exc:  # no cluster there, or Ray cannot start
-            where = spec.address or "$RAY_ADDRESS or a new local instance"
-            why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc) else ''}"
-            results.send((REMOTE_SLOT_BASE, 0, FAILED, f"Ray at {where}: {why[:500]}", 0, 0.0, 0.0))
+            watchdog.cancel()
+            fail(f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc) else ''}")
             return
+        watchdog.cancel()
         helper.serve(tasks)
 
 
