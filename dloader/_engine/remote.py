@@ -214,40 +214,47 @@ class _Array:
         self.array, self.dtype = array, dtype
 
 
+def _walk(data: Any, leaf: Any) -> Any:
+    """``data`` with ``leaf`` applied to each element inside its lists, tuples (named ones
+    too) and dicts."""
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # a namedtuple
+        return type(data)(*(_walk(x, leaf) for x in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(_walk(x, leaf) for x in data)
+    if isinstance(data, dict):
+        return type(data)((k, _walk(v, leaf)) for k, v in data.items())
+    return leaf(data)
+
+
+def _tensor_to_array(data: Any) -> Any:
+    dense = isinstance(data, torch.Tensor) and data.device.type == "cpu"
+    if dense and data.layout == torch.strided and not data.requires_grad:
+        try:
+            return _Array(data.numpy(), data.dtype)
+        except (TypeError, RuntimeError):
+            return data
+    return data
+
+
+def _array_to_tensor(data: Any) -> Any:
+    if isinstance(data, _Array):
+        with warnings.catch_warnings():  # Ray's arrays are read-only views: nothing writes
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(data.array).view(data.dtype)
+    return data
+
+
 def to_numpy(data: Any) -> Any:
     """``data`` with each dense CPU tensor (in lists, tuples, dicts) an :class:`_Array`: Ray
     sends numpy arrays out of band (no copy into a pickle), and a receiver maps them in place.
     Tensors numpy cannot hold (bfloat16, sparse, ...) stay tensors."""
-    if isinstance(data, torch.Tensor):
-        if data.device.type == "cpu" and data.layout == torch.strided and not data.requires_grad:
-            try:
-                return _Array(data.numpy(), data.dtype)
-            except (TypeError, RuntimeError):
-                return data
-        return data
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # a namedtuple
-        return type(data)(*(to_numpy(x) for x in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(to_numpy(x) for x in data)
-    if isinstance(data, dict):
-        return type(data)((k, to_numpy(v)) for k, v in data.items())
-    return data
+    return _walk(data, _tensor_to_array)
 
 
 def from_numpy(data: Any) -> Any:
     """Inverse of :func:`to_numpy`: tensors over the received arrays (read in place, no copy;
     the result pipe then copies them once, into the trainer's shared memory)."""
-    if isinstance(data, _Array):
-        with warnings.catch_warnings():  # Ray's arrays are read-only views: nothing writes
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.from_numpy(data.array).view(data.dtype)
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(from_numpy(x) for x in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(from_numpy(x) for x in data)
-    if isinstance(data, dict):
-        return type(data)((k, from_numpy(v)) for k, v in data.items())
-    return data
+    return _walk(data, _array_to_tensor)
 
 
 @dataclass

@@ -299,3 +299,32 @@ def test_a_ray_cluster_that_is_not_there_is_named_in_the_error() -> None:
             batches += 1
             time.sleep(0.01)
     assert batches > 0
+
+
+def test_a_batch_crosses_as_numpy_and_comes_back_as_it_was() -> None:
+    """What a remote worker sends (``to_numpy``) and the helper rebuilds (``from_numpy``): the
+    same structure, dtypes and values; what numpy cannot hold (bfloat16) or is not a tensor
+    passes unchanged."""
+    from collections import namedtuple
+
+    from dloader._engine.remote import _Array, from_numpy, to_numpy
+
+    Pair = namedtuple("Pair", "x y")
+    batch = {
+        "img": torch.arange(12, dtype=torch.uint8).reshape(3, 4),
+        "pair": Pair(torch.ones(2), [torch.tensor([1, 2]), "label"]),
+        "half": torch.ones(2, dtype=torch.bfloat16),
+        "n": 3,
+    }
+    sent = to_numpy(batch)
+    assert isinstance(sent["img"], _Array) and isinstance(sent["pair"].y[0], _Array)
+    assert isinstance(sent["half"], torch.Tensor)
+    back = from_numpy(sent)
+    assert type(back["pair"]) is Pair and back["pair"].y[1] == "label" and back["n"] == 3
+    for got, want in [
+        (back["img"], batch["img"]),
+        (back["pair"].x, batch["pair"].x),
+        (back["pair"].y[0], batch["pair"].y[0]),
+        (back["half"], batch["half"]),
+    ]:
+        assert got.dtype == want.dtype and torch.equal(got, want)
