@@ -58,12 +58,13 @@ PEERS = ("goodput-dp-cpu-blind", "synergy", "pollux")
 POOL_NODE_CORES = 16.0
 
 
-def workload(label: str) -> tuple[list[WorkloadJob], dict[str, AppTrace]]:
+def workload(label: str, num_jobs: int = 160) -> tuple[list[WorkloadJob], dict[str, AppTrace]]:
+    """``pollux-N`` (the shipped workload N) or ``philly-SEED`` (``num_jobs`` Philly arrivals)."""
     apps = load_apps(PACKAGED_TRACES)
     kind, _, arg = label.partition("-")
     if kind == "pollux":
         return read_workload(packaged_workload(int(arg))), apps
-    return read_philly(PACKAGED_PHILLY, apps, num_jobs=160, seed=int(arg), max_gpus=64), apps
+    return read_philly(PACKAGED_PHILLY, apps, num_jobs=num_jobs, seed=int(arg), max_gpus=64), apps
 
 
 def simulate(

@@ -118,3 +118,31 @@ def pool_shares(speeds: dict[str, dict[str, Any]], png: Path) -> None:
     fig.suptitle(f"a CPU pool for input pipelines (goodput-dp)\n{machine()}", fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
+
+
+def ratio_intervals(ratios: dict[str, dict[str, Any]], labels: list[str], png: Path) -> None:
+    """One row per ratio: each workload's jitters (dots), the median over all
+    (a bar) and its 95% interval (a band); 1 is parity, left of it the first arm is ahead."""
+    plt = pyplot()
+    names = list(ratios)
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.5))
+    for i, name in enumerate(names):
+        r = ratios[name]
+        lo, hi = r["interval"]
+        ax.fill_betweenx([i - 0.3, i + 0.3], lo, hi, color="C0", alpha=0.2, lw=0)
+        ax.vlines(r["median"], i - 0.3, i + 0.3, color="C0", lw=2)
+        for j, lab in enumerate(labels):
+            vals = r["per_workload"][lab]
+            y = i + 0.25 * (j / max(len(labels) - 1, 1) - 0.5)
+            ax.scatter(vals, [y] * len(vals), s=6, color="C1" if "pollux-" in lab else "C2")
+    ax.scatter([], [], s=6, color="C1", label="Pollux workloads 1-4 (each jitter)")
+    ax.scatter([], [], s=6, color="C2", label="Philly draws (each jitter)")
+    ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ratio (median bar, 95% interval band)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"admission by attained service (goodput-dp)\n{machine()}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)

@@ -518,6 +518,8 @@ class AllocatorCore:
         ids, cluster = self.nodes.cluster()
         jobs = sorted(self.jobs.values(), key=lambda j: j.seq)
         now = self._clock()
+        for j in jobs:
+            j.count_service(now)
         return _Inputs(self._policy, ids, cluster, jobs, [j.state(ids, now) for j in jobs])
 
     def decide(self) -> AllocationSet:

@@ -105,6 +105,19 @@ class SubmittedJob:
     """Per node id: the most CPU-pool cores its loaders there can use (their reports)."""
     remote_cpus: float = 0.0
     """Its cores of the CPU pool (the policy's last word)."""
+    attained_gpu_s: float = 0.0
+    """GPU-seconds it has held, counted at each decision (:meth:`count_service`; not stored:
+    an allocator that restarts counts from 0 again)."""
+    counted_at: float | None = None
+
+    def count_service(self, now: float) -> None:
+        """Adds the GPU-seconds of its placement since the last count (the ``las`` admission
+        and ``pollux`` serve the least served first)."""
+        if self.counted_at is None:
+            self.counted_at = now
+        elif now > self.counted_at:  # a clock that steps back counts nothing, nor twice
+            self.attained_gpu_s += sum(self.placement.values()) * (now - self.counted_at)
+            self.counted_at = now
 
     @property
     def job_id(self) -> str:
@@ -135,6 +148,7 @@ class SubmittedJob:
             explored_nodes=max(m.nodes for m in r.measurements) if r.measurements else None,
             input=self.input or (InputModel.of(r.input_curve) if r.input_curve else None),
             remote_max=sum(self.remote_max.get(n, 0.0) for n in self.placement),
+            attained_gpu_s=self.attained_gpu_s,
         )
 
 

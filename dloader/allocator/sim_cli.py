@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import random
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, replace
@@ -36,6 +37,7 @@ from dloader.allocator.traces import (
     PACKAGED_PHILLY,
     PACKAGED_TRACES,
     WorkloadJob,
+    jitter_arrivals,
     load_apps,
     packaged_workload,
     read_philly,
@@ -165,6 +167,18 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="Philly: window and application draw (default: a new one each run, printed)",
     )
+    p.add_argument(
+        "--jitter-seeds",
+        type=int,
+        default=0,
+        help="run every policy on K copies of the workload, each arrival moved by up to "
+        "--jitter-s seconds (seeds 0..K-1), and report each policy's median and range over "
+        "them: one run cannot tell a policy's effect from the luck of its arrival times "
+        "(default 0: the arrivals as given, once)",
+    )
+    p.add_argument(
+        "--jitter-s", type=finite, default=30.0, help="with --jitter-seeds: the largest shift"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -286,23 +300,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.philly is not None and args.seed is None:
             args.seed = random.randrange(1 << 31)
             log.info("Philly draw: --seed %d (give it to draw the same workload again)", args.seed)
+        if not 0 <= args.jitter_seeds <= 1000:
+            raise AllocatorError(f"--jitter-seeds {args.jitter_seeds}: expected 0-1000")
         jobs, apps = _workload(args)
+        copies = {"": jobs}
+        if args.jitter_seeds:
+            copies = {
+                f" j{k}": jitter_arrivals(jobs, k, args.jitter_s) for k in range(args.jitter_seeds)
+            }
         profiles = read_cpu_profiles(args.cpu_profiles) if cluster.cpus is not None else None
         results = []
         for name in names:
-            sim = Simulator(
-                jobs,
-                apps,
-                make_policy(name, horizon_s=args.horizon),
-                cluster,
-                interval_s=args.interval,
-                restart_s=args.restart_delay,
-                learning=args.learning,
-                cpu_profiles=profiles,
-                gpu_speed=args.gpu_speed,
-            )
-            max_s = None if args.max_hours is None else args.max_hours * 3600
-            results.append(_run(sim, name, len(jobs), args.quiet, max_s))
+            for tag, workload in copies.items():
+                sim = Simulator(
+                    workload,
+                    apps,
+                    make_policy(name, horizon_s=args.horizon),
+                    cluster,
+                    interval_s=args.interval,
+                    restart_s=args.restart_delay,
+                    learning=args.learning,
+                    cpu_profiles=profiles,
+                    gpu_speed=args.gpu_speed,
+                )
+                max_s = None if args.max_hours is None else args.max_hours * 3600
+                result = _run(sim, name + tag, len(jobs), args.quiet, max_s)
+                results.append(replace(result, policy=name + tag))
     except AllocatorError as exc:
         print(f"dloader-sim: error: {exc}", file=sys.stderr)
         return 2
@@ -315,7 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             plot(args.plot, results)
         except ImportError:
             log.warning("matplotlib is not installed; no plot (pip install matplotlib)")
-    payload: dict = dict(summaries[names[0]]) if len(names) == 1 else {"policies": summaries}
+    single = len(names) == 1 and not args.jitter_seeds
+    payload: dict = dict(summaries[names[0]]) if single else {"policies": summaries}
+    if args.jitter_seeds:
+        payload["jitter"] = _jitter_summary(names, summaries, args.jitter_seeds)
     payload["losses"] = {r.policy: r.losses() for r in results}
     payload.update(
         learning=args.learning,
@@ -329,11 +355,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         gpu_speed=args.gpu_speed,
         seed=args.seed,
+        jitter_seeds=args.jitter_seeds,
+        jitter_s=args.jitter_s,
         interval_s=args.interval,
         restart_delay_s=args.restart_delay,
     )
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     _table(summaries)
+    if args.jitter_seeds:
+        _jitter_table(payload["jitter"], names[0], args.jitter_seeds, args.jitter_s)
     if args.losses:
         for r in results:
             _loss_table(r)
@@ -371,6 +401,52 @@ def _table(summaries: dict[str, dict]) -> None:
             f"{s['optimizer_ms_p50']:.2f}",
         )
     Console(width=max(Console().width, 110)).print(t)
+
+
+_JITTERED = (("avg_jct_s", "avg JCT"), ("p99_jct_s", "p99 JCT"), ("makespan_s", "makespan"))
+
+
+def _jitter_summary(names: list[str], summaries: dict[str, dict], k: int) -> dict[str, dict]:
+    """Per policy and metric over the ``k`` jittered copies: the values, their median and
+    range, and the same for the ratio to the first policy (copy by copy)."""
+    out: dict[str, dict] = {}
+    for name in names:
+        out[name] = {}
+        for key, _ in _JITTERED:
+            vals = [summaries[f"{name} j{i}"][key] for i in range(k)]
+            ratios = [v / summaries[f"{names[0]} j{i}"][key] for i, v in enumerate(vals)]
+            out[name][key] = {
+                "values": vals,
+                "median": statistics.median(vals),
+                "range": [min(vals), max(vals)],
+                "ratio_median": statistics.median(ratios),
+                "ratio_range": [min(ratios), max(ratios)],
+            }
+    return out
+
+
+def _jitter_table(jitter: dict[str, dict], first: str, k: int, seconds: float) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=escape(f"{k} jittered copies (+-{seconds:g} s): median [range]"))
+    t.add_column("policy", justify="right", no_wrap=True)
+    for _, label in _JITTERED:
+        t.add_column(f"{label} h", justify="right", no_wrap=True)
+        t.add_column(f"/ {first}", justify="right", no_wrap=True)
+    for name, m in jitter.items():
+        cells = []
+        for key, _ in _JITTERED:
+            v = m[key]
+            lo, hi = (x / 3600 for x in v["range"])
+            rlo, rhi = v["ratio_range"]
+            cells += [
+                f"{v['median'] / 3600:.3f} [{lo:.3f}, {hi:.3f}]",
+                f"{v['ratio_median']:.3f} [{rlo:.3f}, {rhi:.3f}]",
+            ]
+        t.add_row(name, *cells)
+    Console(width=max(Console().width, 170)).print(t)
 
 
 def _loss_table(result: SimResult) -> None:

@@ -24,7 +24,7 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -49,6 +49,7 @@ __all__ = [
     "POLLUX_CONSTANTS",
     "AppTrace",
     "WorkloadJob",
+    "jitter_arrivals",
     "load_apps",
     "packaged_workload",
     "placement_key",
@@ -321,6 +322,19 @@ _PHILLY_CLASSES = (
     (360000.0, ("yolov3",)),  # large: 10-100 GPU-hours
     (math.inf, ("imagenet",)),  # extra large
 )
+
+
+def jitter_arrivals(jobs: Sequence[WorkloadJob], seed: int, seconds: float) -> list[WorkloadJob]:
+    """``jobs`` with each arrival moved by up to ``seconds`` either way (uniform, no earlier
+    than 0), the same for a seed: one workload run several times tells a policy's effect from
+    the luck of its arrival times."""
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise AllocatorError(f"jitter seconds={seconds}: expected a finite number >= 0")
+    if seconds == 0:
+        return list(jobs)
+    rng = np.random.default_rng(seed)
+    shifts = rng.uniform(-seconds, seconds, len(jobs))
+    return [replace(j, time=max(j.time + float(d), 0.0)) for j, d in zip(jobs, shifts, strict=True)]
 
 
 def read_philly(

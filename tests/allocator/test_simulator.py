@@ -147,6 +147,25 @@ def test_cli_writes_results_csv_and_plot(tmp_path, capsys):
     assert "--policy 'bogus'" in capsys.readouterr().err
 
 
+def test_cli_runs_each_policy_on_jittered_copies_and_reports_median_and_range(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    args = ["--workload", str(DATA / "workload.csv"), "--traces", str(DATA), "--nodes", "1"]
+    argv = [*args, "--policy", "goodput-dp,goodput-dp-fifo", "--out", str(out), "--quiet"]
+    assert main([*argv, "--jitter-seeds", "3", "--jitter-s", "120"]) == 0
+    result = json.loads(out.read_text())
+    runs = result["policies"]
+    assert set(runs) == {f"{p} j{k}" for p in ("goodput-dp", "goodput-dp-fifo") for k in range(3)}
+    assert all(r["jobs_completed"] == 8 for r in runs.values())
+    jct = result["jitter"]["goodput-dp-fifo"]["avg_jct_s"]
+    values = [runs[f"goodput-dp-fifo j{k}"]["avg_jct_s"] for k in range(3)]
+    assert jct["values"] == values and jct["range"] == [min(values), max(values)]
+    assert result["jitter"]["goodput-dp"]["avg_jct_s"]["ratio_median"] == 1.0  # to itself
+    assert len(set(values)) > 1  # the copies differ
+    assert "median [range]" in capsys.readouterr().out
+    assert main([*argv, "--jitter-seeds", "-1"]) == 2
+    assert "--jitter-seeds -1" in capsys.readouterr().err
+
+
 def test_a_job_that_can_never_start_is_an_error_not_a_hang(apps):
     # elastic-gpu keeps batch 4096; at most 1024 per GPU, it needs 4 GPUs: the cluster has 2
     work = [WorkloadJob("big", 0, "cifar10", 4, 4096)]

@@ -11,6 +11,9 @@
   the nodes' CPU cores are limited (``Cluster.cpus``) it decides each job's cores with its GPUs
   and batch size (:mod:`.cores`): a job's throughput is the lesser of what its GPUs compute and
   what its input pipeline feeds on its cores.
+  When not every job can have its fewest GPUs, the less served go first (two queues by
+  attained GPU-seconds, with hysteresis and a restart budget: :meth:`.DpPolicy.line`).
+* ``goodput-dp-fifo``: ``goodput-dp`` admitting first come, first served (before #48).
 * ``goodput-dp-cpu-blind``: ``goodput-dp`` deciding as if every pipeline fed any number of
   GPUs; a node's cores go to its jobs in proportion to their GPUs there (the GPU-proportional
   baseline).
@@ -83,6 +86,7 @@ POLICIES = (
     "elastic-gpu",
     "elastic-dp",
     "goodput-dp",
+    "goodput-dp-fifo",
     "goodput-dp-cpu-blind",
     "pollux",
     "synergy",
@@ -104,7 +108,7 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
         return SynergyPolicy("las")
     if name == "synergy-fifo":
         return SynergyPolicy("fifo")
-    if name in ("goodput-dp", "goodput-dp-cpu-blind"):
+    if name in ("goodput-dp", "goodput-dp-fifo", "goodput-dp-cpu-blind"):
         return DpPolicy(
             name,
             objective="goodput",
@@ -112,6 +116,7 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
             horizon_s=horizon_s,
             accumulate=True,
             fairness=0.0,
-            cpu_aware=name == "goodput-dp",
+            cpu_aware=name != "goodput-dp-cpu-blind",
+            admission="fifo" if name == "goodput-dp-fifo" else "las",
         )
     raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES)}")

@@ -31,7 +31,10 @@ from dloader.allocator.policies.throughput import batch_grid, throughput_fn
 from dloader.errors import AllocatorError
 
 __all__ = [
+    "LAS_RESTART_BUDGET",
+    "LAS_THRESHOLD_GPU_S",
     "REPLAN_MAX_SIZE",
+    "Admission",
     "DpPolicy",
     "RestartModel",
 ]
@@ -40,6 +43,13 @@ __all__ = [
 REPLAN_MAX_SIZE = 500_000
 
 RestartModel = Literal["age", "horizon"]
+Admission = Literal["fifo", "las"]
+
+#: ``las`` admission: the attained service (GPU-seconds) that splits the two queues (the sweep
+#: is in docs/allocator.md), and the share of a job's age its restarts may cost at most for it
+#: to be preempted once more.
+LAS_THRESHOLD_GPU_S = 900.0
+LAS_RESTART_BUDGET = 0.1
 
 
 class DpPolicy:
@@ -58,12 +68,26 @@ class DpPolicy:
         placement_aware: bool = True,
         restart_model: RestartModel = "age",
         cpu_aware: bool = False,
+        admission: Admission = "fifo",
+        las_threshold_gpu_s: float = LAS_THRESHOLD_GPU_S,
+        restart_budget: float = LAS_RESTART_BUDGET,
     ) -> None:
         """``cpu_aware``: with a cluster of limited cores, decide GPUs, batch sizes and cores
         together (:mod:`.cores`); else a node's cores go to its jobs in proportion to their
-        GPUs there."""
+        GPUs there. ``admission``: which jobs hold the GPUs when not all can get their fewest
+        (:meth:`line`)."""
         if restart_model not in ("age", "horizon"):
             raise AllocatorError(f"restart_model={restart_model!r}: expected 'age' or 'horizon'")
+        if admission not in ("fifo", "las"):
+            raise AllocatorError(f"admission={admission!r}: expected 'fifo' or 'las'")
+        if not (las_threshold_gpu_s > 0 and restart_budget >= 0):
+            raise AllocatorError(
+                f"las_threshold_gpu_s={las_threshold_gpu_s}, restart_budget={restart_budget}: "
+                "expected > 0 and >= 0"
+            )
+        self.admission: Admission = admission
+        self.las_threshold_gpu_s = las_threshold_gpu_s
+        self.restart_budget = restart_budget
         self.placement_aware = placement_aware
         self.restart_model = restart_model
         self.name = name
@@ -121,7 +145,33 @@ class DpPolicy:
         r = job.restart_s
         return max(job.age_s - job.restarts * r, 0.0) / (job.age_s + r) if r > 0 else 1.0
 
+    def line(self, jobs: Sequence[JobState]) -> list[JobState]:
+        """The order in which jobs are admitted: each gets its fewest GPUs while they last, and
+        the jobs behind the first that does not fit wait (:func:`~dloader.allocator.optimizer.
+        admit`).
+
+        ``fifo``: arrival order. ``las``: two queues by attained service, split at
+        ``las_threshold_gpu_s`` GPU-seconds, the less served first (a burst's short jobs do not
+        wait behind long ones); within a queue, running jobs before waiting ones (so a job that
+        crosses the threshold is never preempted for one in its own queue: no thrashing), then
+        arrival. A running job of the second queue is placed behind the waiting first-queue
+        jobs, and so preempted if they need its GPUs, only where one more restart keeps its
+        restarts within ``restart_budget`` of its age; else it keeps its place in the first
+        queue."""
+        if self.admission == "fifo":
+            return list(jobs)
+
+        def key(j: JobState) -> tuple[int, int, float, str]:
+            served = j.attained_gpu_s >= self.las_threshold_gpu_s
+            if served and j.placement and j.age_s is not None:
+                # a job restarted as often as its age allows is not preempted again
+                served = (j.restarts + 1) * j.restart_s <= self.restart_budget * j.age_s
+            return (int(served), 0 if j.placement else 1, j.arrival, j.job_id)
+
+        return sorted(jobs, key=key)
+
     def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> ClusterDecision:
+        jobs = self.line(jobs)
         if cluster.cpus is None:
             return self._decide(jobs, cluster)
         if not (self.cpu_aware and any(j.input is not None for j in jobs)):

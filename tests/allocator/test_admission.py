@@ -1,0 +1,133 @@
+"""Admission by attained service (``goodput-dp``'s ``las`` line, #48): which jobs hold the GPUs
+when not every job can have its fewest."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dloader._shared.allocator_messages import JobSpec
+from dloader.allocator import AllocatorError, Cluster
+from dloader.allocator.config import Settings
+from dloader.allocator.core import AllocatorCore
+from dloader.allocator.policies import DpPolicy, JobState, make_policy
+from dloader.allocator.store import AllocatorStore
+from dloader.allocator.traces import jitter_arrivals, load_apps, read_workload
+from tests.allocator.test_hostile import GOOD as SCALING
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "pollux-sim"
+
+
+@pytest.fixture(scope="module")
+def apps():
+    return load_apps(DATA, ["cifar10", "ncf"])
+
+
+def _job(apps, name: str, arrival: float, served: float, running: bool, **kw: object) -> JobState:
+    return JobState(
+        name, arrival, apps["cifar10"].model, 1, 128, (128, 128), (8, 512),
+        max_gpus=1, age_s=36_000.0, attained_gpu_s=served,
+        placement=(1,) if running else (), batch_size=128 if running else None,
+        **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _policy(admission: str) -> DpPolicy:
+    policy = make_policy("goodput-dp")
+    assert isinstance(policy, DpPolicy)
+    policy.admission = admission  # type: ignore[assignment]
+    return policy
+
+
+def test_a_new_job_displaces_a_long_served_one_only_under_las(apps) -> None:
+    """One GPU: a job that has had 20,000 GPU-seconds runs; a new one arrives. First come,
+    first served keeps the new one waiting; ``las`` gives it the GPU."""
+    cluster = Cluster.uniform(1, 1)
+    jobs = [_job(apps, "long", 0.0, 20_000.0, True), _job(apps, "new", 100.0, 0.0, False)]
+    fifo = _policy("fifo").decide(jobs, cluster)
+    assert set(fifo.placements) == {"long"} and fifo.waiting == ("new",)
+    las = _policy("las").decide(jobs, cluster)
+    assert set(las.placements) == {"new"} and las.waiting == ("long",)
+    assert "waiting, 1 in line" in las.reasons["long"]
+
+
+def test_within_a_queue_the_running_job_keeps_its_gpu(apps) -> None:
+    """Both past the threshold: the one that runs keeps running even though the waiting one
+    arrived first (a job that just crossed the threshold is not swapped back: no thrashing);
+    both under it: the same."""
+    cluster = Cluster.uniform(1, 1)
+    policy = _policy("las")
+    for served in (5_000.0, 100.0):
+        jobs = [
+            _job(apps, "early", 0.0, served, False),
+            _job(apps, "late", 50.0, served, True),
+        ]
+        d = policy.decide(jobs, cluster)
+        assert set(d.placements) == {"late"} and d.waiting == ("early",)
+
+
+def test_a_job_restarted_to_its_budget_is_not_preempted_again(apps) -> None:
+    """A long-served running job whose restarts already cost its budget's share of its age
+    keeps its GPU against a new job."""
+    cluster = Cluster.uniform(1, 1)
+    policy = _policy("las")
+    age, restart = 3_600.0, 30.0
+    budget = int(policy.restart_budget * age / restart)  # restarts it may have had
+    for restarts, preempted in ((budget - 1, True), (budget, False)):
+        long = replace(
+            _job(apps, "long", 0.0, 20_000.0, True),
+            age_s=age, restarts=restarts, restart_s=restart,
+        )  # fmt: skip
+        d = policy.decide([long, _job(apps, "new", 100.0, 0.0, False)], cluster)
+        assert ("long" in d.waiting) is preempted, restarts
+
+
+def test_fifo_keeps_the_arrival_order_and_bad_settings_are_refused(apps) -> None:
+    assert [make_policy(n).admission for n in ("goodput-dp", "goodput-dp-fifo")] == [  # type: ignore[attr-defined]
+        "las",
+        "fifo",
+    ]
+    jobs = [_job(apps, f"j{i}", float(i), 10_000.0 * (i % 2), i % 2 == 0) for i in range(6)]
+    assert _policy("fifo").line(jobs) == jobs
+    line = [j.job_id for j in _policy("las").line(jobs)]
+    assert line == ["j0", "j2", "j4", "j1", "j3", "j5"]  # served < threshold first
+    with pytest.raises(AllocatorError, match="admission='lifo'"):
+        DpPolicy("x", objective="goodput", fixed_batch=False, admission="lifo")  # type: ignore[arg-type]
+    with pytest.raises(AllocatorError, match="las_threshold_gpu_s=0"):
+        DpPolicy("x", objective="goodput", fixed_batch=False, las_threshold_gpu_s=0)
+
+
+def test_jittered_arrivals_move_each_job_within_the_bound_and_repeat_for_a_seed() -> None:
+    jobs = read_workload(DATA.parent / "pollux-sim" / "workload.csv")
+    a = jitter_arrivals(jobs, seed=3, seconds=30.0)
+    assert a == jitter_arrivals(jobs, seed=3, seconds=30.0) != jitter_arrivals(jobs, 4, 30.0)
+    assert all(abs(x.time - y.time) <= 30.0 and x.time >= 0 for x, y in zip(a, jobs, strict=True))
+    assert [x.name for x in a] == [y.name for y in jobs]
+    assert jitter_arrivals(jobs, seed=3, seconds=0.0) == jobs
+    with pytest.raises(AllocatorError, match="seconds=-1"):
+        jitter_arrivals(jobs, seed=3, seconds=-1.0)
+
+
+def test_the_live_allocator_counts_each_jobs_gpu_seconds(tmp_path: Path) -> None:
+    """The service's jobs carry the GPU-seconds they held into the policy's view (``las`` and
+    ``pollux`` order by it): counted at each decision, for the GPUs held since the last."""
+    now = [1000.0]
+    c = AllocatorCore(
+        AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60), clock=lambda: now[0]
+    )
+    c.register_node("n0", 2)
+    c.submit(JobSpec(job_id="a", batch_size=64, max_batch_size=64, max_gpus=1, scaling=SCALING))
+    c.decide()
+    assert c.jobs["a"].attained_gpu_s == 0.0 and c.jobs["a"].placement == {"n0": 1}
+    now[0] += 120.0
+    c.decide()
+    assert c.jobs["a"].attained_gpu_s == pytest.approx(120.0)
+    assert c._inputs().states[0].attained_gpu_s == pytest.approx(120.0)
+    now[0] -= 50.0  # a clock that steps back counts nothing, and nothing twice
+    c.decide()
+    assert c.jobs["a"].attained_gpu_s == pytest.approx(120.0)
+    now[0] += 80.0
+    c.decide()
+    assert c.jobs["a"].attained_gpu_s == pytest.approx(150.0)
