@@ -30,11 +30,12 @@ stops a job that scales well from starving the others; ``U(s) = s**p / p`` other
 ``K_j`` holds job ``j``'s candidate counts in ``[min_j, max_j]``: every count up to two nodes'
 worth, then a geometric ladder of whole nodes, plus its current count. ``F_J(C)`` is the answer;
 walking the stored arg-maxes back from ``c = C`` recovers each ``k``, and each job's batch is the
-arg-max over ``b`` at that ``k``. Jobs enter in arrival order and only while the sum of their
-minimums fits (:func:`admit`), so every admitted job gets at least its minimum and the rest wait
-in order. Cost ``O(J * C * |K|)``, the inner maximum vectorised with numpy (one strided gather
-per job), and every job's table evaluated in one broadcast where its throughput function allows
-(``evaluate_many``, see :data:`ThroughputFn`).
+arg-max over ``b`` at that ``k``. Jobs enter in the order given (the policy's line: arrival,
+or attained service) and only while the sum of their minimums fits (:func:`admit`), so every
+admitted job gets at least its minimum and the rest wait in order. Cost ``O(J * C * |K|)``, the
+inner maximum vectorised with numpy (one strided gather per job), and every job's table
+evaluated in one broadcast where its throughput function allows (``evaluate_many``, see
+:data:`ThroughputFn`).
 
 A move is made only where the DP finds it worth its restart: keeping ``k`` is worth ``v`` for the
 whole horizon, changing it is worth the new speedup for ``H - R`` seconds of it.
@@ -237,7 +238,7 @@ class Plan:
     assignments: dict[str, Assignment]
     """Admitted jobs (every one with at least its minimum)."""
     waiting: tuple[str, ...]
-    """Jobs that did not fit, in arrival order."""
+    """Jobs that did not fit, in the order they were given."""
     value: float
     """Total weighted utility of the speedups (restart costs included)."""
 
@@ -265,7 +266,8 @@ def candidate_counts(lo: int, hi: int, per_node: int, current: int = 0) -> np.nd
 def admit(
     jobs: Sequence[OptimizerJob], capacity: int
 ) -> tuple[list[OptimizerJob], list[OptimizerJob]]:
-    """Splits jobs (in arrival order) into admitted and waiting: the longest prefix that fits.
+    """Splits jobs (in the order given: the policy's line) into admitted and waiting: the
+    longest prefix that fits.
 
     A job keeps its place in line: once one does not fit, the ones behind it wait too.
     """
@@ -399,7 +401,8 @@ def optimize(
     """Chooses GPU counts and batch sizes maximising the total (good)put speedup.
 
     Args:
-        jobs: active jobs in arrival order (running ones included, with their current counts).
+        jobs: active jobs in the policy's line (arrival order, or attained service), running
+            ones included, with their current counts.
         cluster: the GPUs available to these jobs.
         objective: ``"throughput"`` (Saxena et al.) or ``"goodput"`` (throughput times
             statistical efficiency; jobs without an efficiency function count as 1).
