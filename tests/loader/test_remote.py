@@ -67,27 +67,36 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield c
 
 
+def step(began: float) -> None:
+    """A training step: 20 ms, and 250 ms once 5 s have passed, so that an epoch of 1,000
+    batches outlasts a Ray worker's start on a loaded machine (it took over 20 s under a load of
+    6 on 2 cores) instead of ending before any remote worker is up."""
+    time.sleep(0.02 if time.monotonic() - began < 5 else 0.25)
+
+
 def train_until_remote(
     loader: dloader.DataLoader[Any],
     it: Iterator[Any],
     got: list[int],
     ready: int = 1,
-    step_s: float = 0.02,
     timeout: float = 180.0,
+    or_epoch_end: bool = False,
 ) -> None:
-    """Trains (takes batches into ``got``, a step of ``step_s`` each) until ``ready`` remote
-    workers are up, or the epoch ends: the iterator reads its workers' messages only while the
-    trainer asks for batches."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Trains (takes batches into ``got``, a :func:`step` each) until ``ready`` remote workers
+    are up (or, with ``or_epoch_end``, the epoch ends): the iterator reads its workers' messages
+    only while the trainer asks for batches."""
+    began = time.monotonic()
+    while time.monotonic() < began + timeout:
         up = [w for w in loader.stats().workers if w.remote and w.state == "ready"]
         if len(up) >= ready:
             return
         batch = next(it, None)
         if batch is None:
-            return
+            if or_epoch_end:
+                return
+            raise AssertionError(f"the epoch ended before {ready} remote worker(s) were ready")
         got += batch.tolist()
-        time.sleep(step_s)  # a training step: the remote workers start meanwhile
+        step(began)  # the remote workers start meanwhile
     raise AssertionError(f"no {ready} remote worker(s) ready in {timeout} s")
 
 
@@ -159,9 +168,10 @@ def test_a_dataset_a_remote_node_cannot_load_is_refused_clearly(cluster: Any) ->
         LocalOnlyFiles(), batch_size=8, num_workers=1,
         remote=dloader.RayWorkers(1, address=cluster.address, resources={"pool": 1}),
     )  # fmt: skip
+    began = time.monotonic()
     with pytest.raises(RemoteWorkerError) as err:
         for _ in loader:
-            time.sleep(0.02)  # a training step: the remote worker starts meanwhile
+            step(began)  # the remote worker starts meanwhile
     text = str(err.value)
     assert "cannot load the dataset" in text and "FileNotFoundError" in text
     assert "reach its files from its own node" in text
@@ -256,7 +266,7 @@ def test_exactly_once_in_order_with_remote_workers(cluster: Any) -> None:
         loader = make(*start, shuffle)
         it = iter(loader)
         got: list[int] = []
-        train_until_remote(loader, it, got, step_s=0.05)
+        train_until_remote(loader, it, got, or_epoch_end=True)
         for name, arg in ops:
             if name == "next":
                 for _ in range(arg):
@@ -277,7 +287,7 @@ def test_exactly_once_in_order_with_remote_workers(cluster: Any) -> None:
                 loader = make(arg[0], arg[1], 3, shuffle)
                 loader.load_state_dict(state)
                 it = iter(loader)
-                train_until_remote(loader, it, got, step_s=0.05)
+                train_until_remote(loader, it, got, or_epoch_end=True)
         got += [i for b in it for i in b.tolist()]
         assert got == expected_order(n, seed, shuffle)
 
