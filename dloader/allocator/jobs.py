@@ -109,6 +109,7 @@ class SubmittedJob:
     """GPU-seconds it has held, counted at each decision (:meth:`count_service`; not stored:
     an allocator that restarts counts from 0 again)."""
     counted_at: float | None = None
+    """The clock time its GPU-seconds were last counted (None: not yet)."""
 
     def count_service(self, now: float) -> None:
         """Adds the GPU-seconds of its placement since the last count (the ``las`` admission

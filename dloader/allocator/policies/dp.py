@@ -147,8 +147,7 @@ class DpPolicy:
 
     def line(self, jobs: Sequence[JobState]) -> list[JobState]:
         """The order in which jobs are admitted: each gets its fewest GPUs while they last, and
-        the jobs behind the first that does not fit wait (:func:`~dloader.allocator.optimizer.
-        admit`).
+        the jobs behind the first that does not fit wait (``optimizer.admit``).
 
         ``fifo``: arrival order. ``las``: two queues by attained service, split at
         ``las_threshold_gpu_s`` GPU-seconds, the less served first (a burst's short jobs do not
