@@ -733,8 +733,6 @@ class LoaderIterator:
 
     def _fill(self) -> None:
         """Dispatches until ``prefetch_factor`` tasks per ready worker are undelivered, as torch."""
-        if self._helper is not None:
-            self._check_helper()
         if self._stream_done or not self._active:
             return
         workers = self._workers
