@@ -8,8 +8,7 @@ online learning, unlimited cores (the setting of #48's comparison). Workloads: P
 ``--jitter-s`` seconds (:func:`dloader.allocator.traces.jitter_arrivals`, seed = the jitter's
 index). Arms: ``goodput-dp-fifo`` (first-come admission: ``fifo``), ``goodput-dp`` (``las``
 admission) at each threshold of ``--thresholds`` (``las@T``, GPU-seconds), and the peers of
-``--peers``
-(``pollux``: its genetic search makes it the slow arm).
+``--peers`` (``pollux``: its genetic search makes it the slow arm).
 
 Per ratio (an ``las`` arm over ``fifo`` or a peer; average JCT, p99 JCT, makespan): the median
 over all scenarios with a 95% interval (a bootstrap that resamples workloads, keeping each
@@ -157,22 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["ratio", "metric", "median", "95% interval", "worst workload"], rows))
     arm_rows = []
     for arm in arms:
-        jct = [runs[lab, k, arm]["avg_jct_s"] / 3600 for lab in labels for k in jitters]
-        restarts = [
-            runs[lab, k, arm]["restarts"] / runs[lab, k, arm]["jobs"]
-            for lab in labels
-            for k in jitters
-        ]
-        secs = [runs[lab, k, arm]["seconds"] for lab in labels for k in jitters]
-        done = sum(runs[lab, k, arm]["jobs_completed"] for lab in labels for k in jitters)
-        total = sum(runs[lab, k, arm]["jobs"] for lab in labels for k in jitters)
+        each = [runs[lab, k, arm] for lab in labels for k in jitters]
         arm_rows.append(
             [
                 arm,
-                f"{done}/{total}",
-                float(np.mean(jct)),
-                float(np.mean(restarts)),
-                float(np.median(secs)),
+                f"{sum(r['jobs_completed'] for r in each)}/{sum(r['jobs'] for r in each)}",
+                float(np.mean([r["avg_jct_s"] / 3600 for r in each])),
+                float(np.mean([r["restarts"] / r["jobs"] for r in each])),
+                float(np.median([r["seconds"] for r in each])),
             ]
         )
     print()
