@@ -28,9 +28,12 @@ worker counts over time.
                                                     # crop/flip/normalise, text tokenise + pack,
                                                     # remote reads with a tail
     python -m benchmarks.sidecar.bench_sidecar --mix dynamic   # jobs come and go (~40 min)
-    python -m benchmarks.sidecar.bench_sidecar --generated 12  # 12 mixes drawn from a new seed
-                                                    # (printed; ~55 min at --repeats 2
-                                                    # --static-runs 4): generated.py
+    python -m benchmarks.sidecar.bench_sidecar --generated 8   # 8 mixes drawn from a new seed
+                                                    # (printed), each against "auto", naive,
+                                                    # tuned alone and a static ceiling
+                                                    # (~20 min a mix at 120 s): generated.py
+    python -m benchmarks.sidecar.bench_sidecar --generated 8 --gen-seed S --only 0,1
+                                                    # a part of them (then --combine the JSONs)
 
 Also (d) ``no sidecar``: every job keeps its 4 workers.
 
@@ -517,8 +520,10 @@ def main(argv: list[str] | None = None) -> int:
         "generated mixes (--generated N)",
         "N node mixes drawn from a seed (2-5 jobs of the emulated and real-pipeline profiles, "
         "costs and limits varied, jobs arriving and leaving, costs changing), each scored for "
-        "the adaptive sidecar, each job at its own count (naive) and a static split searched "
-        "in the same run, with 95%% intervals (benchmarks/sidecar/generated.py)",
+        "the adaptive sidecar against each job at its own count (naive), each job "
+        'num_workers="auto" without a sidecar, each at the count auto chose for it alone, and '
+        "the best static split searched in the same run (a ceiling), with 95%% intervals, over "
+        "the whole run and its steady part (benchmarks/sidecar/generated.py)",
     )
     g.add_argument("--generated", type=int, metavar="N", help="run N drawn mixes")
     g.add_argument(
@@ -528,21 +533,57 @@ def main(argv: list[str] | None = None) -> int:
         help="the seed the mixes are drawn from (default: a new one, printed)",
     )
     g.add_argument(
-        "--length", type=float, default=30.0, help="seconds of each scenario (default: 30)"
+        "--length",
+        type=float,
+        default=120.0,
+        help="seconds of each scenario (default: 120: start-up a small part of it)",
     )
     g.add_argument(
         "--repeats",
         type=int,
         default=2,
-        help="runs of the adaptive sidecar and of the best static split per mix (default: 2)",
+        help="runs of the sidecar, of the auto arm and of the ceiling per mix (default: 2)",
     )
     g.add_argument(
         "--static-runs",
         type=int,
-        default=5,
-        help="runs the static search may make per mix, its three seeds included (default: 5)",
+        default=4,
+        help="runs the ceiling's search may make per mix, its seeds included (default: 4; "
+        "0: no ceiling)",
+    )
+    g.add_argument(
+        "--alone-s",
+        type=float,
+        default=40.0,
+        help='seconds each job runs alone with "auto" for the alone arm (default: 40; 0: no '
+        "alone arm)",
+    )
+    g.add_argument(
+        "--settle",
+        type=float,
+        default=20.0,
+        help="the steady part: blocks this many seconds or more after an event (default: 20)",
+    )
+    g.add_argument(
+        "--only",
+        metavar="I,J,...",
+        help="run only these mix indices of --generated N (a part of a long set, same seed)",
+    )
+    g.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="print and plot the parts' JSON files (one seed) as one set, and run nothing",
     )
     args = p.parse_args(argv)
+    if args.combine:
+        from benchmarks.sidecar.generated import combine
+
+        try:
+            return combine(args.combine, args.out_dir)
+        except (OSError, ValueError, KeyError) as exc:
+            p.error(f"--combine: {exc}")
     if args.generated is not None:
         if args.generated < 1:
             p.error(f"--generated {args.generated}: expected at least 1 mix")
@@ -550,8 +591,20 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--length {args.length:g}: expected seconds within [12, 3600)")
         if args.repeats < 1:
             p.error(f"--repeats {args.repeats}: expected at least 1")
-        if args.static_runs < 1:
-            p.error(f"--static-runs {args.static_runs}: expected at least 1")
+        if args.static_runs < 0:
+            p.error(f"--static-runs {args.static_runs}: expected 0 (no ceiling) or more")
+        if not (args.alone_s == 0 or 10 <= args.alone_s < 3600):
+            p.error(f"--alone-s {args.alone_s:g}: expected 0 (no alone arm) or [10, 3600) s")
+        if not 0 <= args.settle < args.length:
+            p.error(f"--settle {args.settle:g}: expected seconds within [0, --length)")
+        only = None
+        if args.only is not None:
+            try:
+                only = sorted({int(i) for i in args.only.split(",")})
+            except ValueError:
+                p.error(f"--only {args.only!r}: expected mix indices, e.g. 0,1,2")
+            if not all(0 <= i < args.generated for i in only):
+                p.error(f"--only {args.only}: expected indices within [0, {args.generated})")
         if args.jpegs < 1:
             p.error(f"--jpegs {args.jpegs}: expected at least 1")
         from benchmarks.sidecar.generated import generated
@@ -563,6 +616,9 @@ def main(argv: list[str] | None = None) -> int:
             length=args.length,
             repeats=args.repeats,
             static_runs=args.static_runs,
+            alone_s=args.alone_s,
+            settle_s=args.settle,
+            only=only,
             budget=args.budgets[0] if args.budgets else default_budget().workers,
             jpegs=args.jpegs,
             out_dir=args.out_dir,

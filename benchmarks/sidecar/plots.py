@@ -67,23 +67,31 @@ def overhead(trace: list[tuple[float, float]], split: float, goal: float | None,
 
 
 def generated(done: list[dict[str, Any]], seed: int, png: Path) -> None:
-    """Per drawn mix: adaptive / the best static split and adaptive / naive, with their 95%
-    intervals; and how long each job waited for its first placement."""
+    """Per drawn mix: the sidecar's ratio to each arm over the steady part (the whole run where
+    there is none), with its 95% interval; and how long each job waited for its first
+    placement."""
     plt = pyplot()
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
     xs = list(range(len(done)))
-    kinds = ((-0.15, "vs_static", "/ best static split"), (0.15, "vs_naive", "/ naive"))
-    for off, key, label in kinds:
-        v = [r[key][0] for r in done]
-        err = [[r[key][0] - r[key][1] for r in done], [r[key][2] - r[key][0] for r in done]]
-        at = [x + off for x in xs]
-        ax.errorbar(at, v, yerr=err, fmt="o", capsize=3, label=f"adaptive {label}")
+    arms = [a for a in ("naive", "auto", "alone", "ceiling") if any(a in r["ratios"] for r in done)]
+    for i, arm in enumerate(arms):
+        off = (i - (len(arms) - 1) / 2) * 0.15
+        at, v, lo, hi = [], [], [], []
+        for x, r in zip(xs, done, strict=True):
+            parts = r["ratios"].get(arm)
+            if parts:
+                c = parts.get("steady") or parts["whole"]
+                at.append(x + off)
+                v.append(c[0])
+                lo.append(c[0] - c[1])
+                hi.append(c[2] - c[0])
+        ax.errorbar(at, v, yerr=[lo, hi], fmt="o", capsize=3, label=f"sidecar / {arm}")
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.axhline(0.95, color="red", ls=":", lw=0.8, label="0.95")
+    ax.axhline(1.05, color="red", ls=":", lw=0.8, label="1.05 (target / auto)")
     ax.set_xticks(xs, [r["mix"].split("/")[1] + ("*" if r["dynamic"] else "") for r in done])
     ax.set_xlabel("mix (* jobs come or go)")
-    ax.set_ylabel("ratio of scenario scores")
+    ax.set_ylabel("ratio of scores, steady part")
     ax.legend(fontsize=8)
     first = [s for r in done for s in r["first_s"]]
     bx.hist(first, bins=20)

@@ -210,13 +210,13 @@ def _receive_and_pin(
         except BaseException as exc:
             inbox.put(_ReceiveFailed(exc))
             return
-        slot, gen, task_idx, payload, num, fetch_s, cpu_s = msg
+        slot, gen, task_idx, payload, num, fetch_s, cpu_s, delay_s = msg
         if task_idx >= 0 and payload is not ITER_END and not isinstance(payload, ExceptionWrapper):
             try:
                 payload = _Pinned(_pin_memory(payload, device))
             except Exception:
                 payload = ExceptionWrapper(where="in the pin-memory thread")
-            msg = (slot, gen, task_idx, payload, num, fetch_s, cpu_s)
+            msg = (slot, gen, task_idx, payload, num, fetch_s, cpu_s, delay_s)
         inbox.put(msg)
 
 
@@ -764,7 +764,7 @@ class LoaderIterator:
             return _PENDING, 0
 
     def _receive(self, msg: tuple[Any, ...]) -> None:
-        slot, gen, task_idx, payload, num, fetch_s, cpu_s = msg
+        slot, gen, task_idx, payload, num, fetch_s, cpu_s, delay_s = msg
         w = self._workers.get(slot)
         if task_idx == READY:
             if w is not None:
@@ -806,7 +806,7 @@ class LoaderIterator:
         task = self._tasks.get(task_idx)
         if task is None or task.slot != slot:
             return  # given again to another worker after this one was taken for lost
-        self._telemetry.record_fetch(slot, fetch_s, cpu_s)
+        self._telemetry.record_fetch(slot, fetch_s, cpu_s, delay_s)
         task.data, task.num = payload, num
         if payload is ITER_END and w is not None and w.state == "ready":
             w.state = "ended"

@@ -46,6 +46,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data import IterableDataset, IterDataPipe
 from torch.utils.data._utils import worker as _torch_worker
 
+from dloader._engine.telemetry import RunDelayClock
 from dloader._engine.timing import WORKER_POLL_INTERVAL_S
 from dloader._engine.workers import READY, Fetcher, seed_worker
 from dloader.errors import RemoteWorkerError
@@ -190,11 +191,13 @@ class RemoteFetcher:
                 self.error = "loading sample 0 failed:\n" + traceback.format_exc(limit=8)
         return os.getpid(), self.host, self.error
 
-    def fetch(self, index: Any) -> tuple[Any, int, float, float]:
-        """``(batch, samples, fetch seconds, CPU seconds)``; a failure is the batch's error.
+    def fetch(self, index: Any) -> tuple[Any, int, float, float, float | None]:
+        """``(batch, samples, fetch seconds, CPU seconds, run-queue seconds or None)``; a
+        failure is the batch's error.
         The batch's CPU tensors travel as numpy arrays (:func:`to_numpy`): Ray moves those
         without pickling their bytes, and the helper reads them in place."""
-        t0, c0 = time.perf_counter(), time.process_time()
+        delays = RunDelayClock()  # this call's thread (an actor's calls may move between them)
+        t0, c0, d0 = time.perf_counter(), time.process_time(), delays.read()
         try:
             assert self.fetcher is not None, self.error
             data, num = self.fetcher.fetch(index)
@@ -202,7 +205,10 @@ class RemoteFetcher:
         except Exception:
             where = f"in remote DataLoader worker {self.slot} on {self.host}"
             data, num = ExceptionWrapper(where=where), 0
-        return data, num, time.perf_counter() - t0, time.process_time() - c0
+        fetch_s, cpu_s, d1 = time.perf_counter() - t0, time.process_time() - c0, delays.read()
+        delays.close()
+        delay_s = d1 - d0 if d0 is not None and d1 is not None else None
+        return data, num, fetch_s, cpu_s, delay_s
 
 
 class _Array:
@@ -295,7 +301,9 @@ def helper_loop(
     where = spec.address or "$RAY_ADDRESS or a new local instance"
 
     def fail(why: str) -> None:
-        results.send((REMOTE_SLOT_BASE, 0, FAILED, f"Ray at {where}: {why[:500]}", 0, 0.0, 0.0))
+        results.send(
+            (REMOTE_SLOT_BASE, 0, FAILED, f"Ray at {where}: {why[:500]}", 0, 0.0, 0.0, None)
+        )
 
     def too_slow() -> None:  # Ray retries an unreachable address for minutes
         fail(f"not joined within {spec.connect_timeout_s:g} s (RayWorkers.connect_timeout_s)")
@@ -351,7 +359,7 @@ class _Helper:
                 raise TypeError(f"a remote batch cannot be sent to the trainer: {exc}") from exc
             except TypeError:
                 error = ExceptionWrapper(where=f"in remote DataLoader worker {slot}")
-            self.results.send((slot, gen, task_idx, error, 0, 0.0, 0.0))
+            self.results.send((slot, gen, task_idx, error, 0, 0.0, 0.0, None))
 
     def serve(self, tasks: Any) -> None:
         while True:
@@ -396,7 +404,7 @@ class _Helper:
             with contextlib.suppress(Exception):
                 self.ray.kill(s.actor, no_restart=True)
             del self.slots[slot]
-            self.send((slot, 0, STOPPED, None, 0, 0.0, 0.0))
+            self.send((slot, 0, STOPPED, None, 0, 0.0, 0.0, None))
 
     def collect(self) -> None:
         """Sends what the actors have finished; a failed call means its worker is lost."""
@@ -424,13 +432,13 @@ class _Helper:
                 self.on_ready(slot, s, value)
             else:
                 gen, task_idx = s.outstanding.pop(ref)
-                data, num, fetch_s, cpu_s = value
-                self.send((slot, gen, task_idx, from_numpy(data), num, fetch_s, cpu_s))
+                data, num, fetch_s, cpu_s, delay_s = value
+                self.send((slot, gen, task_idx, from_numpy(data), num, fetch_s, cpu_s, delay_s))
                 self.finish_stopping(slot, s)
 
     def on_ready(self, slot: int, s: _Slot, value: tuple[int, str, str | None]) -> None:
         s.ready = True
-        self.send((slot, 0, READY, value, 0, 0.0, 0.0))
+        self.send((slot, 0, READY, value, 0, 0.0, 0.0, None))
         for gen, task_idx, index in s.waiting:
             s.outstanding[s.actor.fetch.remote(index)] = (gen, task_idx)
         s.waiting.clear()
@@ -442,7 +450,7 @@ class _Helper:
         with contextlib.suppress(Exception):
             self.ray.kill(s.actor, no_restart=True)
         del self.slots[slot]
-        self.send((slot, 0, GONE, (why[:300], held), 0, 0.0, 0.0))
+        self.send((slot, 0, GONE, (why[:300], held), 0, 0.0, 0.0, None))
 
     def shutdown(self) -> None:
         for s in self.slots.values():

@@ -1,19 +1,51 @@
 """Loader telemetry: how long the trainer waits for data, and what the workers spend.
 
-Recording is O(1) per batch and :meth:`Telemetry.snapshot` is O(number of workers): windowed
-sums are kept incrementally, so calling ``loader.stats()`` every step is cheap.
+Recording is O(1) per batch (amortised) and :meth:`Telemetry.snapshot` is O(number of
+workers): windowed sums are kept incrementally, so calling ``loader.stats()`` every step is cheap.
+
+Each worker times its batches: wall time, CPU time and, on Linux, the time it waited runnable
+for a CPU (:class:`RunDelayClock`, ``/proc/thread-self/schedstat``): what separates a CPU-bound
+worker on a crowded node from one waiting for storage.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["LoaderStats", "Telemetry", "WorkerStats"]
+__all__ = ["LoaderStats", "RunDelayClock", "Telemetry", "WorkerStats"]
 
 _EMA = 0.2  # weight of the newest batch in per-worker moving averages
+
+
+class RunDelayClock:
+    """Seconds this thread has waited, runnable, on a CPU run queue (the kernel's schedstat
+    ``run_delay``; ~2 us a read). :meth:`read` is ``None`` where the kernel does not say (not
+    Linux, schedstats off): the timings then carry no wait. Open it in the thread it times."""
+
+    def __init__(self) -> None:
+        try:
+            self._fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+        if self.read() is None:
+            self.close()
+
+    def read(self) -> float | None:
+        if self._fd is None:
+            return None
+        try:
+            return int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 @dataclass(frozen=True)
@@ -38,6 +70,17 @@ class WorkerStats:
     """CPU seconds this worker has spent fetching."""
     remote: bool = False
     """A remote worker (a Ray actor on another node: its ``pid`` is there)."""
+    window_batches: int = 0
+    """Batches it delivered in the recent window, its first batch ever not counted (the
+    worker's start-up: imports, opening files, warming caches)."""
+    window_fetch_seconds: float = 0.0
+    """Mean wall time per batch over those batches (0: none)."""
+    window_cpu_seconds: float = 0.0
+    """Mean CPU time per batch over those batches."""
+    window_run_delay_seconds: float | None = None
+    """Mean time per batch it waited, runnable, for a CPU over those batches (Linux schedstat:
+    contention from other processes); ``None``: unknown (no batch, or the kernel does not
+    say)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +133,31 @@ class _WorkerRecord:
     cpu_seconds: float = 0.0
     cpu_total_seconds: float = 0.0
     remote: bool = False
+    # the recent window's batches after the first: (received, fetch, cpu, run delay or None)
+    recent: deque[tuple[float, float, float, float | None]] = field(default_factory=deque)
+    sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # fetch, cpu, delay
+    unknown_delays: int = 0  # of ``recent``: batches without a run delay
+
+    def add(self, at: float, fetch: float, cpu: float, delay: float | None) -> None:
+        self.recent.append((at, fetch, cpu, delay))
+        self.sums[0] += fetch
+        self.sums[1] += cpu
+        if delay is None:
+            self.unknown_delays += 1
+        else:
+            self.sums[2] += delay
+
+    def evict(self, horizon: float) -> None:
+        while self.recent and self.recent[0][0] < horizon:
+            _, fetch, cpu, delay = self.recent.popleft()
+            self.sums[0] -= fetch
+            self.sums[1] -= cpu
+            if delay is None:
+                self.unknown_delays -= 1
+            else:
+                self.sums[2] -= delay
+        if not self.recent:  # no drift of the float sums over a long run
+            self.sums[:] = [0.0, 0.0, 0.0]
 
 
 class Telemetry:
@@ -158,14 +226,25 @@ class Telemetry:
                 rec = self.workers.setdefault(slot, _WorkerRecord())
         return rec
 
-    def record_fetch(self, slot: int, fetch_seconds: float, cpu_seconds: float) -> None:
-        """Records one batch fetched by worker ``slot``."""
+    def record_fetch(
+        self,
+        slot: int,
+        fetch_seconds: float,
+        cpu_seconds: float,
+        run_delay_seconds: float | None = None,
+    ) -> None:
+        """Records one batch fetched by worker ``slot``: its wall and CPU time, and how long
+        the worker waited for a CPU meanwhile (``None``: unknown)."""
         rec = self.worker(slot)
         if rec.batches == 0:
             rec.fetch_seconds, rec.cpu_seconds = fetch_seconds, cpu_seconds
         else:
             rec.fetch_seconds += _EMA * (fetch_seconds - rec.fetch_seconds)
             rec.cpu_seconds += _EMA * (cpu_seconds - rec.cpu_seconds)
+            with self.lock:  # snapshot() reads the window's sums under this lock
+                now = time.monotonic()
+                rec.add(now, fetch_seconds, cpu_seconds, run_delay_seconds)
+                rec.evict(now - self.window_seconds)
         rec.batches += 1
         rec.cpu_total_seconds += cpu_seconds
 
@@ -193,18 +272,7 @@ class Telemetry:
             else:
                 window = samples_per_second = step_seconds = wait = idle = 0.0
             workers = tuple(
-                WorkerStats(
-                    slot,
-                    r.pid,
-                    r.state,
-                    r.batches,
-                    r.in_flight,
-                    r.fetch_seconds,
-                    r.cpu_seconds,
-                    r.cpu_total_seconds,
-                    r.remote,
-                )
-                for slot, r in sorted(self.workers.items())
+                self._worker_stats(slot, r, now) for slot, r in sorted(self.workers.items())
             )
             return LoaderStats(
                 timestamp=now,
@@ -225,3 +293,23 @@ class Telemetry:
                 tuner=tuner,
                 remote_workers=remote_workers,
             )
+
+    def _worker_stats(self, slot: int, r: _WorkerRecord, now: float) -> WorkerStats:
+        r.evict(now - self.window_seconds)
+        n = len(r.recent)
+        fetch, cpu, delay = (v / n if n else 0.0 for v in r.sums)
+        return WorkerStats(
+            slot,
+            r.pid,
+            r.state,
+            r.batches,
+            r.in_flight,
+            r.fetch_seconds,
+            r.cpu_seconds,
+            r.cpu_total_seconds,
+            r.remote,
+            window_batches=n,
+            window_fetch_seconds=fetch,
+            window_cpu_seconds=cpu,
+            window_run_delay_seconds=delay if n and not r.unknown_delays else None,
+        )

@@ -10,7 +10,9 @@ Protocol (all tuples, so that they pickle cheaply):
   ``None``: exit. Tasks still queued when the shared ``done_event`` is set are skipped.
 * worker -> main, on the shared result pipe (:class:`dloader._engine.result_pipe.ResultPipe`,
   written synchronously: a batch that cannot be pickled becomes an error naming its samples):
-  ``(slot, generation, task_idx, payload, num_samples, fetch_s, cpu_s)``. ``task_idx`` is
+  ``(slot, generation, task_idx, payload, num_samples, fetch_s, cpu_s, run_delay_s)``: the
+  batch's wall and CPU seconds and the seconds the worker waited meanwhile, runnable, for a CPU
+  (``None``: unknown; :class:`~dloader._engine.telemetry.RunDelayClock`). ``task_idx`` is
   :data:`READY` once after start-up (``payload`` is the PID). ``payload`` is the collated batch, an
   ``ExceptionWrapper`` (re-raised in the main process with the worker's traceback), or
   :data:`ITER_END` when an iterable dataset is exhausted in this worker.
@@ -37,6 +39,7 @@ from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe
 from torch.utils.data import graph_settings as _graph_settings
 from torch.utils.data._utils import worker as _torch_worker
 
+from dloader._engine.telemetry import RunDelayClock
 from dloader._engine.timing import WORKER_POLL_INTERVAL_S
 
 __all__ = ["ITER_END", "READY", "Fetcher", "worker_loop"]
@@ -222,8 +225,9 @@ def worker_loop(
         manager_pid = os.getppid()
         result_queue.in_worker()
         threading.Thread(target=_watch_parent, args=(manager_pid,), daemon=True).start()
-        result_queue.send((slot, generation, READY, os.getpid(), 0, 0.0, 0.0))
+        result_queue.send((slot, generation, READY, os.getpid(), 0, 0.0, 0.0, None))
         ended = False
+        delays = RunDelayClock()
         while True:
             try:
                 task = index_queue.get(timeout=WORKER_POLL_INTERVAL_S)
@@ -242,7 +246,7 @@ def worker_loop(
                 if fetcher is not None:
                     fetcher.dataset = seed_datapipe(fetcher.dataset, shared_seed)
                     fetcher.restart()
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, d0 = time.perf_counter(), time.process_time(), delays.read()
             num = 0
             data: Any
             if init_error is not None:
@@ -257,14 +261,15 @@ def worker_loop(
                     data, ended = ITER_END, True
                 except Exception:
                     data = ExceptionWrapper(where=f"in DataLoader worker process {slot}")
-            fetch_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+            fetch_s, cpu_s, d1 = time.perf_counter() - t0, time.process_time() - c0, delays.read()
+            delay_s = d1 - d0 if d0 is not None and d1 is not None else None
             try:
-                result_queue.send((slot, gen, task_idx, data, num, fetch_s, cpu_s))
+                result_queue.send((slot, gen, task_idx, data, num, fetch_s, cpu_s, delay_s))
             except (BrokenPipeError, ConnectionError):
                 break  # the main process is gone
             except Exception as exc:  # the batch cannot be pickled: say so, naming it
                 error = _unpicklable(slot, index, data, exc)
-                result_queue.send((slot, gen, task_idx, error, 0, fetch_s, cpu_s))
+                result_queue.send((slot, gen, task_idx, error, 0, fetch_s, cpu_s, delay_s))
             del data, task, index
     except (KeyboardInterrupt, BrokenPipeError):
         # The main process gets the interrupt too and shuts the workers down; or it is gone.

@@ -64,10 +64,34 @@ class WorkerReport:
 
     pid: int
     fetch_seconds: float
-    """Mean wall time per batch."""
+    """Mean wall time per batch: over the window's batches, the worker's first batch left out
+    (``WorkerStats.window_fetch_seconds``), or its moving average where the window has none."""
     cpu_seconds: float
-    """Mean CPU time per batch."""
+    """Mean CPU time per batch (the same batches)."""
     batches: int
+    """Batches it has ever delivered."""
+    run_delay_seconds: float | None = None
+    """Mean time per batch it waited, runnable, for a CPU, over the window's batches (Linux
+    schedstat); ``None``: unknown."""
+
+    @classmethod
+    def from_stats(cls, w: Any) -> WorkerReport:
+        """From a loader's ``dloader.WorkerStats``."""
+        if w.window_batches:
+            return cls(
+                w.pid or 0,
+                w.window_fetch_seconds,
+                w.window_cpu_seconds,
+                w.batches,
+                w.window_run_delay_seconds,
+            )
+        return cls(w.pid or 0, w.fetch_seconds, w.cpu_seconds, w.batches)
+
+    @classmethod
+    def from_pb(cls, m: Any) -> WorkerReport:
+        """From a ``dloader.v1.WorkerReport``."""
+        delay = m.run_delay_seconds if m.HasField("run_delay_seconds") else None
+        return cls(m.pid, m.fetch_seconds, m.cpu_seconds, m.batches, delay)
 
 
 @dataclass(frozen=True)
@@ -95,10 +119,7 @@ class JobReport:
         return cls(
             timestamp=timestamp,
             batch_size=stats.batch_size or 1,
-            workers=tuple(
-                WorkerReport(w.pid or 0, w.fetch_seconds, w.cpu_seconds, w.batches)
-                for w in stats.workers
-            ),
+            workers=tuple(WorkerReport.from_stats(w) for w in stats.workers if not w.remote),
             **{name: getattr(stats, name) for name in names},
         )
 
@@ -120,7 +141,9 @@ class JobReport:
         """As a ``dloader.v1.JobReport`` of ``job_id``."""
         pb = _pb()
         d = asdict(self)
-        d["workers"] = [pb.WorkerReport(**w) for w in d["workers"]]
+        d["workers"] = [
+            pb.WorkerReport(**{k: v for k, v in w.items() if v is not None}) for w in d["workers"]
+        ]
         return pb.JobReport(job_id=job_id, token=token, **d)
 
     @classmethod
@@ -136,9 +159,7 @@ class JobReport:
             wait_seconds=m.wait_seconds,
             window_seconds=m.window_seconds,
             samples=m.samples,
-            workers=tuple(
-                WorkerReport(w.pid, w.fetch_seconds, w.cpu_seconds, w.batches) for w in m.workers
-            ),
+            workers=tuple(WorkerReport.from_pb(w) for w in m.workers),
         )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from dloader.apps.experiment import Arrival
@@ -72,9 +73,9 @@ class ScenarioJob:
         """Its profile with the variation applied (before any cost change)."""
         return PROFILES[self.profile].scaled(self.io_scale, self.cpu_scale, self.step_scale)
 
-    def arrival(self, workers: int | None = None) -> Arrival:
+    def arrival(self, workers: int | str | None = None) -> Arrival:
         """The job for :func:`~dloader.apps.experiment.run_jobs`, at its own count or at
-        ``workers``."""
+        ``workers`` (a count, or ``"auto"``: the loader tunes itself)."""
         extra = ["--job-name", self.label, "--step-scale", f"{self.step_scale:.4g}"]
         if PROFILES[self.profile].pipeline == "emulated":
             extra += ["--io-scale", f"{self.io_scale:.4g}", "--cpu-scale", f"{self.cpu_scale:.4g}"]
@@ -163,9 +164,17 @@ class NodeMix:
         """Each job at its own count (the naive split)."""
         return {j.label: j.workers for j in self.jobs}
 
-    def arrivals(self, split: Split | None = None) -> list[Arrival]:
-        """The jobs to run: at their own counts, or at ``split``'s."""
+    def arrivals(self, split: Mapping[str, int | str] | None = None) -> list[Arrival]:
+        """The jobs to run: at their own counts, or at ``split``'s (a count or ``"auto"``
+        per job)."""
         return [j.arrival(None if split is None else split[j.label]) for j in self.jobs]
+
+    def events(self) -> list[float]:
+        """The moments something changes on the node: the start, arrivals, departures and
+        cost changes (seconds into the scenario, sorted)."""
+        moments = {0.0, *(j.at for j in self.jobs), *(j.until for j in self.jobs)}
+        moments |= {j.change_at for j in self.jobs if j.change_at is not None}
+        return sorted(t for t in moments if t < self.length)
 
     def describe(self) -> str:
         kinds = [k for k, on in (("dynamic", self.dynamic), ("cost change", self.changes)) if on]

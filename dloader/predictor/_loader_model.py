@@ -20,6 +20,8 @@ Learned part: a scikit-learn ``BayesianRidge`` fitted online to the log-residual
 ``log(measured / physical)`` over the features ``[x, x^2, k == 0]`` with ``x = log(L / A)`` (how
 loader-bound the allocation is). It corrects the shape near the knee and gives a predictive
 standard deviation, reported as a relative uncertainty so that a policy can choose to explore.
+Before three observations, the correction is their mean log-residual: a model fitted to one
+window reproduces that window (the first placement of a job rests on it).
 
 Predictions are monotone non-decreasing in workers and cores by construction: the prediction
 for ``(k, c)`` is the maximum over all ``k' <= k``, ``c' <= c`` on the integer grid.
@@ -59,6 +61,7 @@ _GRID_KNEE = (1.5, 3.0, 6.0, 12.0, 25.0)  # ... sharpness of a knee
 _GRID_SHARE = (0.05, 0.25, 0.5, 0.75, 0.95)  # ... CPU share of a sample's time
 _MAX_NFEV = 60  # residual evaluations of one shape fit
 _COLD_STD = 0.5  # relative uncertainty reported before there is anything to fit
+_MAX_CORRECTION = 0.7  # the learned log correction, at most (a calibration, not new physics)
 _MAX_UNFITTED = 5  # observations held back from the fit (said nothing new) before a refit anyway
 _PRIOR_WEIGHT = 0.02
 """Weight of the shape fit's prior (log ``eta``, ``p``, ``q`` near their defaults), against an
@@ -161,6 +164,7 @@ class LoaderModel:
         self._obs: deque[LoaderObservation] = deque(maxlen=_MAX_SAMPLES)
         self._phys = _Physics()
         self._ridge: BayesianRidge | None = None
+        self._offset = 0.0  # before the ridge (< 3 observations): their mean log residual
         self._shape_seen: set[tuple[int, int]] = set()
         """Allocations the last shape fit saw."""
         self._added = 0  # observations ever added
@@ -176,7 +180,7 @@ class LoaderModel:
         recent = list(self._obs)[-n:]
         self._obs.clear()
         self._obs.extend(recent)
-        self._phys, self._ridge = _Physics(), None
+        self._phys, self._ridge, self._offset = _Physics(), None, 0.0
         self._shape_seen, self._shape_at, self._added = set(), 0, len(recent)
         self._refit()
 
@@ -276,8 +280,9 @@ class LoaderModel:
             ridge = BayesianRidge(fit_intercept=True)
             ridge.fit(self._features(obs), resid)
             self._ridge = ridge
-        else:
+        else:  # what the shape cannot explain in a window or two (the ridge's intercept)
             self._ridge = None
+            self._offset = float(np.clip(resid.mean(), -_MAX_CORRECTION, _MAX_CORRECTION))
 
     def _fit_shape(
         self,
@@ -391,9 +396,9 @@ class LoaderModel:
         if self._ridge is not None:
             mean, std = self._ridge.predict(self._features_of(k, c, b), return_std=True)
             # A correction is a calibration, not a new physics: keep it within a factor ~2.
-            mean = np.clip(mean, -0.7, 0.7)
+            mean = np.clip(mean, -_MAX_CORRECTION, _MAX_CORRECTION)
         else:
-            mean = np.zeros_like(phys)
+            mean = np.full_like(phys, self._offset)
             std = np.full_like(phys, _COLD_STD / max(len(self._obs), 1))
         # Never predict more than the accelerator can take.
         return np.minimum(phys * np.exp(mean), a), std, a, loader

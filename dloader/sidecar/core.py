@@ -510,6 +510,8 @@ class NodeCore:
         for i, w in enumerate(r.workers):
             finite_within(f"workers[{i}].fetch_seconds", w.fetch_seconds, 0, 86400)
             finite_within(f"workers[{i}].cpu_seconds", w.cpu_seconds, 0, 86400)
+            if w.run_delay_seconds is not None:
+                finite_within(f"workers[{i}].run_delay_seconds", w.run_delay_seconds, 0, 86400)
         job.last_report, job.last_report_at = r, self._clock()
         job.reports += 1
         if (k, b) != (job.record.num_workers, job.record.batch_size):
@@ -523,6 +525,12 @@ class NodeCore:
         fetch = sum(w.fetch_seconds for w in busy) / len(busy) if busy else None
         cpu = sum(w.cpu_seconds for w in busy) / len(busy) if busy else None
         job.worker_cores = tput * cpu / b if cpu is not None else 0.0
+        delays = [w.run_delay_seconds for w in busy if w.run_delay_seconds is not None]
+        wait: float | None
+        if busy and len(delays) == len(busy):  # each worker timed its own waits: this window's
+            wait = min(sum(delays) / len(busy), max((fetch or 0.0) - (cpu or 0.0), 0.0))
+        else:  # the tree walks' share of time waited, from the last two walks
+            wait = _wait_per_batch(job.cpu_wait_share, fetch, cpu, len(busy) * b / tput)
         obs = LoaderObservation(
             num_workers=k,
             cores=self._available_cores(job) if cpu is not None else self.settings.cpu_budget,
@@ -532,7 +540,7 @@ class NodeCore:
             step_s=step,
             fetch_s=fetch,
             cpu_s=cpu,
-            cpu_wait_s=_wait_per_batch(job.cpu_wait_share, fetch, cpu, len(busy) * b / tput),
+            cpu_wait_s=wait,
         )
         self._measure(job, r, window, busy=len(busy))
         gate = pol.learning_gate(

@@ -153,6 +153,27 @@ def test_held_split_and_the_cut_to_a_budget() -> None:
     assert generated.within_budget({"a": 9, "b": 2}, mix, 8) == {"a": 6, "b": 2}
 
 
+def test_the_steady_part_leaves_out_the_blocks_after_each_event() -> None:
+    """Events at 0 (start), 40 (an arrival), 60 (a cost change), 90 (a departure): with 20 s
+    to settle, the 5-s blocks from 20, 80 and 110 s on are steady (the change at 60 leaves
+    blocks 60-75 unsettled; 90 leaves 90-105)."""
+    a = ScenarioJob("a", "io_heavy", 1, 0.0, 90.0, change_at=60.0, change_factor=2.0)
+    b = ScenarioJob("b", "io_heavy", 1, 40.0, 120.0)
+    mix = NodeMix(0, 0, 120.0, (a, b))
+    assert mix.events() == [0.0, 40.0, 60.0, 90.0]
+    steady = generated.steady_blocks(mix, 24, 20.0)
+    starts = [5 * i for i in range(24) if steady[i]]
+    assert starts == [20, 25, 30, 35, 80, 85, 110, 115]
+
+
+def test_the_count_auto_settled_on_is_the_one_held_most_in_the_second_half() -> None:
+    # 2 workers for the first 6 s (exploring), then 5, with a 1-s probe at 6
+    steps = [(float(t), 1, 2 if t < 6 else 6 if t == 6 else 5) for t in range(10)]
+    assert generated.settled_count(_job(0.0, 1.0, steps)) == 5
+    with pytest.raises(RuntimeError, match="ran no step"):
+        generated.settled_count(_job(0.0, 1.0, []))
+
+
 def test_the_ratio_interval_holds_the_ratio_and_narrows_with_agreeing_blocks() -> None:
     rng = np.random.default_rng(0)
     a = np.array([[1.0, 1.1, 0.9, 1.0], [1.0, 1.1, 0.9, 1.0]])
@@ -204,6 +225,10 @@ def test_bad_generated_arguments_stop_the_benchmark_before_it_runs(
         (["--generated", "0"], "--generated 0: expected at least 1 mix"),
         (["--generated", "2", "--length", "5"], "--length 5: expected seconds within"),
         (["--generated", "2", "--repeats", "0"], "--repeats 0: expected at least 1"),
+        (["--generated", "2", "--alone-s", "5"], "--alone-s 5: expected 0 (no alone arm)"),
+        (["--generated", "2", "--only", "0,2"], "--only 0,2: expected indices within [0, 2)"),
+        (["--generated", "2", "--only", "x"], "--only 'x': expected mix indices"),
+        (["--generated", "2", "--settle", "200"], "--settle 200: expected seconds within"),
     ):
         with pytest.raises(SystemExit):
             bench_sidecar.main(argv)
@@ -214,22 +239,32 @@ def test_bad_generated_arguments_stop_the_benchmark_before_it_runs(
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_bench_sidecar_generated_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """One drawn mix of 12 s: naive, adaptive twice, a static search of 2 runs and its rerun;
-    the table, the summary lines, the JSON and the plot."""
+    """One drawn mix of 12 s: the sidecar twice, naive, "auto" twice, each job alone (10 s)
+    then together at those counts, a static search of 2 runs and its 2 fresh reruns; the
+    table, the summary lines, the JSON and the plot; then the part combined."""
     argv = ["--generated", "1", "--gen-seed", "7", "--length", "12", "--repeats", "2"]
-    argv += ["--static-runs", "2", "--jpegs", "200", "--out-dir", str(tmp_path)]
-    assert bench_sidecar.main(argv) == 0
+    argv += ["--static-runs", "2", "--alone-s", "10", "--settle", "5", "--jpegs", "200"]
+    assert bench_sidecar.main([*argv, "--out-dir", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "bench_sidecar_generated.json").read_text())
     assert data["seed"] == 7 and len(data["mixes"]) == 1
     (mix,) = data["mixes"]
-    assert len(mix["scores"]["adaptive"]) == len(mix["scores"]["static"]) == 2
-    assert len(mix["scores"]["naive"]) == 1 and mix["static_runs"] <= 2
+    runs = {arm: len(v) for arm, v in mix["scores"].items()}
+    assert runs == {"sidecar": 2, "naive": 1, "auto": 2, "alone": 1, "ceiling": 2}
+    assert mix["static_runs"] <= 2 and set(mix["alone_split"]) == set(mix["static_split"])
     assert all(s > 0 for kind in mix["scores"].values() for s in kind)
-    for key in ("vs_static", "vs_naive"):
-        v, lo, hi = mix[key]
-        assert lo <= v <= hi, (key, mix[key])
+    assert set(mix["ratios"]) == {"naive", "auto", "alone", "ceiling"}
+    for arm, parts in mix["ratios"].items():
+        assert set(parts) == {"whole", "steady"}
+        for v, lo, hi in parts.values():
+            assert lo <= v <= hi, (arm, parts)
     assert mix["first_s"], "no job was placed by the sidecar"
     assert (tmp_path / "bench_sidecar_generated.png").stat().st_size > 0
     out = capsys.readouterr().out
-    assert "seed 7 (reproduce: --generated 1 --gen-seed 7)" in out
-    assert "adaptive / static: median" in out and "first placement after registering" in out
+    assert "seed 7 (reproduce: --generated 1 --gen-seed 7 --length 12)" in out
+    assert "sidecar / auto (steady): median" in out and "(target: median >= 1.05" in out
+    assert "first placement after registering" in out
+    combined = tmp_path / "combined"
+    part = tmp_path / "bench_sidecar_generated.json"
+    assert bench_sidecar.main(["--combine", str(part), "--out-dir", str(combined)]) == 0
+    assert json.loads((combined / "bench_sidecar_generated.json").read_text())["mixes"] == [mix]
+    assert "sidecar / auto (steady): median" in capsys.readouterr().out

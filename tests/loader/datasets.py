@@ -169,3 +169,22 @@ class Unpicklable(Range):
         import threading
 
         return threading.Lock() if i == self.bad else i
+
+
+class SpinAfterSlowStart(Range):
+    """Each sample spins ``cpu_s`` of this thread's CPU time (the same work on any machine);
+    the first sample a process fetches first sleeps ``start_s`` (a worker's start-up)."""
+
+    def __init__(self, n: int, cpu_s: float, start_s: float) -> None:
+        super().__init__(n)
+        self.cpu_s, self.start_s = cpu_s, start_s
+        self._started = 0  # the PID that has fetched (a forked worker starts at its parent's)
+
+    def __getitem__(self, i: int) -> int:
+        if self._started != os.getpid():
+            self._started = os.getpid()
+            time.sleep(self.start_s)
+        end = time.thread_time() + self.cpu_s
+        while time.thread_time() < end:
+            pass
+        return i

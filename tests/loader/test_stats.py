@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 
 import dloader
+from dloader._engine.telemetry import RunDelayClock
 from dloader.apps.testbed import PROFILES, EmulatedDataset, run_job
 from tests.loader import datasets as D
 
@@ -100,3 +102,48 @@ def test_testbed_run_job_measures_the_emulated_accelerator() -> None:
     assert r.steps == 8 and r.samples == 64
     # Step time is 40 + 5*8 = 80 ms: throughput cannot exceed the accelerator limit.
     assert r.samples_per_second <= profile.limit(8) * 1.05
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(RunDelayClock().read() is None, reason="the kernel gives no schedstat")
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 2 worker processes")  # 1 CPU
+def test_worker_timings_leave_out_the_start_up_batch_and_count_waits_for_a_cpu() -> None:
+    """Two CPU-bound workers on one CPU: each waits, runnable, for about half its wall time,
+    and each batch's run-queue wait, timed by the worker, accounts for its wall time beyond its
+    CPU (there is no I/O); the windowed means leave out each worker's first batch (0.5 s of
+    start-up): what a sidecar reads from one window is the steady state."""
+    loader = dloader.DataLoader(
+        D.SpinAfterSlowStart(400, cpu_s=0.004, start_s=0.5), batch_size=4, num_workers=2,
+        stats_window_s=600,
+    )  # fmt: skip
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # the workers fork with it
+    try:
+        it = iter(loader)
+        for _ in range(30):
+            next(it)
+        workers = loader.stats().workers
+        del it
+    finally:
+        os.sched_setaffinity(0, cpus)
+    for w in workers:
+        assert w.window_batches == w.batches - 1 >= 3
+        assert w.window_fetch_seconds < 0.25  # no 0.5 s start-up in the mean
+        assert w.window_cpu_seconds >= 4 * 0.004 * 0.9
+        delay = w.window_run_delay_seconds
+        assert delay is not None and delay > 0.25 * w.window_fetch_seconds
+        beyond_cpu = w.window_fetch_seconds - w.window_cpu_seconds
+        assert delay == pytest.approx(beyond_cpu, rel=0.25)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(RunDelayClock().read() is None, reason="the kernel gives no schedstat")
+def test_a_sleeping_worker_waits_for_no_cpu() -> None:
+    loader = dloader.DataLoader(D.Range(64, sleep_s=0.01), batch_size=4, num_workers=1)
+    it = iter(loader)
+    for _ in range(12):
+        next(it)
+    (w,) = loader.stats().workers
+    del it
+    assert w.window_run_delay_seconds is not None
+    assert w.window_run_delay_seconds < 0.2 * w.window_fetch_seconds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable
@@ -108,6 +109,43 @@ def test_observations_carry_the_workers_run_queue_wait(tmp_path: Path, wait_shar
     # each of the 2 workers delivers a batch of 32 every 2 * 32 / 300 s, and waits only
     # while it works on one: a batch waited the wait share of that time, not of its fetch
     assert obs.cpu_wait_s == pytest.approx(wait_share * 2 * 32 / 300)
+
+
+def test_the_first_window_takes_the_waits_its_workers_timed(tmp_path: Path) -> None:
+    """A CPU-bound job's first report, on a crowded node: its workers timed their run-queue
+    waits (0.09 s of each 0.2 s batch). The observation carries them at once, with no two tree
+    walks to wait for (its first window read as I/O-bound placed it at 5 workers where 2 were
+    right); a worker that cannot say leaves the walks' estimate (here: none yet)."""
+    node = FakeNode(0.0)
+    core = node_core(tmp_path, PolicySettings("adaptive", 4, 2, 1.0), node)
+    job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    node.now += 2.0
+    timed = tuple(WorkerReport(201 + i, 0.2, 0.11, 10, 0.09) for i in range(2))
+    core.report(job, replace(report(2, 300.0), workers=timed))
+    assert job.model.observations[-1].cpu_wait_s == pytest.approx(0.09)
+    assert job.model.io_seconds_per_sample == pytest.approx(0.0, abs=1e-9)  # no I/O
+    half = (timed[0], WorkerReport(202, 0.2, 0.11, 10))
+    other = core.register(Registration("b", pids=(101,), num_workers=2, batch_size=32))
+    node.now += 2.0
+    core.report(other, replace(report(2, 300.0), workers=half))
+    assert other.model.observations[-1].cpu_wait_s is None
+
+
+@pytest.mark.parametrize("delay", [-0.5, math.nan, math.inf])
+def test_a_timed_wait_that_cannot_be_is_refused_naming_it(tmp_path: Path, delay: float) -> None:
+    node = FakeNode(0.0)
+    core = node_core(tmp_path, PolicySettings("adaptive", 4, 2, 1.0), node)
+    job = core.register(Registration("a", pids=(100,), num_workers=1, batch_size=32))
+    bad = replace(report(1, 300.0), workers=(WorkerReport(201, 0.2, 0.1, 10, delay),))
+    with pytest.raises(InvalidArgument, match=r"workers\[0\]\.run_delay_seconds"):
+        core.report(job, bad)
+
+
+@pytest.mark.parametrize("delay", [None, 0.0, 0.125])
+def test_a_workers_timed_wait_crosses_both_transports(delay: float | None) -> None:
+    r = replace(report(2, 300.0), workers=(WorkerReport(201, 0.2, 0.1, 10, delay),))
+    assert JobReport.from_json(json.loads(json.dumps(r.to_json()))) == r
+    assert JobReport.from_pb(r.to_pb("job", "token")) == r
 
 
 def test_observations_carry_the_cores_a_jobs_workers_could_use(tmp_path: Path) -> None:
