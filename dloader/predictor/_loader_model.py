@@ -481,6 +481,21 @@ class LoaderModel:
         loader, _ = self._rates(ph.t_io, ph.t_cpu, k, c, np.array([1.0]), ph.eta, ph.p, ph.q)
         return float(loader[0])
 
+    def workers_for(self, cores: float) -> int:
+        """The fewest workers that keep ``cores`` cores busy: each runs ``t_cpu`` of every
+        ``t_io + t_cpu`` seconds (an I/O-bound loader needs many workers a core).
+
+        Raises:
+            PredictorError: the model has no observation yet, or ``cores`` is not positive.
+        """
+        if not self._obs:
+            raise PredictorError("LoaderModel.workers_for needs at least one observation")
+        if not (math.isfinite(cores) and cores > 0):
+            raise PredictorError(f"need cores > 0; got {cores=}")
+        ph = self._phys
+        busy = ph.t_cpu / max(ph.t_cpu + ph.t_io, 1e-12)
+        return max(math.ceil(cores / max(busy, 1e-3) - 1e-9), 1)
+
     def accelerator_limit(self, batch_size: int) -> float:
         """``A(b)``: the job's samples/s when data is never late."""
         ph = self._phys

@@ -363,10 +363,8 @@ class NodeCore:
             return  # no target, its model decides, or it already started from this one
         job.cpu_target = target
         cores = target / max(len(self.allocator_jobs(key)), 1)
-        if job.model.observations:  # a worker runs t_cpu of every t_io + t_cpu seconds
-            t_cpu = job.model.cpu_seconds_per_sample
-            busy = t_cpu / max(t_cpu + job.model.io_seconds_per_sample, 1e-12)
-            workers = math.ceil(cores / max(busy, 1e-3) - 1e-9)
+        if job.model.observations:
+            workers = job.model.workers_for(max(cores, 1e-3))
         else:
             workers = round(cores)
         low, high = pol.bounds(self._view(job), self._budget())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import numpy as np
 import pytest
@@ -188,6 +189,20 @@ def test_a_model_fitted_to_one_window_reproduces_it(
     model.update(seen)
     got = model.predict(k, cores, b).samples_per_s
     assert got == pytest.approx(seen.samples_per_s, rel=0.1)
+
+
+def test_the_workers_that_keep_some_cores_busy() -> None:
+    io = LoaderModel()
+    io.update(*(truth(k, 2, 32, **IO_HEAVY) for k in (1, 2, 4)))
+    cpu = LoaderModel()
+    cpu.update(*(truth(k, 2, 32, **CPU_HEAVY) for k in (1, 2, 4)))
+    # io_heavy: a worker is busy 0.3 of every 8.3 ms; cpu_heavy: all the time
+    assert io.workers_for(1.0) == math.ceil(8.3 / 0.3)
+    assert cpu.workers_for(1.5) == 2 and cpu.workers_for(1e-6) == 1
+    with pytest.raises(PredictorError, match="cores > 0"):
+        cpu.workers_for(0.0)
+    with pytest.raises(PredictorError, match="at least one observation"):
+        LoaderModel().workers_for(1.0)
 
 
 def test_exploration_plan_io_bound_then_stops() -> None:
