@@ -81,20 +81,6 @@ _MAX_UPKEEP_CORES = 0.05  # a worker's upkeep counted at most (a measurement off
 _PRUNE_PERIOD_S = 600.0  # how often the state file's old history is pruned (SidecarStore.prune)
 
 
-def _wait_per_batch(
-    share: float | None, fetch: float | None, cpu: float | None, worker_s_per_batch: float
-) -> float | None:
-    """A worker's run-queue wait per batch (None: unknown). ``share`` is the share of wall time
-    its workers waited, runnable, for a CPU; they wait only while they work on a batch, and
-    each delivers one every ``worker_s_per_batch`` seconds (workers x batch size / samples/s),
-    so each batch waited ``share * worker_s_per_batch``, not ``share * fetch`` (that would
-    undercount by the share of time the workers sit idle with their queues full). At most the
-    part of a batch's wall time that was not CPU work."""
-    if share is None or fetch is None:
-        return None
-    return min(share * worker_s_per_batch, max(fetch - (cpu or 0.0), 0.0))
-
-
 class CpuWeights(Protocol):
     """Sets the jobs' relative CPU weights (cgroup v2 ``cpu.weight``: :mod:`.cgroups`)."""
 
@@ -523,12 +509,6 @@ class NodeCore:
         fetch = sum(w.fetch_seconds for w in busy) / len(busy) if busy else None
         cpu = sum(w.cpu_seconds for w in busy) / len(busy) if busy else None
         job.worker_cores = tput * cpu / b if cpu is not None else 0.0
-        delays = [w.run_delay_seconds for w in busy if w.run_delay_seconds is not None]
-        wait: float | None
-        if busy and len(delays) == len(busy):  # each worker timed its own waits: this window's
-            wait = min(sum(delays) / len(busy), max((fetch or 0.0) - (cpu or 0.0), 0.0))
-        else:  # the tree walks' share of time waited, from the last two walks
-            wait = _wait_per_batch(job.cpu_wait_share, fetch, cpu, len(busy) * b / tput)
         obs = LoaderObservation(
             num_workers=k,
             cores=self._available_cores(job) if cpu is not None else self.settings.cpu_budget,
@@ -538,7 +518,13 @@ class NodeCore:
             step_s=step,
             fetch_s=fetch,
             cpu_s=cpu,
-            cpu_wait_s=wait,
+            cpu_wait_s=pol.run_queue_wait(
+                [w.run_delay_seconds for w in busy],
+                job.cpu_wait_share,
+                fetch,
+                cpu,
+                len(busy) * b / tput,
+            ),
         )
         self._measure(job, r, window, busy=len(busy))
         gate = pol.learning_gate(

@@ -19,7 +19,7 @@ from dloader._daemon.peer import CALLER, Caller, Role
 from dloader._shared.node_messages import JobLimits, JobReport, Registration, WorkerReport
 from dloader.errors import InvalidArgument, ResourceExhausted
 from dloader.sidecar.config import PolicySettings
-from dloader.sidecar.core import Job, NodeCore, _wait_per_batch
+from dloader.sidecar.core import Job, NodeCore
 from dloader.sidecar.monitors import ProcessTreeStats, process_start
 from dloader.sidecar.store import SidecarStore
 
@@ -167,10 +167,14 @@ def test_observations_carry_the_cores_a_jobs_workers_could_use(tmp_path: Path) -
 def test_a_workers_run_queue_wait_is_per_batch_and_at_most_its_non_cpu_time() -> None:
     # workers busy a quarter of the time (a batch every 0.8 s, 0.2 s of fetch): the wait
     # share of wall time, 0.1, is 0.08 s per batch, 40% of its fetch
-    assert _wait_per_batch(0.1, 0.2, 0.05, 0.8) == pytest.approx(0.08)
-    assert _wait_per_batch(0.5, 0.2, 0.05, 0.8) == pytest.approx(0.15)  # capped
-    assert _wait_per_batch(None, 0.2, 0.05, 0.8) is None
-    assert _wait_per_batch(0.1, None, None, 0.8) is None
+    assert pol.run_queue_wait([], 0.1, 0.2, 0.05, 0.8) == pytest.approx(0.08)
+    assert pol.run_queue_wait([], 0.5, 0.2, 0.05, 0.8) == pytest.approx(0.15)  # capped
+    assert pol.run_queue_wait([], None, 0.2, 0.05, 0.8) is None
+    assert pol.run_queue_wait([], 0.1, None, None, 0.8) is None
+    # the workers' own timings win where every worker has one (also capped)
+    assert pol.run_queue_wait([0.02, 0.04], 0.1, 0.2, 0.05, 0.8) == pytest.approx(0.03)
+    assert pol.run_queue_wait([0.3, 0.3], None, 0.2, 0.05, 0.8) == pytest.approx(0.15)
+    assert pol.run_queue_wait([0.02, None], 0.1, 0.2, 0.05, 0.8) == pytest.approx(0.08)
 
 
 def test_jobs_that_stop_reporting_expire_and_a_restart_gives_a_full_timeout(

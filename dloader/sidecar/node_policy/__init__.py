@@ -85,6 +85,7 @@ from dloader.sidecar.node_policy.learning import (
     SURPRISE,
     Learning,
     learning_gate,
+    run_queue_wait,
     steady_window,
 )
 from dloader.sidecar.node_policy.measured import (
@@ -167,6 +168,7 @@ __all__ = [
     "learning_gate",
     "measured_guard",
     "probe",
+    "run_queue_wait",
     "same_jobs",
     "show_split",
     "split_of",

@@ -4,6 +4,7 @@ call for a decision at once."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dloader.predictor import LoaderModel, LoaderObservation
@@ -18,6 +19,7 @@ __all__ = [
     "SURPRISE",
     "Learning",
     "learning_gate",
+    "run_queue_wait",
     "steady_window",
 ]
 
@@ -134,3 +136,31 @@ def learning_gate(
     if same and not surprise and run > STEADY_AFTER and run % STEADY_EVERY:
         return Learning(False, run, False)
     return Learning(True, run, not same or surprise, off if surprise else 0.0)
+
+
+def run_queue_wait(
+    timed: Sequence[float | None],
+    share: float | None,
+    fetch: float | None,
+    cpu: float | None,
+    worker_s_per_batch: float,
+) -> float | None:
+    """A job's workers' wait for a CPU per batch in a report's window (None: unknown): what
+    separates a CPU-bound worker on a crowded node from one waiting for storage. At most the
+    part of a batch's wall time (``fetch``) that was not CPU work (``cpu``).
+
+    ``timed``: each busy worker's mean wait per batch over the window, as it timed it (Linux
+    schedstat around each batch); used when every worker timed it. Else ``share``, the share
+    of wall time the job's workers waited runnable, from the sidecar's last two process-tree
+    walks (None before the second): workers wait only while they work on a batch, and each
+    delivers one every ``worker_s_per_batch`` seconds (workers x batch size / samples/s), so
+    each batch waited ``share * worker_s_per_batch``, not ``share * fetch`` (that would
+    undercount by the share of time the workers sit idle with their queues full)."""
+    if fetch is None:
+        return None
+    room = max(fetch - (cpu or 0.0), 0.0)
+    if timed and all(t is not None for t in timed):
+        return min(sum(t for t in timed if t is not None) / len(timed), room)
+    if share is None:
+        return None
+    return min(share * worker_s_per_batch, room)
