@@ -5,6 +5,8 @@ Examples (the Pollux traces, workloads 1-4 and the Philly arrivals ship with the
     dloader-sim --workload 1 --policy goodput-dp --out results.json
     dloader-sim --workload jobs.csv --traces traces/ --policy all --out cmp.json --plot cmp.png
     dloader-sim --philly --philly-jobs 1000 --time-scale 30 --nodes 512 --out philly.json
+    dloader-sim --philly --philly-jobs 200 --jobs-per-hour 9 --cpus-per-node 12 \
+        --policy goodput-dp,synergy --out steady.json       # steady load, as Synergy's runs
     dloader-sim --workload 2 --cpus-per-node 12 --policy goodput-dp,goodput-dp-cpu-blind,synergy \
         --out cpu.json
 """
@@ -163,6 +165,13 @@ def parser() -> argparse.ArgumentParser:
         "--time-scale", type=finite, default=1.0, help="Philly: divide arrival times by this"
     )
     p.add_argument(
+        "--jobs-per-hour",
+        type=finite,
+        metavar="R",
+        help="Philly, steady load: the drawn jobs arrive as a Poisson process at R jobs/h "
+        "(as Synergy's experiments: its default 9 jobs/h) instead of at the trace's times",
+    )
+    p.add_argument(
         "--seed",
         type=int,
         help="Philly: window and application draw (default: a new one each run, printed)",
@@ -276,6 +285,7 @@ def _workload(args: argparse.Namespace) -> tuple[list[WorkloadJob], dict]:
         seed=args.seed,
         time_scale=args.time_scale,
         max_gpus=args.nodes * args.gpus_per_node,
+        jobs_per_hour=args.jobs_per_hour,
     )
     return jobs, apps
 
@@ -296,6 +306,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cluster,
                 pool=args.cpu_pool_nodes * args.cpu_pool_cores,
                 pool_efficiency=min(args.pool_efficiency, 1.0),
+            )
+        if args.jobs_per_hour is not None and (args.philly is None or args.time_scale != 1):
+            raise AllocatorError(
+                f"--jobs-per-hour {args.jobs_per_hour:g}: a Philly draw's steady load "
+                "(expected with --philly, and without --time-scale: the rate sets the load)"
             )
         if args.philly is not None and args.seed is None:
             args.seed = random.randrange(1 << 31)

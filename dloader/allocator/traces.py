@@ -345,6 +345,7 @@ def read_philly(
     seed: int = 0,
     time_scale: float = 1.0,
     max_gpus: int | None = None,
+    jobs_per_hour: float | None = None,
 ) -> list[WorkloadJob]:
     """``num_jobs`` consecutive Philly arrivals from a random start, mapped to applications.
 
@@ -353,10 +354,17 @@ def read_philly(
     drawn among those of its GPU-time class; its batch size is the validated batch closest to
     GPU count x the geometric middle of the application's local batch range. Rows with missing
     fields are skipped.
+
+    ``jobs_per_hour``: steady load instead of the trace's own arrivals. The same jobs, in the
+    same order, arrive as a Poisson process at that rate (exponential gaps, drawn from
+    ``seed``): the load of Synergy's experiments (jobs arriving at a set rate for hours), where
+    a 160-job window of the trace is a burst or a lull.
     """
     p = Path(path)
     if num_jobs < 1 or not time_scale > 0:
         raise AllocatorError(f"{num_jobs=} must be >= 1 and {time_scale=} > 0")
+    if jobs_per_hour is not None and not (math.isfinite(jobs_per_hour) and jobs_per_hour > 0):
+        raise AllocatorError(f"jobs per hour {jobs_per_hour}: expected a finite number > 0")
     rows = []
     try:
         with gzip.open(p, "rt", newline="") if p.suffix == ".gz" else p.open(newline="") as f:
@@ -384,4 +392,8 @@ def read_philly(
         want = k * math.sqrt(lo * hi)
         batch = int(min(app.validated_batches, key=lambda b: abs(math.log(b / want))))
         jobs.append(WorkloadJob(f"{app.name}-{i}", (t - t0) / time_scale, app.name, k, batch))
+    if jobs_per_hour is not None:
+        gaps = np.random.default_rng(seed).exponential(3600.0 / jobs_per_hour, len(jobs))
+        gaps[0] = 0.0  # the first job opens the run, as in a window of the trace
+        jobs = [replace(j, time=float(t)) for j, t in zip(jobs, np.cumsum(gaps), strict=True)]
     return jobs

@@ -3,9 +3,11 @@ when not every job can have its fewest."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dloader._shared.allocator_messages import JobSpec
@@ -14,7 +16,14 @@ from dloader.allocator.config import Settings
 from dloader.allocator.core import AllocatorCore
 from dloader.allocator.policies import DpPolicy, JobState, make_policy
 from dloader.allocator.store import AllocatorStore
-from dloader.allocator.traces import jitter_arrivals, load_apps, read_workload
+from dloader.allocator.traces import (
+    PACKAGED_PHILLY,
+    PACKAGED_TRACES,
+    jitter_arrivals,
+    load_apps,
+    read_philly,
+    read_workload,
+)
 from tests.allocator.test_hostile import GOOD as SCALING
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pollux-sim"
@@ -108,6 +117,26 @@ def test_jittered_arrivals_move_each_job_within_the_bound_and_repeat_for_a_seed(
     assert jitter_arrivals(jobs, seed=3, seconds=0.0) == jobs
     with pytest.raises(AllocatorError, match="seconds=-1"):
         jitter_arrivals(jobs, seed=3, seconds=-1.0)
+
+
+def test_a_steady_load_draw_keeps_the_jobs_and_spaces_them_at_the_rate() -> None:
+    """Steady load (Synergy's experiments: jobs at a set rate for hours): the same jobs as the
+    trace's window, in order, arriving as a Poisson process at the asked rate; the same for a
+    seed."""
+    apps = load_apps(PACKAGED_TRACES)
+    window = read_philly(PACKAGED_PHILLY, apps, num_jobs=400, seed=5)
+    steady = read_philly(PACKAGED_PHILLY, apps, num_jobs=400, seed=5, jobs_per_hour=9.0)
+    assert steady == read_philly(PACKAGED_PHILLY, apps, num_jobs=400, seed=5, jobs_per_hour=9)
+    assert [replace(j, time=0.0) for j in steady] == [replace(j, time=0.0) for j in window]
+    times = [j.time for j in steady]
+    assert times[0] == 0.0 and times == sorted(times)
+    gaps = np.diff(times)
+    # 399 exponential gaps of mean 400 s: their mean within 20% (about 4 standard errors)
+    assert np.mean(gaps) == pytest.approx(3600 / 9, rel=0.2)
+    assert np.std(gaps) == pytest.approx(np.mean(gaps), rel=0.25)  # exponential: std = mean
+    for bad in (0.0, -3.0, math.inf):
+        with pytest.raises(AllocatorError, match=f"jobs per hour {bad}"):
+            read_philly(PACKAGED_PHILLY, apps, num_jobs=10, seed=5, jobs_per_hour=bad)
 
 
 def test_the_live_allocator_counts_each_jobs_gpu_seconds(tmp_path: Path) -> None:

@@ -166,6 +166,16 @@ def test_cli_runs_each_policy_on_jittered_copies_and_reports_median_and_range(tm
     assert "--jitter-seeds -1" in capsys.readouterr().err
 
 
+def test_cli_steady_load_needs_a_philly_draw_and_no_time_scale(tmp_path, capsys):
+    out = ["--out", str(tmp_path / "r.json"), "--quiet"]
+    args = ["--workload", str(DATA / "workload.csv"), "--traces", str(DATA), "--nodes", "1"]
+    assert main([*args, *out, "--jobs-per-hour", "9"]) == 2
+    assert "--jobs-per-hour 9: a Philly draw's steady load" in capsys.readouterr().err
+    philly = ["--philly", "--philly-jobs", "4", "--seed", "3", "--nodes", "1", *out]
+    assert main([*philly, "--jobs-per-hour", "9", "--time-scale", "2"]) == 2
+    assert "without --time-scale" in capsys.readouterr().err
+
+
 def test_a_job_that_can_never_start_is_an_error_not_a_hang(apps):
     # elastic-gpu keeps batch 4096; at most 1024 per GPU, it needs 4 GPUs: the cluster has 2
     work = [WorkloadJob("big", 0, "cifar10", 4, 4096)]
