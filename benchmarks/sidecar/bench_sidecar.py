@@ -35,7 +35,8 @@ worker counts over time.
     python -m benchmarks.sidecar.bench_sidecar --generated 8 --gen-seed S --only 0,1
                                                     # a part of them (then --combine the JSONs)
 
-Also (d) ``no sidecar``: every job keeps its 4 workers.
+Also (d) ``no sidecar``: every job keeps its 4 workers; and (e) each job ``num_workers="auto"``
+with no sidecar (what a user gets by changing one argument; the dynamic mix has it too).
 
 ``--mix dynamic``: no single split fits every phase. Three phases of ``--phase`` seconds at a
 budget of 12: io_heavy (``io_a``), cpu_heavy and gpu_bound start; cpu_heavy leaves after one
@@ -57,7 +58,7 @@ import re
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -113,8 +114,15 @@ def prediction_errors(log: Path, per: dict[str, Any]) -> dict[str, float | None]
     return out
 
 
-def specs(workers: int | dict[str, int]) -> list[JobPlan]:
-    counts = workers if isinstance(workers, dict) else dict.fromkeys(JOBS, workers)
+AUTO = 'each "auto", no sidecar'
+"""The arm a user gets by changing one argument: each job's loader tunes itself
+(``num_workers="auto"``), no daemon."""
+
+
+def specs(workers: int | str | dict[str, int]) -> list[JobPlan]:
+    counts: dict[str, int | str] = (
+        dict(workers) if isinstance(workers, dict) else dict.fromkeys(JOBS, workers)
+    )
     return [(name, counts[name], 0.0, None) for name in JOBS]
 
 
@@ -167,8 +175,9 @@ def static_best(
     return (label, split, *tried[tuple(split[j] for j in JOBS)])
 
 
-def dynamic_plans(phase: float, split: Split | None = None) -> list[Arrival]:
-    """The dynamic scenario's jobs, each starting at ``START_WORKERS`` or at its ``split``."""
+def dynamic_plans(phase: float, split: Mapping[str, int | str] | None = None) -> list[Arrival]:
+    """The dynamic scenario's jobs, each starting at ``START_WORKERS`` or at its ``split`` (a
+    count or ``"auto"`` per job)."""
     k = split or dict.fromkeys(DYNAMIC_JOBS, START_WORKERS)
     slow = ("--slowdown-at", str(2 * phase))
     return [
@@ -310,6 +319,9 @@ def dynamic(
     runs: dict[str, dict[str, Any]] = {}
     print(f"  no sidecar: the scenario, {length:g} s ...", file=sys.stderr, flush=True)
     runs[f"no sidecar ({START_WORKERS} each)"] = run_jobs(dynamic_plans(phase), tmp / "none")
+    print(f"  {AUTO}: the scenario, {length:g} s ...", file=sys.stderr, flush=True)
+    auto = dict.fromkeys(DYNAMIC_JOBS, "auto")
+    runs[AUTO] = run_jobs(dynamic_plans(phase, auto), tmp / "auto")
     decided: dict[str, float | None] = {}
     for policy in ("even", "adaptive"):
         print(f"  {policy}: the scenario, {length:g} s ...", file=sys.stderr, flush=True)
@@ -402,7 +414,8 @@ def dynamic(
     print(
         f"dynamic, budget {DYNAMIC_BUDGET}: adaptive / the best static split = "
         f"{adaptive / best:.2f} (target >= 1.10); adaptive / the better of (no sidecar, even) = "
-        f"{adaptive / better:.2f}; the arriving job placed by the adaptive policy's model "
+        f"{adaptive / better:.2f}; adaptive / {AUTO} = {adaptive / scores[AUTO][0]:.2f} (target "
+        ">= 1.05); the arriving job placed by the adaptive policy's model "
         f"after {f'{placed:.1f} s' if placed is not None else 'n/a'} (target: within 5 s); its "
         "first worker-count change after "
         + ", ".join(f"{p} {s:.1f} s" if s is not None else f"{p} n/a" for p, s in decided.items())
@@ -417,6 +430,7 @@ def dynamic(
                 "summary": {
                     "adaptive_vs_static_best": adaptive / best,
                     "adaptive_vs_better_baseline": adaptive / better,
+                    "adaptive_vs_auto": adaptive / scores[AUTO][0],
                     "static_best": split,
                     "static_runs": len(tried),
                     "first_decision_s": decided,
@@ -668,6 +682,10 @@ def main(argv: list[str] | None = None) -> int:
     res = run_jobs(specs(START_WORKERS), tmp / "none", seconds=args.seconds, extra=extra)
     runs["no sidecar (4 each)"] = res
     rows.append(("no sidecar (4 each)", *score(res, args.seconds - args.window, args.seconds)))
+    print(f"  {AUTO}: 3 jobs x {args.seconds:g} s ...", file=sys.stderr, flush=True)
+    res = run_jobs(specs("auto"), tmp / "auto", seconds=args.seconds, extra=extra)
+    runs[AUTO] = res
+    rows.append((AUTO, *score(res, args.seconds - args.window, args.seconds)))
     for budget in budgets:
         for policy in ("even", "adaptive"):
             label = f"{policy}, budget {budget}"
@@ -726,6 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     summary = {}
     none = rows[0][1]
+    auto = rows[1][1]
     targets = {"emulated": (1.30, 1.00), "real": (1.15, 1.00)}[args.mix]
     for budget in budgets:
         even = next(t for n, t, _ in rows if n == f"even, budget {budget}")
@@ -746,6 +765,7 @@ def main(argv: list[str] | None = None) -> int:
             "adaptive_vs_better_baseline": adaptive / better,
             "adaptive_vs_even_same_budget": adaptive / even,
             "adaptive_vs_no_sidecar": adaptive / none,
+            "adaptive_vs_auto": adaptive / auto,
             "adaptive_vs_static_best_same_budget": adaptive / best[budget][0],
             "adaptive_vs_static_again": vs_again,
             "static_again": statics,
@@ -755,7 +775,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(
             f"budget {budget}: adaptive / the better of (no sidecar, even at this budget) = "
-            f"{adaptive / better:.2f} (target >= {targets[0]:.2f}); adaptive / the best static "
+            f"{adaptive / better:.2f} (target >= {targets[0]:.2f}); adaptive / {AUTO} = "
+            f"{adaptive / auto:.2f} (target >= 1.05); adaptive / the best static "
             f"split within this budget = {adaptive / best[budget][0]:.2f} (target >= "
             f"{targets[1]:.2f})"
             + (

@@ -24,10 +24,12 @@ def test_bench_sidecar_real_mix_small(tmp_path: Path, capsys: pytest.CaptureFixt
     assert bench_sidecar.main(argv) == 0
     data = json.loads((tmp_path / "bench_sidecar_real.json").read_text())
     names = [row[0] for row in data["rows"]]
-    assert names[:3] == ["no sidecar (4 each)", "even, budget 12", "adaptive, budget 12"]
-    assert names[3].startswith("static best of ") and ", budget 12: " in names[3]
-    split = names[3].rsplit(": ", 1)[1]  # the searched split is run again, then the sidecar
-    assert names[4:] == [f"static {split} again (1), budget 12", "adaptive again (1), budget 12"]
+    assert names[:4] == [
+        "no sidecar (4 each)", bench_sidecar.AUTO, "even, budget 12", "adaptive, budget 12"
+    ]  # fmt: skip
+    assert names[4].startswith("static best of ") and ", budget 12: " in names[4]
+    split = names[4].rsplit(": ", 1)[1]  # the searched split is run again, then the sidecar
+    assert names[5:] == [f"static {split} again (1), budget 12", "adaptive again (1), budget 12"]
     for name, total, per in data["rows"]:
         assert set(per) == {"image_jpeg", "text_pack", "remote_read"}, name
         assert all(p["samples_per_s"] > 0 for p in per.values()), (name, per)
@@ -35,9 +37,10 @@ def test_bench_sidecar_real_mix_small(tmp_path: Path, capsys: pytest.CaptureFixt
     summary = data["summary"]["12"]
     assert set(summary["prediction_error"]) == {"image_jpeg", "text_pack", "remote_read"}
     assert summary["adaptive_vs_even_same_budget"] > 0
+    assert summary["adaptive_vs_auto"] == pytest.approx(data["rows"][3][1] / data["rows"][1][1])
     assert len(summary["static_again"]) == len(summary["adaptive_again"]) == 1
-    adaptive = (data["rows"][2][1] + data["rows"][5][1]) / 2
-    assert summary["adaptive_vs_static_again"] == pytest.approx(adaptive / data["rows"][4][1])
+    adaptive = (data["rows"][3][1] + data["rows"][6][1]) / 2
+    assert summary["adaptive_vs_static_again"] == pytest.approx(adaptive / data["rows"][5][1])
     assert (tmp_path / "bench_sidecar_real.png").stat().st_size > 0
     out = capsys.readouterr().out
     assert "adaptive / the better of" in out and "machine:" in out
@@ -73,7 +76,8 @@ def test_bench_sidecar_dynamic_small(tmp_path: Path, capsys: pytest.CaptureFixtu
     argv += ["--out-dir", str(tmp_path)]
     assert bench_sidecar.main(argv) == 0
     data = json.loads((tmp_path / "bench_sidecar_dynamic.json").read_text())
-    assert {"no sidecar (4 each)", "even", "adaptive"} <= set(data["scores"])
+    assert {"no sidecar (4 each)", bench_sidecar.AUTO, "even", "adaptive"} <= set(data["scores"])
+    assert data["summary"]["adaptive_vs_auto"] > 0
     static = [n for n in data["scores"] if n.startswith("static best of ")]
     assert len(static) == 1
     for name, s in data["scores"].items():
