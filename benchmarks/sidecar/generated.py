@@ -233,15 +233,13 @@ def run_mix(
     folder = tmp / mix.name.replace("/", "-")
     count = 0
 
-    def run(
-        arrivals: list[Arrival], sidecar: bool, what: str, *, seconds: float | None = None
-    ) -> dict[str, Any]:
+    def run(arrivals: list[Arrival], sidecar: bool, what: str) -> dict[str, Any]:
         nonlocal count
         count += 1
         print(f"  mix {mix.name}, run {count}: {what} ...", file=sys.stderr, flush=True)
         where = folder / f"{count:02d}"
         if not sidecar:
-            return run_jobs(arrivals, where, extra=extra, seconds=seconds)
+            return run_jobs(arrivals, where, extra=extra)
         with sidecar_process(where, policy="adaptive", worker_budget=budget) as sc:
             return run_jobs(arrivals, where, sidecar=sc.target, extra=extra)
 
