@@ -541,6 +541,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     g.add_argument("--generated", type=int, metavar="N", help="run N drawn mixes")
     g.add_argument(
+        "--contention",
+        action="store_true",
+        help="draw contention mixes instead: trainers that need a core of their own among "
+        "CPU-bound neighbours (dloader.apps.scenarios.draw_contention_mix), where a node arbiter "
+        "has something to win over jobs tuning themselves",
+    )
+    g.add_argument(
         "--gen-seed",
         type=int,
         metavar="SEED",
@@ -627,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         return generated(
             args.generated,
             args.gen_seed,
+            contention=args.contention,
             length=args.length,
             repeats=args.repeats,
             static_runs=args.static_runs,

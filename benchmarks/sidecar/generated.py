@@ -52,7 +52,7 @@ from benchmarks._common import machine, outputs, table
 from benchmarks.sidecar import plots
 from benchmarks.sidecar.sidecar_log import PLACED, REGISTERED, STAMP
 from dloader.apps.experiment import Arrival, run_jobs, sidecar_process
-from dloader.apps.scenarios import NodeMix, cost_split, draw_mix
+from dloader.apps.scenarios import NodeMix, cost_split, draw_contention_mix, draw_mix
 from dloader.apps.splits import QUICK_LADDER, Split, coordinate_search
 from dloader.apps.testbed import PROFILES, make_dataset
 
@@ -334,6 +334,7 @@ def generated(
     n: int,
     seed: int | None,
     *,
+    contention: bool = False,
     length: float,
     repeats: int,
     static_runs: int,
@@ -351,19 +352,22 @@ def generated(
     print(f"machine: {machine()}", flush=True)
     indices = only if only is not None else list(range(n))
     part = "" if only is None else f" --only {','.join(map(str, indices))}"
+    part += " --contention" if contention else ""
     print(
         f"seed {seed} (reproduce: --generated {n} --gen-seed {seed} --length {length:g}{part}); "
         f"{len(indices)} mixes of {length:g} s; worker budget {budget} (the sidecar's default "
         "here)",
         flush=True,
     )
-    mixes = [draw_mix(seed, i, length) for i in indices]
+    draw = draw_contention_mix if contention else draw_mix
+    mixes = [draw(seed, i, length) for i in indices]
     if any(j.profile == "image_jpeg" for m in mixes for j in m.jobs):
         make_dataset(PROFILES["image_jpeg"], 1, jpegs)  # generated once, outside any run
     tmp = Path(tempfile.mkdtemp(prefix="bench-generated-"))
     rng = np.random.default_rng(seed)
     outs = outputs(out_dir)
-    name = "bench_sidecar_generated" + ("" if only is None else "-" + "-".join(map(str, indices)))
+    name = "bench_sidecar_generated" + ("_contention" if contention else "")
+    name += "" if only is None else "-" + "-".join(map(str, indices))
     done: list[dict[str, Any]] = []
     for mix in mixes:
         print(mix.describe(), flush=True)
@@ -383,7 +387,14 @@ def generated(
         # written after every mix: a long run stopped early keeps what it measured
         outs(f"{name}.json").write_text(
             json.dumps(
-                {"machine": machine(), "seed": seed, "length_s": length, "n": n, "mixes": done}
+                {
+                    "machine": machine(),
+                    "seed": seed,
+                    "contention": contention,
+                    "length_s": length,
+                    "n": n,
+                    "mixes": done,
+                }
             )
         )
     print(report(done))

@@ -30,6 +30,8 @@ __all__ = [
     "NodeMix",
     "ScenarioJob",
     "cost_split",
+    "draw_contention_mix",
+    "draw_mix",
     "draw_mixes",
 ]
 
@@ -42,6 +44,10 @@ MIX_PROFILES: tuple[str, ...] = (
     "text_pack",
     "remote_read",
 )
+#: contention mixes: the trainers that need a core of their own ...
+TRAINER_PROFILES: tuple[str, ...] = ("host_heavy",)
+#: ... and the jobs whose loaders would take it (CPU-bound pipelines)
+HUNGRY_PROFILES: tuple[str, ...] = ("cpu_heavy", "image_jpeg", "text_pack")
 #: the worker counts users pick (a job's own count, before any sidecar), and how often
 OWN_COUNTS: tuple[tuple[int, float], ...] = ((1, 0.1), (2, 0.3), (4, 0.35), (8, 0.25))
 #: how far a cost or a step is varied, either way (a factor)
@@ -98,6 +104,8 @@ class ScenarioJob:
     def describe(self, length: float = math.inf) -> str:
         c = self.costs
         what = f"io {c.io_ms:.1f} ms, cpu {c.cpu_ms:.1f} ms" if c.pipeline == "emulated" else "data"
+        if c.main_cpu_ms > 0:
+            what += f", trainer {c.main_cpu_ms:.1f} ms"
         out = f"{self.label} {self.profile} ({what}, limit {c.limit():.0f}/s, own {self.workers})"
         if self.at > 0:
             out += f" from {self.at:g} s"
@@ -116,6 +124,9 @@ class NodeMix:
     index: int
     length: float
     jobs: tuple[ScenarioJob, ...]
+    contention: bool = False
+    """Drawn by :func:`draw_contention_mix` (a trainer that needs its own core among CPU-bound
+    neighbours), not :func:`draw_mix`."""
 
     @property
     def name(self) -> str:
@@ -177,7 +188,15 @@ class NodeMix:
         return sorted(t for t in moments if t < self.length)
 
     def describe(self) -> str:
-        kinds = [k for k, on in (("dynamic", self.dynamic), ("cost change", self.changes)) if on]
+        kinds = [
+            k
+            for k, on in (
+                ("contention", self.contention),
+                ("dynamic", self.dynamic),
+                ("cost change", self.changes),
+            )
+            if on
+        ]
         return f"mix {self.name} ({', '.join(kinds) or 'static'}): " + "; ".join(
             j.describe(self.length) for j in self.jobs
         )
@@ -225,8 +244,44 @@ def draw_mix(seed: int, index: int, length: float) -> NodeMix:
     return NodeMix(seed, index, length, tuple(jobs))
 
 
-def draw_mixes(seed: int, n: int, length: float = 30.0) -> list[NodeMix]:
-    """``n`` node mixes drawn from ``seed``, each ``length`` seconds.
+def draw_contention_mix(seed: int, index: int, length: float) -> NodeMix:
+    """The ``index``-th contention mix of ``seed``: where jobs tuning themselves hurt each other
+    and a node arbiter has something to win. One or two trainers that need most of a core
+    themselves (:data:`TRAINER_PROFILES`: host-side work each step) share the node with one or
+    two CPU-bound jobs (:data:`HUNGRY_PROFILES`) whose loaders, each tuning for its own
+    throughput, take the cores the trainers need; in a third of them a CPU-bound job arrives a
+    third of the way in. Costs and steps varied as in :func:`draw_mix` (a stream of its own:
+    contention mix 3 of a seed is not mix 3)."""
+    rng = random.Random(f"{seed}/contention/{index}")
+    counts, weights = zip(*OWN_COUNTS, strict=True)
+    trainers = 1 + (rng.random() < 0.4)
+    hungry = 1 + (rng.random() < 0.5)
+    arrives = rng.random() < 1 / 3
+    profiles = [rng.choice(TRAINER_PROFILES) for _ in range(trainers)]
+    profiles += [rng.choice(HUNGRY_PROFILES) for _ in range(hungry + arrives)]
+    jobs = []
+    for i, profile in enumerate(profiles):
+        emulated = PROFILES[profile].pipeline == "emulated"
+        jobs.append(
+            ScenarioJob(
+                label=f"j{i + 1}-{profile}",
+                profile=profile,
+                workers=rng.choices(counts, weights)[0],
+                at=round(length / 3, 1) if arrives and i == len(profiles) - 1 else 0.0,
+                until=length,
+                io_scale=round(_spread(rng), 3) if emulated else 1.0,
+                cpu_scale=round(_spread(rng), 3) if emulated else 1.0,
+                step_scale=round(_spread(rng), 3),
+            )
+        )
+    return NodeMix(seed, index, length, tuple(jobs), contention=True)
+
+
+def draw_mixes(
+    seed: int, n: int, length: float = 30.0, *, contention: bool = False
+) -> list[NodeMix]:
+    """``n`` node mixes drawn from ``seed``, each ``length`` seconds (``contention``: drawn
+    by :func:`draw_contention_mix`).
 
     Raises:
         ValueError: ``n`` below 1, or a length under 12 s (a job arriving at a third must run
@@ -236,15 +291,17 @@ def draw_mixes(seed: int, n: int, length: float = 30.0) -> list[NodeMix]:
         raise ValueError(f"n={n}: expected at least 1 mix")
     if not (math.isfinite(length) and length >= 12):
         raise ValueError(f"length={length}: expected at least 12 seconds")
-    return [draw_mix(seed, i, length) for i in range(n)]
+    draw = draw_contention_mix if contention else draw_mix
+    return [draw(seed, i, length) for i in range(n)]
 
 
 def cost_split(mix: NodeMix, cores: float, budget: int) -> Split:
     """The static split the jobs' true costs suggest within ``budget``: one worker each, then
     each further worker to the job whose throughput / limit (summed over the phases, each
     weighted by its length) it raises most, the node's cores shared in proportion to demand
-    (a job's samples cost its workers' ``cpu_ms``; a worker delivers at most ``1000 / (io_ms +
-    cpu_ms)`` samples/s), until no worker adds 0.5% or none fits the budget in every phase. A
+    (a job's samples cost its workers' ``cpu_ms`` and its trainer's ``main_cpu_ms``; a worker
+    delivers at most ``1000 / (io_ms + cpu_ms)`` samples/s), until no worker adds 0.5% or none
+    fits the budget in every phase. A
     starting point for the benchmark's search, not a policy: it knows costs no policy is told
     (real pipelines: their mean costs on the machine they were measured on)."""
     costs = {j.label: j.costs for j in mix.jobs}
@@ -258,7 +315,7 @@ def cost_split(mix: NodeMix, cores: float, budget: int) -> Split:
                 for j in running
                 for limit in (costs[j].limit(),)
             }
-            demand = sum(rate[j] * costs[j].cpu_ms / 1000 for j in running)
+            demand = sum(rate[j] * (costs[j].cpu_ms + costs[j].main_cpu_ms) / 1000 for j in running)
             scale = min(1.0, cores / demand) if demand > 0 else 1.0
             total += span * sum(rate[j] * scale / costs[j].limit() for j in running)
         return total / mix.length

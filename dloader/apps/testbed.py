@@ -59,6 +59,10 @@ class Profile:
     """Accelerator step: fixed part."""
     step_per_sample_ms: float
     """Accelerator step: part per sample in the batch."""
+    main_cpu_ms: float = 0.0
+    """Per-sample CPU work of the training process itself, each step (host-side work: a
+    Python loop, a loss on the CPU, the copies; thread CPU time, before the accelerator step).
+    It competes for the node's cores with every job's loader workers."""
     pipeline: str = "emulated"
     """The data: ``emulated`` (``io_ms`` and ``cpu_ms`` per sample), or a real pipeline of
     :mod:`dloader.apps.pipelines` (``jpeg``, ``text``, ``remote``: costs vary per sample; ``io_ms``
@@ -68,21 +72,28 @@ class Profile:
         """Accelerator time for one batch, seconds: ``base + per_sample * b``."""
         return (self.step_base_ms + self.step_per_sample_ms * batch_size) / 1000.0
 
+    def trainer_s(self, batch_size: int) -> float:
+        """The training process's own CPU time for one batch, seconds."""
+        return self.main_cpu_ms * batch_size / 1000.0
+
     def scaled(self, io: float = 1.0, cpu: float = 1.0, step: float = 1.0) -> Profile:
         """This profile with its per-sample I/O and CPU costs and its accelerator step times
-        ``io``, ``cpu`` and ``step`` (a variation of it: ``--io-scale`` and the rest)."""
+        ``io``, ``cpu`` and ``step`` (a variation of it: ``--io-scale`` and the rest; ``step``
+        scales the whole training step, the trainer's own CPU work with it)."""
         return replace(
             self,
             io_ms=self.io_ms * io,
             cpu_ms=self.cpu_ms * cpu,
             step_base_ms=self.step_base_ms * step,
             step_per_sample_ms=self.step_per_sample_ms * step,
+            main_cpu_ms=self.main_cpu_ms * step,
         )
 
     def limit(self, batch_size: int | None = None) -> float:
-        """Accelerator-bound throughput at ``batch_size`` (default: the profile's), samples/s."""
+        """Accelerator-bound throughput at ``batch_size`` (default: the profile's), samples/s:
+        the step, the trainer's own CPU work included (on an idle core)."""
         b = self.batch_size if batch_size is None else batch_size
-        return b / self.step_s(b)
+        return b / (self.step_s(b) + self.trainer_s(b))
 
 
 #: The three profiles of docs/architecture.md.
@@ -95,6 +106,17 @@ PROFILES: dict[str, Profile] = {
     ),
     "gpu_bound": Profile(
         "gpu_bound", io_ms=1.0, cpu_ms=0.5, batch_size=32, step_base_ms=40.0, step_per_sample_ms=5.0
+    ),
+    # a trainer that needs most of a core itself (host-side work each step): the loader workers
+    # of its neighbours take that core from it
+    "host_heavy": Profile(
+        "host_heavy",
+        io_ms=1.0,
+        cpu_ms=0.6,
+        batch_size=32,
+        step_base_ms=2.0,
+        step_per_sample_ms=0.2,
+        main_cpu_ms=1.0,
     ),
     # real pipelines (dloader.apps.pipelines), costs measured on a 2-core EPYC
     "image_jpeg": Profile("image_jpeg", 0.0, 4.1, 32, 8.0, 0.6, pipeline="jpeg"),
@@ -245,7 +267,8 @@ def run_job(
     batch_size: Callable[[], int] | None = None,
     step: Callable[[Any], None] | None = None,
 ) -> RunResult:
-    """Trains the emulated job: iterate ``loader``, sleep the accelerator step for each batch.
+    """Trains the emulated job: iterate ``loader``; for each batch, the trainer's own CPU work
+    (``main_cpu_ms``, if any), then a sleep for the accelerator step.
 
     Args:
         loader: any iterable of batches (a dloader or torch DataLoader).
@@ -274,7 +297,9 @@ def run_job(
             if step is not None:
                 step(batch)
             else:
-                time.sleep(profile.step_s(batch_size() if batch_size else n))
+                b = batch_size() if batch_size else n
+                burn_cpu(profile.trainer_s(b))
+                time.sleep(profile.step_s(b))
             now = time.perf_counter() - start
             result.samples += n
             result.steps += 1
@@ -462,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         parser.error(
             f"--slowdown-at={args.slowdown_at}: expected seconds >= 0, for an emulated profile "
-            f"(io_heavy, cpu_heavy, gpu_bound), not {args.profile}"
+            f"(io_heavy, cpu_heavy, gpu_bound, host_heavy), not {args.profile}"
         )
     for name in ("slowdown_factor", "io_scale", "cpu_scale", "step_scale"):
         if not getattr(args, name) > 0:
@@ -471,8 +496,8 @@ def main(argv: list[str] | None = None) -> int:
         PROFILES[args.profile].pipeline != "emulated"
     ):
         parser.error(
-            f"--io-scale/--cpu-scale: only emulated profiles (io_heavy, cpu_heavy, gpu_bound) "
-            f"have costs to scale, not {args.profile} (its data sets them)"
+            "--io-scale/--cpu-scale: only emulated profiles (io_heavy, cpu_heavy, gpu_bound, "
+            f"host_heavy) have costs to scale, not {args.profile} (its data sets them)"
         )
     if args.seconds is not None and args.samples is not None:
         parser.error("give --seconds or --samples, not both")
