@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-import pytest
+import time
 
-from dloader.apps.scenarios import MIX_PROFILES, NodeMix, ScenarioJob, cost_split, draw_mixes
-from dloader.apps.testbed import PROFILES, main
+import pytest
+import torch
+
+from dloader.apps.scenarios import (
+    HUNGRY_PROFILES,
+    MIX_PROFILES,
+    TRAINER_PROFILES,
+    NodeMix,
+    ScenarioJob,
+    cost_split,
+    draw_mixes,
+)
+from dloader.apps.testbed import PROFILES, Profile, main, run_job
 
 
 def test_the_same_seed_draws_the_same_mixes_and_a_mix_does_not_depend_on_how_many() -> None:
@@ -30,6 +41,33 @@ def test_forty_mixes_cover_what_the_generator_promises() -> None:
             if j.change_at is not None:
                 assert j.at < j.change_at < j.until and j.change_factor in (0.5, 2.0)
         assert m.phases(), m  # someone always runs
+
+
+def test_contention_mixes_put_trainers_that_need_a_core_among_cpu_bound_jobs() -> None:
+    mixes = draw_mixes(11, 30, length=60.0, contention=True)
+    assert mixes == draw_mixes(11, 30, length=60.0, contention=True)
+    assert mixes[:3] != draw_mixes(11, 3, length=60.0)  # a stream of their own
+    assert 0.15 <= sum(m.dynamic for m in mixes) / 30 <= 0.55
+    for m in mixes:
+        assert m.contention and "contention" in m.describe() and not m.changes
+        trainers = [j for j in m.jobs if j.profile in TRAINER_PROFILES]
+        hungry = [j for j in m.jobs if j.profile in HUNGRY_PROFILES]
+        assert 1 <= len(trainers) <= 2 and 1 <= len(hungry) <= 3
+        assert len(trainers) + len(hungry) == len(m.jobs)
+        assert all(j.at == 0 for j in trainers) and m.phases()
+        for j in trainers:
+            assert j.costs.main_cpu_ms > 0 and "trainer" in j.describe()
+
+
+def test_a_trainers_own_cpu_work_is_part_of_its_step_and_of_its_limit() -> None:
+    p = Profile("t", 0.0, 0.0, 10, step_base_ms=1.0, step_per_sample_ms=0.0, main_cpu_ms=2.0)
+    assert p.trainer_s(10) == pytest.approx(0.02) and p.step_s(10) == pytest.approx(0.001)
+    assert p.limit() == pytest.approx(10 / 0.021)
+    assert p.scaled(step=2.0).main_cpu_ms == 4.0  # the whole step scales
+    # the training process spends that CPU (thread time, not a sleep) on every batch
+    cpu0 = time.process_time()
+    r = run_job([torch.zeros(10, 3)] * 5, p, max_steps=5)
+    assert r.steps == 5 and time.process_time() - cpu0 >= 5 * 0.02
 
 
 def test_phases_follow_arrivals_and_departures() -> None:
