@@ -316,6 +316,7 @@ def run_mix(
         "describe": mix.describe(),
         "dynamic": mix.dynamic,
         "changes": mix.changes,
+        "contention": mix.contention,
         "jobs": len(mix.jobs),
         "budget": budget,
         "alone_split": alone,
@@ -443,7 +444,15 @@ def report(done: list[dict[str, Any]]) -> str:
     rows = [
         [
             r["mix"],
-            ("dyn" if r["dynamic"] else "") + ("+chg" if r["changes"] else ""),
+            "+".join(
+                k
+                for k, on in (
+                    ("cont", r.get("contention")),
+                    ("dyn", r["dynamic"]),
+                    ("chg", r["changes"]),
+                )
+                if on
+            ),
             r["jobs"],
             *(cell(r, a, p) for a in arms for p in ("whole", "steady")),
             "/".join(str(v) for v in r["static_split"].values()) or "-",

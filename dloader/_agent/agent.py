@@ -72,6 +72,7 @@ class SidecarAgent:
         self._proc: subprocess.Popen[str] | None = None
         self.job_id: str | None = None
         self._cpus: list[int] = []
+        self._nice: int | None = None
         self.connected = threading.Event()
         self.last_error: str | None = None
 
@@ -161,6 +162,7 @@ class SidecarAgent:
                 self._stop.set()
                 return
             self._enforce_cpus(s.workers)
+            self._enforce_nice(s.workers)
             report = JobReport.from_stats(s, time.time())
             try:
                 proc.stdin.write(json.dumps({"op": "report", "report": report.to_json()}) + "\n")
@@ -193,7 +195,12 @@ class SidecarAgent:
                     self.connected.clear()
                     self._note_error(str(msg.get("error")))
             elif msg.get("op") == "directive":
-                self._apply(Directive.from_json(msg["directive"]))
+                try:
+                    directive = Directive.from_json(msg["directive"])
+                except (ValueError, TypeError, KeyError) as exc:
+                    log.warning("dloader: sidecar directive %s refused: %s", msg, exc)
+                    continue
+                self._apply(directive)
         self.connected.clear()
 
     def _note_error(self, message: str) -> None:
@@ -228,6 +235,8 @@ class SidecarAgent:
             if d.remote_workers is not None:
                 self._controls.resize_remote(d.remote_workers)
             self._cpus = list(d.cpus)
+            if d.worker_nice is not None:
+                self._nice = d.worker_nice
             log.info(
                 "dloader: sidecar directive %d applied: %d workers (%s)",
                 d.revision,
@@ -244,6 +253,31 @@ class SidecarAgent:
         if not cpus:
             return
         for w in workers:
-            if w.pid:
+            if w.pid and not w.remote:  # a remote worker's pid is another machine's
                 with contextlib.suppress(OSError):  # exited meanwhile, or not permitted
                     os.sched_setaffinity(w.pid, cpus)
+
+    def _enforce_nice(self, workers: Any) -> None:
+        # Raises each local worker's threads to the directed nice value (never lowers one: an
+        # unprivileged process may not); a worker started since the last report gets it here.
+        if self._nice is None:
+            return
+        for w in workers:
+            if w.pid and not w.remote:
+                raise_nice(w.pid, self._nice)
+
+
+def raise_nice(pid: int, nice: int) -> int:
+    """Raises every thread of process ``pid`` to at least ``nice``; how many it changed (a
+    thread or process that exited meanwhile, or that this user may not change, is skipped)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):
+        tids = [pid]
+    changed = 0
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+                changed += 1
+    return changed

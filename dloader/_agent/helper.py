@@ -131,7 +131,11 @@ class Helper:
     def watch(self, watch: Any, over: threading.Event) -> None:
         try:
             for d in watch:
-                self.emit({"op": "directive", "directive": Directive.from_pb(d).to_json()})
+                try:
+                    directive = Directive.from_pb(d)
+                except ValueError:
+                    continue  # a directive no loader can follow: the last one stands
+                self.emit({"op": "directive", "directive": directive.to_json()})
         except grpc.RpcError:
             pass  # cancelled, or the sidecar went away: the session ends
         finally:

@@ -15,7 +15,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["Directive", "JobLimits", "JobReport", "Registration", "WorkerReport"]
+__all__ = ["MAX_NICE", "Directive", "JobLimits", "JobReport", "Registration", "WorkerReport"]
+
+MAX_NICE = 19
+"""The highest nice value (Linux: -20..19)."""
 
 
 def _pb() -> Any:
@@ -232,6 +235,14 @@ class Directive:
     remote_workers: int | None = None
     """Remote (Ray) loader workers; None: unchanged (the sidecar directs them only for the
     cluster allocator's CPU pool)."""
+    worker_nice: int | None = None
+    """The nice value (1-19) the job's local loader workers run at, so that every job's
+    training process, at its own, comes before every job's workers for a core; None:
+    unchanged."""
+
+    def __post_init__(self) -> None:
+        if self.worker_nice is not None and not 1 <= self.worker_nice <= MAX_NICE:
+            raise ValueError(f"worker_nice={self.worker_nice}: expected 1..{MAX_NICE} or none")
 
     def to_json(self) -> dict[str, Any]:
         """As a JSON-compatible dict (the helper -> agent pipe)."""
@@ -247,12 +258,14 @@ class Directive:
     def to_pb(self, job_id: str) -> Any:
         """As a ``dloader.v1.Directive`` for ``job_id``."""
         fields = {**asdict(self), "cpus": list(self.cpus)}
-        if self.remote_workers is None:
-            del fields["remote_workers"]
+        for name in ("remote_workers", "worker_nice"):
+            if fields[name] is None:
+                del fields[name]
         return _pb().Directive(job_id=job_id, **fields)
 
     @classmethod
     def from_pb(cls, m: Any) -> Directive:
         """From a ``dloader.v1.Directive``."""
         remote = m.remote_workers if m.HasField("remote_workers") else None
-        return cls(m.num_workers, m.batch_size, tuple(m.cpus), m.reason, m.revision, remote)
+        nice = m.worker_nice if m.HasField("worker_nice") else None
+        return cls(m.num_workers, m.batch_size, tuple(m.cpus), m.reason, m.revision, remote, nice)

@@ -15,6 +15,7 @@ from dloader._shared.cli import finite
 from dloader.sidecar.allocator_link import AllocatorLink
 from dloader.sidecar.cgroups import CgroupWeights, detect
 from dloader.sidecar.config import (
+    DEFAULT_WORKER_NICE,
     STORED_POLICY,
     SidecarDaemonConfig,
     default_budget,
@@ -105,6 +106,15 @@ def parser() -> argparse.ArgumentParser:
         "cpu controller and write access; says so otherwise)",
     )
     p.add_argument(
+        "--worker-nice",
+        type=int,
+        default=DEFAULT_WORKER_NICE,
+        metavar="N",
+        help="run every job's loader workers at nice N (1-19), so that each training process "
+        "comes first for a core over all jobs' workers; 0: leave their priority alone "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--allocator",
         metavar="TARGET",
         default=None,
@@ -168,11 +178,17 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         else:
             cgroup = CgroupWeights(mount)
     enforcement = (
-        f"CPU sets: {'on' if config.pin_cpus else 'off'}; cgroup v2 cpu.weight: {cgroup_note}"
+        f"CPU sets: {'on' if config.pin_cpus else 'off'}; cgroup v2 cpu.weight: {cgroup_note}; "
+        f"loader workers at nice {config.worker_nice}"
     )
     cpus = sorted(os.sched_getaffinity(0)) if config.pin_cpus else ()
     core = NodeCore(
-        store, settings, pin_cpus=cpus, cgroup=cgroup, job_timeout_s=config.job_timeout_s
+        store,
+        settings,
+        pin_cpus=cpus,
+        cgroup=cgroup,
+        worker_nice=config.worker_nice,
+        job_timeout_s=config.job_timeout_s,
     )
     node, gpus = NodeMonitor(), GpuMonitor()
     link = None

@@ -17,10 +17,12 @@ from dloader._daemon.config import layered
 from dloader._daemon.server import ListenConfig
 from dloader._shared import env
 from dloader._shared.client import Endpoint
+from dloader._shared.node_messages import MAX_NICE
 from dloader.errors import ConfigError, InvalidArgument
 from dloader.sidecar.node_policy import check_policy
 
 __all__ = [
+    "DEFAULT_WORKER_NICE",
     "STORED_POLICY",
     "BudgetLimits",
     "PolicySettings",
@@ -35,6 +37,10 @@ STORED_POLICY = "policy"
 
 _DEFAULT_PERIOD_S = 2.0
 DEFAULT_MEMORY_BUDGET = 0.5  # of the memory the node could give the loader workers
+DEFAULT_WORKER_NICE = 10
+"""Loader workers at nice 10 weigh 110 against a training process's 1024: a trainer that needs a
+core gets it before any job's workers, which share what is left (a worker waiting for a core
+delays a batch; a trainer waiting for one delays a step, with the accelerator idle)."""
 _MAX_WORKER_BUDGET = 4096
 
 # What one loader worker costs, measured on the 2-core EPYC VM (docs/benchmarks.md, "Default
@@ -205,6 +211,8 @@ class SidecarDaemonConfig:
     metrics_host: str = "127.0.0.1"
     pin_cpus: bool = False
     cgroup_weights: bool = False
+    worker_nice: int = DEFAULT_WORKER_NICE
+    """The nice value the jobs' loader workers are directed to (0: left alone)."""
     allocator: Endpoint | None = None
     """The cluster allocator to join (None: none)."""
     node_id: str = ""
@@ -229,6 +237,10 @@ class SidecarDaemonConfig:
             raise ConfigError(f"--metrics-port {self.metrics_port}: expected 0..65535")
         if self.gpus < 0:
             raise ConfigError(f"--gpus {self.gpus}: expected >= 0")
+        if not 0 <= self.worker_nice <= MAX_NICE:
+            raise ConfigError(
+                f"--worker-nice {self.worker_nice}: expected 0..{MAX_NICE} (0: workers left alone)"
+            )
         if self.cpu_pool and (self.gpus or self.allocator is None):
             raise ConfigError(
                 "--cpu-pool: a node of the allocator's CPU pool offers no GPUs (drop --gpus) "
@@ -269,6 +281,7 @@ class SidecarDaemonConfig:
             metrics_host=args.metrics_host,
             pin_cpus=args.pin_cpus,
             cgroup_weights=args.cgroup_weights,
+            worker_nice=args.worker_nice,
             allocator=(
                 Endpoint.of(
                     allocator,

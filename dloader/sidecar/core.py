@@ -145,6 +145,7 @@ class NodeCore:
         clock: Callable[[], float] = time.monotonic,
         pin_cpus: Sequence[int] = (),
         cgroup: CpuWeights | None = None,
+        worker_nice: int = 0,
         job_timeout_s: float = 60.0,
         owner_of: Callable[[int], int | None] = process_owner,
         start_of: Callable[[int], int | None] = process_start,
@@ -163,6 +164,10 @@ class NodeCore:
         pin_cpus: the CPUs to divide into disjoint CPU sets for the jobs' loader workers,
             sized by their CPU shares (when there is at least one CPU per job); empty: off.
         cgroup: sets each job's CPU weight from its CPU share.
+        worker_nice: the nice value every job's loader workers are directed to (1-19; 0:
+            left alone): each training process, at its own, then comes first for a core over
+            every job's workers (a trainer that needs a core is not starved by its neighbours'
+            workers), and the policy models the cores shared that way.
         job_timeout_s: a job that neither reports nor registers for this long is ended (its
             agent re-registers if it comes back); 0: never.
         owner_of: the uid owning a process (a fake in tests).
@@ -181,6 +186,8 @@ class NodeCore:
         self.job_timeout_s = job_timeout_s
         self.pin_cpus = tuple(pin_cpus)
         self.cgroup = cgroup
+        self._trainer_weight = pol.trainer_weight(worker_nice)  # checks it
+        self._nice = worker_nice or None
         self.store = store
         self.settings = settings
         self._tree_stats = tree_stats or self._read_tree
@@ -210,7 +217,12 @@ class NodeCore:
             self.jobs[rec.job_id] = Job(
                 rec,
                 model,
-                Directive(rec.num_workers, rec.batch_size, reason="restored after restart"),
+                Directive(
+                    rec.num_workers,
+                    rec.batch_size,
+                    reason="restored after restart",
+                    worker_nice=self._nice,
+                ),
                 last_report_at=clock(),  # a full timeout to report again
             )
         if self.jobs:
@@ -281,7 +293,7 @@ class NodeCore:
         job = Job(
             rec,
             model,
-            Directive(reg.num_workers, reg.batch_size, reason="registered"),
+            Directive(reg.num_workers, reg.batch_size, reason="registered", worker_nice=self._nice),
             last_report_at=self._clock(),
             tree=tree,
             # Nothing changed for it: it runs at its own count, so its first report's window
@@ -605,7 +617,11 @@ class NodeCore:
 
     def _budget(self) -> pol.Budget:
         """The node's worker and CPU budgets (the memory budget is :meth:`decide`'s own)."""
-        return pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget))
+        return pol.Budget(
+            self.settings.worker_budget,
+            float(self.settings.cpu_budget),
+            trainer_weight=self._trainer_weight,
+        )
 
     def _split(self) -> pol.Split:
         return pol.split_of({j.job_id: j.directive.num_workers for j in self.jobs.values()})
@@ -726,7 +742,7 @@ class NodeCore:
             return
         views = [self._view(j) for j in jobs]
         memory, _ = self.memory_budget()
-        budget = pol.Budget(self.settings.worker_budget, float(self.settings.cpu_budget), memory)
+        budget = replace(self._budget(), memory_bytes=memory)
         decisions = pol.decide(self.settings.name, views, budget)
         if self.settings.name == "adaptive":
             decisions = self._truth.steer(

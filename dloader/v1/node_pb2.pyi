@@ -107,7 +107,7 @@ class WatchDirectivesRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class Directive(_message.Message):
-    __slots__ = ("job_id", "num_workers", "batch_size", "cpus", "reason", "revision", "remote_workers")
+    __slots__ = ("job_id", "num_workers", "batch_size", "cpus", "reason", "revision", "remote_workers", "worker_nice")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,7 @@ class Directive(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     REMOTE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_NICE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     num_workers: int
     batch_size: int
@@ -122,7 +123,8 @@ class Directive(_message.Message):
     reason: str
     revision: int
     remote_workers: int
-    def __init__(self, job_id: _Optional[str] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ..., cpus: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., revision: _Optional[int] = ..., remote_workers: _Optional[int] = ...) -> None: ...
+    worker_nice: int
+    def __init__(self, job_id: _Optional[str] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ..., cpus: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., revision: _Optional[int] = ..., remote_workers: _Optional[int] = ..., worker_nice: _Optional[int] = ...) -> None: ...
 
 class DeregisterJobRequest(_message.Message):
     __slots__ = ("job_id", "token")

@@ -191,6 +191,39 @@ def test_pinned_cpu_sets_reach_the_loader_workers(tmp_path: Path) -> None:
         s.stop()
 
 
+def test_the_sidecar_nices_the_workers_and_never_the_trainer(tmp_path: Path) -> None:
+    """A real sidecar (``--worker-nice 7``) and a real loader: its worker processes end at
+    nice 7 (every thread), its training process where it was."""
+    s = Sidecar(tmp_path, "--worker-nice", "7", "--policy", "even", "--worker-budget", "2")
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        loader = dloader.DataLoader(
+            D.Range(10**6, sleep_s=0.0005),
+            batch_size=8,
+            num_workers=2,
+            sidecar=f"unix://{s.socket}",
+            multiprocessing_context=FORK_SAFE,
+        )
+        it = iter(loader)
+
+        def niced() -> bool:
+            next(it)  # training goes on while the directive arrives
+            pids = [w.pid for w in loader.stats().workers if w.pid]
+            return len(pids) == 2 and all(
+                os.getpriority(os.PRIO_PROCESS, int(t)) == max(base, 7)
+                for p in pids
+                for t in os.listdir(f"/proc/{p}/task")
+            )
+
+        assert wait_for(niced, 30)
+        assert os.getpriority(os.PRIO_PROCESS, 0) == base
+        it.close()  # type: ignore[attr-defined]
+        assert loader.sidecar_agent is not None
+        loader.sidecar_agent.stop()
+    finally:
+        s.stop()
+
+
 def test_cpu_sets_stay_within_the_jobs_own_allocation(tmp_path: Path) -> None:
     import subprocess
     from types import SimpleNamespace
@@ -203,11 +236,68 @@ def test_cpu_sets_stay_within_the_jobs_own_allocation(tmp_path: Path) -> None:
     try:
         mine = sorted(os.sched_getaffinity(0))
         agent._cpus = [10_000]  # outside the job's allocation (e.g. another Slurm job's CPUs)
-        agent._enforce_cpus([SimpleNamespace(pid=child.pid)])
+        agent._enforce_cpus([SimpleNamespace(pid=child.pid, remote=False)])
         assert sorted(os.sched_getaffinity(child.pid)) == mine  # left alone
         agent._cpus = [mine[0], 10_000]
-        agent._enforce_cpus([SimpleNamespace(pid=child.pid)])
+        # a remote worker's pid numbers a process of another machine: never this one's
+        agent._enforce_cpus([SimpleNamespace(pid=child.pid, remote=True)])
+        assert sorted(os.sched_getaffinity(child.pid)) == mine
+        agent._enforce_cpus([SimpleNamespace(pid=child.pid, remote=False)])
         assert sorted(os.sched_getaffinity(child.pid)) == [mine[0]]  # only the allowed part
     finally:
         child.kill()
         child.wait()
+
+
+def test_directed_nice_reaches_every_thread_of_local_workers_and_only_goes_up(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    from types import SimpleNamespace
+
+    from dloader._agent.agent import SidecarAgent
+    from dloader._shared.node_messages import Directive
+
+    # the loader's side of a directive, as the agent sees it (it resizes, always in time)
+    controls = SimpleNamespace(resize=lambda n: True)
+    agent = SidecarAgent(controls, f"unix://{tmp_path}/none.sock")
+    # a worker stand-in with a second thread (a worker's own threads are niced too)
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start()"
+    child = subprocess.Popen([sys.executable, "-c", code + "; time.sleep(30)"])
+    remote = subprocess.Popen(["sleep", "30"])
+    tasks = f"/proc/{child.pid}/task"
+
+    def nices(pid: int) -> set[int]:
+        return {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+    try:
+        deadline = time.monotonic() + 30
+        while len(os.listdir(tasks)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(os.listdir(tasks)) == 2
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        workers = [
+            SimpleNamespace(pid=child.pid, remote=False),
+            SimpleNamespace(pid=remote.pid, remote=True),
+        ]
+        agent._enforce_nice(workers)
+        assert nices(child.pid) == {base}  # no directive yet: left alone
+        agent._apply(Directive(0, worker_nice=min(base + 5, 19)))
+        agent._enforce_nice(workers)
+        assert nices(child.pid) == {min(base + 5, 19)}
+        assert nices(remote.pid) == {base}  # a remote worker's pid is another machine's
+        agent._apply(Directive(0, worker_nice=min(base + 2, 19)))
+        agent._enforce_nice(workers)  # lowering is not asked of the kernel
+        assert nices(child.pid) == {min(base + 5, 19)}
+    finally:
+        for p in (child, remote):
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("nice", [0, 20, -3])
+def test_a_directive_with_a_nice_value_out_of_range_is_refused(nice: int) -> None:
+    from dloader._shared.node_messages import Directive
+
+    with pytest.raises(ValueError, match=f"worker_nice={nice}: expected 1..19"):
+        Directive(2, worker_nice=nice)

@@ -125,3 +125,19 @@ def test_a_pod_containers_weight_is_written_on_the_pod(tmp_path: Path) -> None:
     weights.apply({"a": ([201], 1.5), "b": ([202], 0.5)})
     assert (pods[201] / "cpu.weight").read_text() == "150\n"
     assert (pods[202] / "cpu.weight").read_text() == "50\n"
+
+
+def test_every_directive_carries_the_worker_nice_value_from_registration_on(
+    tmp_path: Path,
+) -> None:
+    store = SidecarStore(tmp_path / "s.db")
+    settings = PolicySettings("even", 4, 2, 1.0)
+    core = NodeCore(store, settings, worker_nice=10)
+    rec = core.register(Registration("a", pids=(os.getpid(),), num_workers=1, batch_size=32))
+    assert core.jobs[rec.job_id].directive.worker_nice == 10
+    core.decide()  # a later directive keeps it
+    assert core.jobs[rec.job_id].directive.worker_nice == 10
+    assert NodeCore(store, settings, worker_nice=10).jobs[rec.job_id].directive.worker_nice == 10
+    assert NodeCore(store, settings).jobs[rec.job_id].directive.worker_nice is None  # 0: off
+    with pytest.raises(ValueError, match="worker_nice=20"):
+        NodeCore(store, settings, worker_nice=20)

@@ -25,6 +25,7 @@ from dloader.sidecar.node_policy import (
     measured_guard,
     probe,
     split_of,
+    trainer_weight,
 )
 from dloader.sidecar.node_policy.allocation import curve
 from tests.predictor.test_loader_model import CPU_HEAVY, IO_HEAVY, truth
@@ -214,6 +215,27 @@ def test_training_process_cpu_counts_against_the_cores() -> None:
     blind, aware = workers(0.0), workers(0.0003)
     assert blind == {"io": 19, "cpu": 2}
     assert sum(aware.values()) < sum(blind.values()) and aware["io"] >= 10
+
+
+def test_niced_workers_leave_a_training_process_the_core_it_needs() -> None:
+    """With every job's workers niced (a trainer weighs 9.3 workers at nice 10), a trainer that
+    needs most of a core gets it from the neighbours' CPU-bound workers, as the kernel gives it:
+    the model expects the job at its own pace, where at equal weights it expects it starved."""
+    host, cpu = fitted(GPU_BOUND), fitted(CPU_HEAVY)
+    jobs = [
+        JobView("host", 32, 2, model=host, main_cpu_per_sample=0.004),  # ~0.75 core at ~190/s
+        JobView("cpu", 32, 8, model=cpu),
+    ]
+    counts = {"host": 2, "cpu": 8}
+    equal = expected(jobs, Budget(24, 2), counts)
+    niced = expected(jobs, Budget(24, 2, trainer_weight=trainer_weight(10)), counts)
+    alone = expected(jobs[:1], Budget(24, 2), {"host": 2})["host"]
+    assert equal["host"] < 0.5 * alone  # one thread among nine CPU-bound ones
+    assert niced["host"] == pytest.approx(alone, rel=0.02)
+    assert niced["cpu"] < equal["cpu"]  # the cores it got came from the workers
+    assert trainer_weight(0) == 1.0 and trainer_weight(10) == pytest.approx(1024 / 110)
+    with pytest.raises(ValueError, match="worker_nice=20"):
+        trainer_weight(20)
 
 
 def test_releasing_idle_workers_skips_the_hysteresis() -> None:

@@ -112,7 +112,7 @@ from dloader.sidecar.node_policy.measured import (
     show_split,
     split_of,
 )
-from dloader.sidecar.node_policy.sharing import cpu_sets, cpu_shares
+from dloader.sidecar.node_policy.sharing import cpu_sets, cpu_shares, trainer_weight
 from dloader.sidecar.node_policy.views import (
     POLICIES,
     Budget,
@@ -173,4 +173,5 @@ __all__ = [
     "show_split",
     "split_of",
     "steady_window",
+    "trainer_weight",
 ]

@@ -171,8 +171,9 @@ class ModelledNode:
     worker counts, in ``ids`` order) in one pass: a greedy step's trials, or every local move.
 
     Each job is two CPU consumers: its ``k`` loader workers and its training process (one
-    thread's weight); a job runs at its prediction scaled by the smaller fraction of its demand
-    either gets. The objective is the sum over jobs of that normalised throughput.
+    thread's weight, times ``trainer_weight`` where the workers are niced); a job runs at its
+    prediction scaled by the smaller fraction of its demand either gets. The objective is the
+    sum over jobs of that normalised throughput.
     """
 
     def __init__(
@@ -182,9 +183,11 @@ class ModelledNode:
         main_cpu: dict[str, float],
         cores: float,
         memory: WorkerMemory,
+        trainer_weight: float = 1.0,
     ) -> None:
         self.ids = ids
         self.cores = cores
+        self.trainer_weight = trainer_weight
         self.length = np.array([len(curves[j]) for j in ids], dtype=int)
         width = int(self.length.max(initial=1))
         shape = (len(ids), width)
@@ -211,17 +214,19 @@ class ModelledNode:
         cls,
         jobs: Sequence[JobView],
         curves: dict[str, tuple[Candidate, ...]],
-        cores: float,
+        budget: Budget,
         memory: WorkerMemory | None = None,
     ) -> ModelledNode:
-        """The node of ``jobs`` (in their order), their training processes' CPU from their
-        views; ``memory``: what their workers cost (default: from these views)."""
+        """The node of ``jobs`` (in their order) within ``budget``'s cores, their training
+        processes' CPU from their views; ``memory``: what their workers cost (default: from
+        these views)."""
         return cls(
             [j.job_id for j in jobs],
             curves,
             {j.job_id: j.main_cpu_per_sample for j in jobs},
-            cores,
+            budget.cores,
             memory if memory is not None else WorkerMemory.of(jobs),
+            budget.trainer_weight,
         )
 
     def row(self, alloc: dict[str, int]) -> np.ndarray:
@@ -240,7 +245,9 @@ class ModelledNode:
         each gets."""
         twice = np.concatenate([allocs, allocs], axis=1)
         demand = self.demand[self._both, twice]
-        weights = np.where(self._both < len(self.ids), np.maximum(twice, 1), 1).astype(float)
+        weights = np.where(
+            self._both < len(self.ids), np.maximum(twice, 1), self.trainer_weight
+        ).astype(float)
         return demand, water_fill(demand, weights, self.cores)
 
     def scale(self, allocs: np.ndarray) -> np.ndarray:
@@ -336,7 +343,7 @@ def decide(
     if not planned:
         return out
     curves = {j.job_id: curve(j, budget, bounds(j, budget)[1]) for j in planned}
-    node = ModelledNode.of(planned, curves, budget.cores, memory)
+    node = ModelledNode.of(planned, curves, budget, memory)
     n = len(planned)
     lowest = node.row(floors)
 
@@ -459,7 +466,7 @@ def expected(jobs: Sequence[JobView], budget: Budget, counts: dict[str, int]) ->
     known = [j for j in known if 0 <= counts[j.job_id] < len(curves[j.job_id])]
     if not known:
         return {}
-    node = ModelledNode.of(known, curves, budget.cores)
+    node = ModelledNode.of(known, curves, budget)
     row = node.row(counts)
     scale = node.scale(row[None])[0]
     return {j: float(node.predicted[i, row[i]] * scale[i]) for i, j in enumerate(node.ids)}
@@ -468,7 +475,7 @@ def expected(jobs: Sequence[JobView], budget: Budget, counts: dict[str, int]) ->
 def modelled(jobs: Sequence[JobView], budget: Budget) -> ModelledNode:
     """The node of ``jobs`` (each with a model), every count within its bounds predicted."""
     curves = {j.job_id: curve(j, budget, bounds(j, budget)[1]) for j in jobs}
-    return ModelledNode.of(jobs, curves, budget.cores)
+    return ModelledNode.of(jobs, curves, budget)
 
 
 def cpu_bound(node: ModelledNode, row: np.ndarray, budget: Budget) -> tuple[np.ndarray, bool]:

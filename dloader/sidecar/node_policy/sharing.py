@@ -1,6 +1,7 @@
 """How a node's cores are shared between CPU consumers, as the kernel's fair scheduler shares
-them between runnable threads: water-filling by thread count (:func:`cpu_shares`), and disjoint
-CPU sets sized by share (:func:`cpu_sets`)."""
+them between runnable threads: water-filling by thread count (:func:`cpu_shares`), disjoint
+CPU sets sized by share (:func:`cpu_sets`), and the weight of a training process against
+loader workers the sidecar has niced (:func:`trainer_weight`)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,27 @@ from collections.abc import Sequence
 import numpy as np
 
 __all__ = [
+    "NICE_WEIGHTS",
     "cpu_sets",
     "cpu_shares",
+    "trainer_weight",
     "water_fill",
 ]
+
+NICE_WEIGHTS: tuple[int, ...] = (
+    *(1024, 820, 655, 526, 423, 335, 272, 215, 172, 137),
+    *(110, 87, 70, 56, 45, 36, 29, 23, 18, 15),
+)
+"""The Linux fair scheduler's weight of a thread at nice 0, 1, ..., 19 (``sched_prio_to_weight``
+in ``kernel/sched/core.c``: each step about 1.25x)."""
+
+
+def trainer_weight(worker_nice: int) -> float:
+    """How many loader workers' worth of a core a training process (at nice 0) is given when
+    the workers run at ``worker_nice``: 1 at 0, 9.3 at 10, 68 at 19."""
+    if not 0 <= worker_nice < len(NICE_WEIGHTS):
+        raise ValueError(f"worker_nice={worker_nice}: expected 0..{len(NICE_WEIGHTS) - 1}")
+    return NICE_WEIGHTS[0] / NICE_WEIGHTS[worker_nice]
 
 
 def water_fill(demands: np.ndarray, weights: np.ndarray, cores: float) -> np.ndarray:

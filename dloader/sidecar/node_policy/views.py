@@ -70,6 +70,9 @@ class Budget:
     """Cores loader work may use, all jobs together."""
     memory_bytes: float = math.inf
     """Memory the loader workers of all jobs may use together."""
+    trainer_weight: float = 1.0
+    """How the kernel weighs a training process against one loader worker for a core (above 1
+    when the sidecar nices the workers: :func:`~.sharing.trainer_weight`)."""
 
 
 class Candidate(NamedTuple):
