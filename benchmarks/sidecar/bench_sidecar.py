@@ -554,6 +554,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the seed the mixes are drawn from (default: a new one, printed)",
     )
     g.add_argument(
+        "--ablation",
+        action="store_true",
+        help='two more arms: each job "auto" with its workers at nice 10 set by hand '
+        "(worker_init_fn, no sidecar), and the sidecar with --worker-nice 0 (its policy without "
+        "trainers first)",
+    )
+    g.add_argument(
         "--length",
         type=float,
         default=120.0,
@@ -635,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
             args.generated,
             args.gen_seed,
             contention=args.contention,
+            ablation=args.ablation,
             length=args.length,
             repeats=args.repeats,
             static_runs=args.static_runs,

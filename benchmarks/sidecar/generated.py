@@ -184,10 +184,15 @@ def prediction_errors(
     return {label: median(v) for label, v in errors.items()}
 
 
-ARMS = ("naive", "auto", "alone", "ceiling")
+ARMS = ("naive", "auto", "alone", "ceiling", "auto_nice", "sidecar_nice0")
 """What the sidecar is compared with, in this order: each job at its own count; each job's
 loader tuning itself (``num_workers="auto"``) with no sidecar; each job's count as ``auto``
-settled on it when the job ran alone, held together; the best static split (a ceiling)."""
+settled on it when the job ran alone, held together; the best static split (a ceiling); with
+``--ablation``: each job ``auto`` with its workers at nice 10 set by hand in every job
+(``worker_init_fn``, no sidecar), and the sidecar with ``--worker-nice 0`` (its policy without
+trainers first)."""
+NICE = 10
+"""The ablation's nice value (the sidecar's default)."""
 TARGETS = {
     "auto": "median >= 1.05, worst >= 0.98",
     "naive": "median >= 1.30",
@@ -226,21 +231,27 @@ def run_mix(
     settle_s: float,
     extra: list[str],
     rng: np.random.Generator,
+    ablation: bool = False,
 ) -> dict[str, Any]:
     """One mix: each arm of :data:`ARMS` and the adaptive sidecar, interleaved; their scores,
     the sidecar's ratio to each (whole run and steady part, with intervals), placements and
-    prediction errors. ``alone_s`` 0: no ``alone`` arm; ``static_runs`` 0: no ceiling."""
+    prediction errors. ``alone_s`` 0: no ``alone`` arm; ``static_runs`` 0: no ceiling;
+    ``ablation``: the ``auto_nice`` and ``sidecar_nice0`` arms."""
     folder = tmp / mix.name.replace("/", "-")
     count = 0
 
-    def run(arrivals: list[Arrival], sidecar: bool, what: str) -> dict[str, Any]:
+    def run(
+        arrivals: list[Arrival], sidecar: bool, what: str, sidecar_args: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
         nonlocal count
         count += 1
         print(f"  mix {mix.name}, run {count}: {what} ...", file=sys.stderr, flush=True)
         where = folder / f"{count:02d}"
         if not sidecar:
             return run_jobs(arrivals, where, extra=extra)
-        with sidecar_process(where, policy="adaptive", worker_budget=budget) as sc:
+        with sidecar_process(
+            where, policy="adaptive", worker_budget=budget, extra=sidecar_args
+        ) as sc:
             return run_jobs(arrivals, where, sidecar=sc.target, extra=extra)
 
     def adaptive(what: str) -> dict[str, Any]:
@@ -249,11 +260,23 @@ def run_mix(
         return res
 
     auto = dict.fromkeys(mix.labels, "auto")
-    runs: dict[str, list[dict[str, Any]]] = {"naive": [], "auto": [], "alone": [], "ceiling": []}
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     logs: list[Path] = []
     sidecar = [adaptive("adaptive (the sidecar)")]
     runs["naive"].append(run(mix.arrivals(), False, "naive (each job its own count)"))
     runs["auto"].append(run(mix.arrivals(auto), False, 'each job num_workers="auto"'))
+    niced = ("--worker-nice", str(NICE))
+    if ablation:
+        runs["auto_nice"].append(
+            run(
+                [replace(a, extra=(*a.extra, *niced)) for a in mix.arrivals(auto)],
+                False,
+                f'each job "auto", its workers at nice {NICE} by hand',
+            )
+        )
+        runs["sidecar_nice0"].append(
+            run(mix.arrivals(), True, "the sidecar, --worker-nice 0", ("--worker-nice", "0"))
+        )
     alone: Split = {}
     if alone_s > 0:
         for job in mix.jobs:
@@ -336,6 +359,7 @@ def generated(
     seed: int | None,
     *,
     contention: bool = False,
+    ablation: bool = False,
     length: float,
     repeats: int,
     static_runs: int,
@@ -354,6 +378,7 @@ def generated(
     indices = only if only is not None else list(range(n))
     part = "" if only is None else f" --only {','.join(map(str, indices))}"
     part += " --contention" if contention else ""
+    part += " --ablation" if ablation else ""
     print(
         f"seed {seed} (reproduce: --generated {n} --gen-seed {seed} --length {length:g}{part}); "
         f"{len(indices)} mixes of {length:g} s; worker budget {budget} (the sidecar's default "
@@ -382,6 +407,7 @@ def generated(
             settle_s=settle_s,
             extra=["--jpegs", str(jpegs)],
             rng=rng,
+            ablation=ablation,
         )
         done.append(r)
         print("  sidecar " + ", ".join(f"/ {a} {_ci(v['whole'])}" for a, v in r["ratios"].items()))

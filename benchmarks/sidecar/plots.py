@@ -74,7 +74,7 @@ def generated(done: list[dict[str, Any]], seed: int, png: Path) -> None:
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
     xs = list(range(len(done)))
-    arms = [a for a in ("naive", "auto", "alone", "ceiling") if any(a in r["ratios"] for r in done)]
+    arms = list(dict.fromkeys(a for r in done for a in r["ratios"]))  # in the benchmark's order
     for i, arm in enumerate(arms):
         off = (i - (len(arms) - 1) / 2) * 0.15
         at, v, lo, hi = [], [], [], []

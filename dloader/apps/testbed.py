@@ -15,6 +15,7 @@ Run one job from the command line::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -331,6 +332,10 @@ def _workers(text: str) -> int | str:
     return value
 
 
+def _nice_worker(nice: int, worker_id: int) -> None:
+    os.setpriority(os.PRIO_PROCESS, 0, max(nice, os.getpriority(os.PRIO_PROCESS, 0)))
+
+
 def exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
     """Ends this process (SIGTERM to itself: its loader's workers follow) once ``parent`` is no
     longer its parent: the harness that started it exited, or was killed."""
@@ -453,6 +458,15 @@ def main(argv: list[str] | None = None) -> int:
             help=f"{what}, times X (a variation of the profile; default: 1)",
         )
     parser.add_argument(
+        "--worker-nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the loader workers at nice N (0-19), set in each worker as it starts "
+        "(worker_init_fn): what a user can do by hand for every job without a sidecar "
+        "(default: 0, left alone)",
+    )
+    parser.add_argument(
         "--ray-address",
         default=None,
         help="remote loader workers on this Ray cluster (dloader only; docs/remote.md)",
@@ -499,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
             "--io-scale/--cpu-scale: only emulated profiles (io_heavy, cpu_heavy, gpu_bound, "
             f"host_heavy) have costs to scale, not {args.profile} (its data sets them)"
         )
+    if not 0 <= args.worker_nice <= 19:
+        parser.error(f"--worker-nice={args.worker_nice}: expected 0..19")
     if args.seconds is not None and args.samples is not None:
         parser.error("give --seconds or --samples, not both")
     if args.seconds is None and args.samples is None:
@@ -538,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     slow_from = math.inf if args.slowdown_at is None else started + args.slowdown_at
     dataset = make_dataset(profile, 1_000_000, args.jpegs, slow_from, args.slowdown_factor)
+    init = functools.partial(_nice_worker, args.worker_nice) if args.worker_nice else None
     if args.loader == "torch":
         loader: Any = torch.utils.data.DataLoader(
             dataset,
@@ -546,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
             num_workers=args.workers,
             prefetch_factor=args.prefetch_factor,
             pin_memory=args.device == "cuda",
+            worker_init_fn=init,
         )
     else:
         from dloader import DataLoader, RayWorkers
@@ -569,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
             job_name=args.job_name or profile.name,
             stats_window_s=args.stats_window,
             remote=remote,
+            worker_init_fn=init,
         )
     what = f"{args.seconds:g} s" if args.seconds is not None else f"{args.samples:,} samples"
     print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -118,6 +119,7 @@ def test_bad_draws_are_refused() -> None:
         (["--profile", "image_jpeg", "--io-scale", "2"], "only emulated profiles"),
         (["--profile", "io_heavy", "--step-scale", "0"], "--step-scale=0.0: expected > 0"),
         (["--profile", "io_heavy", "--slowdown-factor", "-1"], "--slowdown-factor"),
+        (["--worker-nice", "20"], "--worker-nice=20: expected 0..19"),
     ],
 )
 def test_the_testbed_refuses_bad_variations(
@@ -126,3 +128,24 @@ def test_the_testbed_refuses_bad_variations(
     with pytest.raises(SystemExit):
         main([*argv, "--seconds", "1"])
     assert expected in capsys.readouterr().err
+
+
+def _priority_after_nice(nice: int) -> int:
+    from dloader.apps.testbed import _nice_worker
+
+    _nice_worker(nice, 0)
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+@pytest.mark.integration
+def test_the_testbeds_worker_nice_is_set_in_the_worker_and_never_lowered() -> None:
+    import concurrent.futures
+    import multiprocessing
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        assert pool.submit(_priority_after_nice, 7).result(60) == max(base, 7)
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        assert pool.submit(_priority_after_nice, 0).result(60) == base
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the trainer is left alone
