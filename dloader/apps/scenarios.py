@@ -206,6 +206,22 @@ def _spread(rng: random.Random) -> float:
     return math.exp(rng.uniform(-math.log(SPREAD), math.log(SPREAD)))
 
 
+def _drawn_job(rng: random.Random, i: int, profile: str, at: float, until: float) -> ScenarioJob:
+    """The ``i``-th job of a mix, of ``profile``: its own count and its variation drawn."""
+    counts, weights = zip(*OWN_COUNTS, strict=True)
+    emulated = PROFILES[profile].pipeline == "emulated"
+    return ScenarioJob(
+        label=f"j{i + 1}-{profile}",
+        profile=profile,
+        workers=rng.choices(counts, weights)[0],
+        at=at,
+        until=until,
+        io_scale=round(_spread(rng), 3) if emulated else 1.0,
+        cpu_scale=round(_spread(rng), 3) if emulated else 1.0,
+        step_scale=round(_spread(rng), 3),
+    )
+
+
 def draw_mix(seed: int, index: int, length: float) -> NodeMix:
     """The ``index``-th mix of ``seed`` (each mix has its own stream: mix 3 of a seed is the
     same whatever ``n`` is asked for)."""
@@ -214,25 +230,13 @@ def draw_mix(seed: int, index: int, length: float) -> NodeMix:
     coming = rng.random()  # a quarter: one arrives; a fifth: one leaves; a tenth: both
     arrives, leaves = coming < 0.25 or 0.45 <= coming < 0.55, 0.25 <= coming < 0.55
     changes = rng.random() < 0.3
-    counts, weights = zip(*OWN_COUNTS, strict=True)
     n = starting + arrives
     leaver = rng.randrange(starting) if leaves else None
     jobs = []
     for i in range(n):
-        profile = rng.choice(MIX_PROFILES)
-        emulated = PROFILES[profile].pipeline == "emulated"
-        jobs.append(
-            ScenarioJob(
-                label=f"j{i + 1}-{profile}",
-                profile=profile,
-                workers=rng.choices(counts, weights)[0],
-                at=round(length / 3, 1) if i >= starting else 0.0,
-                until=round(2 * length / 3, 1) if i == leaver else length,
-                io_scale=round(_spread(rng), 3) if emulated else 1.0,
-                cpu_scale=round(_spread(rng), 3) if emulated else 1.0,
-                step_scale=round(_spread(rng), 3),
-            )
-        )
+        at = round(length / 3, 1) if i >= starting else 0.0
+        until = round(2 * length / 3, 1) if i == leaver else length
+        jobs.append(_drawn_job(rng, i, rng.choice(MIX_PROFILES), at, until))
     if changes:
         varied = [i for i, j in enumerate(jobs) if PROFILES[j.profile].pipeline == "emulated"]
         if varied:
@@ -253,7 +257,6 @@ def draw_contention_mix(seed: int, index: int, length: float) -> NodeMix:
     third of the way in. Costs and steps varied as in :func:`draw_mix` (a stream of its own:
     contention mix 3 of a seed is not mix 3)."""
     rng = random.Random(f"{seed}/contention/{index}")
-    counts, weights = zip(*OWN_COUNTS, strict=True)
     trainers = 1 + (rng.random() < 0.4)
     hungry = 1 + (rng.random() < 0.5)
     arrives = rng.random() < 1 / 3
@@ -261,19 +264,8 @@ def draw_contention_mix(seed: int, index: int, length: float) -> NodeMix:
     profiles += [rng.choice(HUNGRY_PROFILES) for _ in range(hungry + arrives)]
     jobs = []
     for i, profile in enumerate(profiles):
-        emulated = PROFILES[profile].pipeline == "emulated"
-        jobs.append(
-            ScenarioJob(
-                label=f"j{i + 1}-{profile}",
-                profile=profile,
-                workers=rng.choices(counts, weights)[0],
-                at=round(length / 3, 1) if arrives and i == len(profiles) - 1 else 0.0,
-                until=length,
-                io_scale=round(_spread(rng), 3) if emulated else 1.0,
-                cpu_scale=round(_spread(rng), 3) if emulated else 1.0,
-                step_scale=round(_spread(rng), 3),
-            )
-        )
+        at = round(length / 3, 1) if arrives and i == len(profiles) - 1 else 0.0
+        jobs.append(_drawn_job(rng, i, profile, at, length))
     return NodeMix(seed, index, length, tuple(jobs), contention=True)
 
 
