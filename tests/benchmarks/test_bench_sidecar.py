@@ -272,3 +272,24 @@ def test_bench_sidecar_generated_small(tmp_path: Path, capsys: pytest.CaptureFix
     assert bench_sidecar.main(["--combine", str(part), "--out-dir", str(combined)]) == 0
     assert json.loads((combined / "bench_sidecar_generated.json").read_text())["mixes"] == [mix]
     assert "sidecar / auto (steady): median" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_bench_sidecar_contention_ablation_small(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One contention mix of 12 s with the ablation's arms: each job "auto" with its workers
+    niced by hand, and the sidecar without trainers first."""
+    argv = ["--generated", "1", "--contention", "--ablation", "--gen-seed", "7", "--length", "12"]
+    argv += ["--repeats", "1", "--static-runs", "0", "--alone-s", "0", "--settle", "5"]
+    assert bench_sidecar.main([*argv, "--jpegs", "200", "--out-dir", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench_sidecar_generated_contention.json").read_text())
+    (mix,) = data["mixes"]
+    assert data["contention"] and mix["contention"] and "host_heavy" in mix["describe"]
+    assert set(mix["scores"]) == {"sidecar", "naive", "auto", "auto_nice", "sidecar_nice0"}
+    assert all(s > 0 for kind in mix["scores"].values() for s in kind)
+    assert set(mix["ratios"]) == {"naive", "auto", "auto_nice", "sidecar_nice0"}
+    out = capsys.readouterr().out
+    assert "--contention --ablation" in out and "sidecar / auto_nice (steady): median" in out
