@@ -55,6 +55,7 @@ from dloader.apps.experiment import Arrival, run_jobs, sidecar_process
 from dloader.apps.scenarios import NodeMix, cost_split, draw_contention_mix, draw_mix
 from dloader.apps.splits import QUICK_LADDER, Split, coordinate_search
 from dloader.apps.testbed import PROFILES, make_dataset
+from dloader.sidecar.config import DEFAULT_WORKER_NICE
 
 BLOCK_S = 5.0
 SETTLE_S = 2.0
@@ -191,7 +192,7 @@ settled on it when the job ran alone, held together; the best static split (a ce
 ``--ablation``: each job ``auto`` with its workers at nice 10 set by hand in every job
 (``worker_init_fn``, no sidecar), and the sidecar with ``--worker-nice 0`` (its policy without
 trainers first)."""
-NICE = 10
+NICE = DEFAULT_WORKER_NICE
 """The ablation's nice value (the sidecar's default)."""
 TARGETS = {
     "auto": "median >= 1.05, worst >= 0.98",

@@ -267,17 +267,14 @@ class SidecarAgent:
                 raise_nice(w.pid, self._nice)
 
 
-def raise_nice(pid: int, nice: int) -> int:
-    """Raises every thread of process ``pid`` to at least ``nice``; how many it changed (a
-    thread or process that exited meanwhile, or that this user may not change, is skipped)."""
+def raise_nice(pid: int, nice: int) -> None:
+    """Raises every thread of process ``pid`` to at least ``nice`` (a thread or process that
+    exited meanwhile, or that this user may not change, is skipped)."""
     try:
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except (OSError, ValueError):
         tids = [pid]
-    changed = 0
     for tid in tids:
         with contextlib.suppress(OSError):
             if os.getpriority(os.PRIO_PROCESS, tid) < nice:
                 os.setpriority(os.PRIO_PROCESS, tid, nice)
-                changed += 1
-    return changed

@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import Dataset
 
 from dloader._shared.cli import finite
+from dloader._shared.node_messages import MAX_NICE
 
 __all__ = [
     "PROFILES",
@@ -333,7 +334,9 @@ def _workers(text: str) -> int | str:
 
 
 def _nice_worker(nice: int, worker_id: int) -> None:
-    os.setpriority(os.PRIO_PROCESS, 0, max(nice, os.getpriority(os.PRIO_PROCESS, 0)))
+    from dloader._agent.agent import raise_nice
+
+    raise_nice(os.getpid(), nice)
 
 
 def exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
@@ -513,8 +516,8 @@ def main(argv: list[str] | None = None) -> int:
             "--io-scale/--cpu-scale: only emulated profiles (io_heavy, cpu_heavy, gpu_bound, "
             f"host_heavy) have costs to scale, not {args.profile} (its data sets them)"
         )
-    if not 0 <= args.worker_nice <= 19:
-        parser.error(f"--worker-nice={args.worker_nice}: expected 0..19")
+    if not 0 <= args.worker_nice <= MAX_NICE:
+        parser.error(f"--worker-nice={args.worker_nice}: expected 0..{MAX_NICE}")
     if args.seconds is not None and args.samples is not None:
         parser.error("give --seconds or --samples, not both")
     if args.seconds is None and args.samples is None:
