@@ -239,6 +239,36 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 peers=env.auto_peers(),
             )
 
+    def _tune_within(self, up_to: int | None) -> bool:
+        """The sidecar's guided policy: this loader's own tuner chooses its count, up to
+        ``up_to`` workers (a tuner is started if it had none). False where it cannot tune:
+        an iterable dataset, or a tuner the user's ``resize()`` stopped (the count is theirs).
+        ``up_to`` None: the sidecar sets the count again; a tuner it started stops."""
+        if up_to is None:
+            with self._control:
+                if self.autotuner is not None and self.sidecar_agent is not None:
+                    self.autotuner.stop("the sidecar sets the count")
+                    self.autotuner = None
+            return False
+        if self._is_iterable:
+            return False
+        with self._control:
+            tuner = self.autotuner
+            if tuner is None:
+                log.info("dloader: the sidecar's guided policy: tuning the worker count itself")
+                tuner = self.autotuner = AutoTuner(
+                    _Controls(self),
+                    start=self.num_workers,
+                    minimum=max(self.min_workers, 1),
+                    maximum=self.worker_bound(),
+                    peers=env.auto_peers(),
+                )
+            elif tuner.stopped_because:
+                return False
+            tuner.limit(up_to)
+            tuner.start()  # directives come once iteration began (the agent starts there)
+            return True
+
     def worker_bound(self) -> int:
         """The most workers this loader may have: ``max_workers``, else (tuning)
         :func:`auto_ceiling` or (not tuning) :func:`worker_ceiling`."""
@@ -654,6 +684,10 @@ class _Controls:
             if num_workers != loader.num_workers:
                 loader._set_workers(num_workers)
         return True
+
+    def tune(self, up_to: int | None) -> bool:
+        loader = self._ref()
+        return loader is not None and loader._tune_within(up_to)
 
     def resize_remote(self, workers: int) -> bool:
         loader = self._ref()

@@ -561,6 +561,13 @@ def main(argv: list[str] | None = None) -> int:
         "trainers first)",
     )
     g.add_argument(
+        "--policy",
+        choices=("adaptive", "guided"),
+        default="adaptive",
+        help="the sidecar's policy (default: adaptive); guided (each job's own tuner within "
+        "the sidecar's ceilings) adds an arm of the sidecar with the adaptive policy",
+    )
+    g.add_argument(
         "--length",
         type=float,
         default=120.0,
@@ -643,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
             args.gen_seed,
             contention=args.contention,
             ablation=args.ablation,
+            policy=args.policy,
             length=args.length,
             repeats=args.repeats,
             static_runs=args.static_runs,

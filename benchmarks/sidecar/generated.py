@@ -167,7 +167,7 @@ def prediction_errors(
     against the job's throughput from ``SETTLE_S`` after that change of the node's split to
     the next (at least a second of it)."""
     errors: dict[str, list[float]] = {}
-    ends = [t for t, _ in expects[1:]] + [math.inf]
+    ends = [t for t, _ in expects[1:]] + [math.inf] if expects else []  # none: guided
     for (start, values), end in zip(expects, ends, strict=True):
         for label, predicted in values.items():
             r = results.get(label)
@@ -185,13 +185,13 @@ def prediction_errors(
     return {label: median(v) for label, v in errors.items()}
 
 
-ARMS = ("naive", "auto", "alone", "ceiling", "auto_nice", "sidecar_nice0")
+ARMS = ("naive", "auto", "alone", "ceiling", "auto_nice", "sidecar_nice0", "adaptive")
 """What the sidecar is compared with, in this order: each job at its own count; each job's
 loader tuning itself (``num_workers="auto"``) with no sidecar; each job's count as ``auto``
 settled on it when the job ran alone, held together; the best static split (a ceiling); with
 ``--ablation``: each job ``auto`` with its workers at nice 10 set by hand in every job
 (``worker_init_fn``, no sidecar), and the sidecar with ``--worker-nice 0`` (its policy without
-trainers first)."""
+trainers first); with ``--policy guided``: the sidecar with its adaptive policy."""
 NICE = DEFAULT_WORKER_NICE
 """The ablation's nice value (the sidecar's default)."""
 TARGETS = {
@@ -233,16 +233,22 @@ def run_mix(
     extra: list[str],
     rng: np.random.Generator,
     ablation: bool = False,
+    policy: str = "adaptive",
 ) -> dict[str, Any]:
-    """One mix: each arm of :data:`ARMS` and the adaptive sidecar, interleaved; their scores,
-    the sidecar's ratio to each (whole run and steady part, with intervals), placements and
-    prediction errors. ``alone_s`` 0: no ``alone`` arm; ``static_runs`` 0: no ceiling;
-    ``ablation``: the ``auto_nice`` and ``sidecar_nice0`` arms."""
+    """One mix: each arm of :data:`ARMS` and the sidecar (its ``policy``), interleaved; their
+    scores, the sidecar's ratio to each (whole run and steady part, with intervals), placements
+    and prediction errors. ``alone_s`` 0: no ``alone`` arm; ``static_runs`` 0: no ceiling;
+    ``ablation``: the ``auto_nice`` and ``sidecar_nice0`` arms; a ``policy`` other than
+    adaptive: the ``adaptive`` arm."""
     folder = tmp / mix.name.replace("/", "-")
     count = 0
 
     def run(
-        arrivals: list[Arrival], sidecar: bool, what: str, sidecar_args: tuple[str, ...] = ()
+        arrivals: list[Arrival],
+        sidecar: bool,
+        what: str,
+        sidecar_args: tuple[str, ...] = (),
+        policy: str = policy,
     ) -> dict[str, Any]:
         nonlocal count
         count += 1
@@ -250,12 +256,10 @@ def run_mix(
         where = folder / f"{count:02d}"
         if not sidecar:
             return run_jobs(arrivals, where, extra=extra)
-        with sidecar_process(
-            where, policy="adaptive", worker_budget=budget, extra=sidecar_args
-        ) as sc:
+        with sidecar_process(where, policy=policy, worker_budget=budget, extra=sidecar_args) as sc:
             return run_jobs(arrivals, where, sidecar=sc.target, extra=extra)
 
-    def adaptive(what: str) -> dict[str, Any]:
+    def adaptive(what: str) -> dict[str, Any]:  # the sidecar arm
         res = run(mix.arrivals(), True, what)
         logs.append(folder / f"{count:02d}" / "sidecar.log")
         return res
@@ -263,7 +267,9 @@ def run_mix(
     auto = dict.fromkeys(mix.labels, "auto")
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     logs: list[Path] = []
-    sidecar = [adaptive("adaptive (the sidecar)")]
+    sidecar = [adaptive(f"{policy} (the sidecar)")]
+    if policy != "adaptive":
+        runs["adaptive"].append(run(mix.arrivals(), True, "the sidecar, adaptive", (), "adaptive"))
     runs["naive"].append(run(mix.arrivals(), False, "naive (each job its own count)"))
     runs["auto"].append(run(mix.arrivals(auto), False, 'each job num_workers="auto"'))
     niced = ("--worker-nice", str(NICE))
@@ -313,7 +319,7 @@ def run_mix(
         searched = len(tried)
     for i in range(repeats):  # the ceiling on fresh runs only: the search's best leans high
         if i:
-            sidecar.append(adaptive("adaptive again"))
+            sidecar.append(adaptive(f"{policy} again"))
             runs["auto"].append(run(mix.arrivals(auto), False, 'each job "auto" again'))
         if best:
             shown = "/".join(str(best[j]) for j in mix.labels)
@@ -337,6 +343,7 @@ def run_mix(
             errors.setdefault(label, []).append(e)
     return {
         "mix": mix.name,
+        "policy": policy,
         "describe": mix.describe(),
         "dynamic": mix.dynamic,
         "changes": mix.changes,
@@ -361,6 +368,7 @@ def generated(
     *,
     contention: bool = False,
     ablation: bool = False,
+    policy: str = "adaptive",
     length: float,
     repeats: int,
     static_runs: int,
@@ -380,6 +388,7 @@ def generated(
     part = "" if only is None else f" --only {','.join(map(str, indices))}"
     part += " --contention" if contention else ""
     part += " --ablation" if ablation else ""
+    part += f" --policy {policy}" if policy != "adaptive" else ""
     print(
         f"seed {seed} (reproduce: --generated {n} --gen-seed {seed} --length {length:g}{part}); "
         f"{len(indices)} mixes of {length:g} s; worker budget {budget} (the sidecar's default "
@@ -394,6 +403,7 @@ def generated(
     rng = np.random.default_rng(seed)
     outs = outputs(out_dir)
     name = "bench_sidecar_generated" + ("_contention" if contention else "")
+    name += "" if policy == "adaptive" else f"_{policy}"
     name += "" if only is None else "-" + "-".join(map(str, indices))
     done: list[dict[str, Any]] = []
     for mix in mixes:
@@ -409,6 +419,7 @@ def generated(
             extra=["--jpegs", str(jpegs)],
             rng=rng,
             ablation=ablation,
+            policy=policy,
         )
         done.append(r)
         print("  sidecar " + ", ".join(f"/ {a} {_ci(v['whole'])}" for a, v in r["ratios"].items()))
@@ -483,7 +494,7 @@ def report(done: list[dict[str, Any]]) -> str:
             r["jobs"],
             *(cell(r, a, p) for a in arms for p in ("whole", "steady")),
             "/".join(str(v) for v in r["static_split"].values()) or "-",
-            max(r["prediction_error"].values(), default=math.nan),
+            f"{max(r['prediction_error'].values()):.3f}" if r["prediction_error"] else "-",
         ]
         for r in done
     ]

@@ -227,7 +227,8 @@ class SidecarAgent:
 
     def _apply(self, d: Directive) -> None:
         try:
-            if not self._controls.resize(d.num_workers):
+            tuning = self._controls.tune(d.tune_up_to)
+            if not tuning and not self._controls.resize(d.num_workers):
                 self._stop.set()  # the loader is gone
                 return
             if d.batch_size:
@@ -238,9 +239,11 @@ class SidecarAgent:
             if d.worker_nice is not None:
                 self._nice = d.worker_nice
             log.info(
-                "dloader: sidecar directive %d applied: %d workers (%s)",
+                "dloader: sidecar directive %d applied: %s (%s)",
                 d.revision,
-                d.num_workers,
+                f"tuning itself up to {d.tune_up_to} workers"
+                if tuning
+                else f"{d.num_workers} workers",
                 d.reason,
             )
         except (ValueError, TypeError) as exc:

@@ -92,6 +92,9 @@ class AutoTuner:
         self._began: float | None = None
         self._last_change = 0.0
         self._last_batches = -1
+        self._bound = maximum
+        self._up_to: int | None = None
+        """A ceiling set from outside (:meth:`limit`), applied by the tuner's own thread."""
 
     @property
     def summary(self) -> str:
@@ -111,6 +114,18 @@ class AutoTuner:
             self.stopped_because = why
             self._stop.set()  # the thread takes its file off the board as it ends
             log.info("dloader: num_workers='auto' stopped: %s", why)
+
+    def limit(self, up_to: int) -> None:
+        """Searches within ``[minimum, up_to]`` from now on (the sidecar's guided policy sets
+        it): the tuner's thread applies it at its next look, moving down at once if the count
+        is above it."""
+        self._up_to = up_to
+
+    def _apply_limit(self) -> int | None:
+        up_to, self._up_to = self._up_to, None
+        if up_to is None:
+            return None
+        return self.tuner.limit(min(up_to, self._bound), "the sidecar's")
 
     # ------------------------------------------------------------------ measuring
 
@@ -194,6 +209,11 @@ class AutoTuner:
         if s is None or limits is None:
             return False  # the loader is gone
         now = s.timestamp
+        lower = self._apply_limit()
+        if lower is not None:
+            self._window_mark = self._settled_at = None
+            log.info("dloader: num_workers='auto': %s", self.tuner.reason)
+            return self._controls.resize(lower, unless=self._stop)
         if self._began is None:
             self._began = self._last_change = now
         if s.batches != self._last_batches:

@@ -318,6 +318,18 @@ class WorkerTuner:
         self.num_workers, self._busy = n, []
         return n
 
+    def limit(self, maximum: int, whose: str) -> int | None:
+        """A new ceiling (``whose``, in words), at least :attr:`minimum`: the count to move to
+        now if the current one is above it (searching again from there), else None."""
+        self.maximum = max(maximum, self.minimum)
+        if self.num_workers <= self.maximum:
+            return None
+        self._probe = self._yield = None
+        self._restart()
+        return self._move(
+            self.maximum, f"searching within a ceiling of {self.maximum} workers ({whose})"
+        )
+
     # ------------------------------------------------------------------ the decision
 
     def observe(self, w: Window, room: Room) -> int | None:

@@ -70,6 +70,13 @@ class LoaderControls(Protocol):
         same size, or gone)."""
         ...
 
+    def tune(self, up_to: int | None) -> bool:
+        """Lets the loader's own tuner choose its count, up to ``up_to`` workers (starting one
+        if it had none); False where it cannot tune (an iterable dataset, a tuner the user's
+        ``resize()`` stopped, or the loader gone). None: a tuner the sidecar started stops, and
+        False."""
+        ...
+
     def resize_remote(self, workers: int) -> bool:
         """Sets the remote (Ray) worker count, within ``RayWorkers.max_workers``; False if the
         loader has no remote workers configured, or is gone."""

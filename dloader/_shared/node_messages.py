@@ -239,10 +239,16 @@ class Directive:
     """The nice value (1-19) the job's local loader workers run at, so that every job's
     training process, at its own, comes before every job's workers for a core; None:
     unchanged."""
+    tune_up_to: int | None = None
+    """The guided policy: the job's own tuner chooses its count within ``[its minimum,
+    tune_up_to]`` (``num_workers`` then only applies to a loader that cannot tune itself, e.g.
+    an iterable dataset's); None: the sidecar sets the count."""
 
     def __post_init__(self) -> None:
         if self.worker_nice is not None and not 1 <= self.worker_nice <= MAX_NICE:
             raise ValueError(f"worker_nice={self.worker_nice}: expected 1..{MAX_NICE} or none")
+        if self.tune_up_to is not None and self.tune_up_to < 1:
+            raise ValueError(f"tune_up_to={self.tune_up_to}: expected >= 1 or none")
 
     def to_json(self) -> dict[str, Any]:
         """As a JSON-compatible dict (the helper -> agent pipe)."""
@@ -258,7 +264,7 @@ class Directive:
     def to_pb(self, job_id: str) -> Any:
         """As a ``dloader.v1.Directive`` for ``job_id``."""
         fields = {**asdict(self), "cpus": list(self.cpus)}
-        for name in ("remote_workers", "worker_nice"):
+        for name in ("remote_workers", "worker_nice", "tune_up_to"):
             if fields[name] is None:
                 del fields[name]
         return _pb().Directive(job_id=job_id, **fields)
@@ -268,4 +274,7 @@ class Directive:
         """From a ``dloader.v1.Directive``."""
         remote = m.remote_workers if m.HasField("remote_workers") else None
         nice = m.worker_nice if m.HasField("worker_nice") else None
-        return cls(m.num_workers, m.batch_size, tuple(m.cpus), m.reason, m.revision, remote, nice)
+        up_to = m.tune_up_to if m.HasField("tune_up_to") else None
+        return cls(
+            m.num_workers, m.batch_size, tuple(m.cpus), m.reason, m.revision, remote, nice, up_to
+        )

@@ -543,7 +543,7 @@ class NodeCore:
             job.model,
             obs,
             window_s=window,
-            directed_workers=job.directive.num_workers,
+            directed_workers=k if self.guided else job.directive.num_workers,
             busy_workers=len(busy),
             since_directive_s=self._clock() - job.directive_at,
             since_node_change_s=self._clock() - self._changed_at,
@@ -605,7 +605,7 @@ class NodeCore:
         budget = self._budget()
         counts = {j.job_id: j.directive.num_workers for j in self.jobs.values()}
         expect = pol.expected([self._view(j) for j in self.jobs.values()], budget, counts)
-        if job.job_id in expect:
+        if job.job_id in expect and not self.guided:  # guided: the job's own count
             log.info(
                 "job %s: %d workers (its model restarted) [model: %s samples/s]",
                 job.job_id,
@@ -717,12 +717,16 @@ class NodeCore:
             return limit * (self._available_memory() + used), used
         return limit, used
 
-    @staticmethod
-    def _view(j: Job) -> pol.JobView:
+    @property
+    def guided(self) -> bool:
+        """The jobs' own tuners choose their counts, within the ceilings the policy sets."""
+        return self.settings.name == "guided"
+
+    def _view(self, j: Job) -> pol.JobView:
         return pol.JobView(
             j.job_id,
             j.record.batch_size,
-            j.directive.num_workers,
+            j.record.num_workers if self.guided else j.directive.num_workers,
             j.record.limits.min_workers,
             j.record.limits.max_workers,
             j.model,
@@ -755,6 +759,9 @@ class NodeCore:
                 self._changed_at,
             )
         self._enforce_cpu(jobs, decisions)
+        if self.guided:
+            self._guide(jobs, decisions)
+            return
         changed = any(decisions[j.job_id].num_workers != j.directive.num_workers for j in jobs)
         expect = (
             pol.expected(views, budget, {j: d.num_workers for j, d in decisions.items()})
@@ -792,6 +799,16 @@ class NodeCore:
                 "the model expects (samples/s): %s",
                 ", ".join(f"{j}={v:.0f}" for j, v in expect.items()),
             )
+
+    def _guide(self, jobs: list[Job], decisions: dict[str, pol.WorkerDecision]) -> None:
+        """The guided policy: every job's own tuner chooses its count, up to its ceiling."""
+        for job in jobs:
+            d = job.decision = decisions[job.job_id]
+            if d.num_workers != job.directive.tune_up_to:
+                # num_workers: for a loader that cannot tune itself, its count within the ceiling
+                held = min(job.record.num_workers, d.num_workers)
+                self._direct(job, d.reason, tune_up_to=d.num_workers, num_workers=held)
+                log.info("job %s: %s", job.job_id, d.reason)
 
     def _direct(self, job: Job, reason: str, **changes: Any) -> None:
         """Sends ``job`` a new directive (``changes`` to its current one, a new revision) and
@@ -1008,4 +1025,9 @@ class NodeCore:
         self.settings = settings
         self.store.set_setting(STORED_POLICY, settings.to_json())
         log.info("policy set to %s", settings)
+        if not self.guided:  # the sidecar sets the counts again: the jobs' tuners stop
+            for job in self.jobs.values():
+                if job.directive.tune_up_to is not None:
+                    reason = f"policy {settings.name}: the sidecar sets the count"
+                    self._direct(job, reason, tune_up_to=None, num_workers=job.record.num_workers)
         self.decide()

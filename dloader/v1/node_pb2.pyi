@@ -107,7 +107,7 @@ class WatchDirectivesRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class Directive(_message.Message):
-    __slots__ = ("job_id", "num_workers", "batch_size", "cpus", "reason", "revision", "remote_workers", "worker_nice")
+    __slots__ = ("job_id", "num_workers", "batch_size", "cpus", "reason", "revision", "remote_workers", "worker_nice", "tune_up_to")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +116,7 @@ class Directive(_message.Message):
     REVISION_FIELD_NUMBER: _ClassVar[int]
     REMOTE_WORKERS_FIELD_NUMBER: _ClassVar[int]
     WORKER_NICE_FIELD_NUMBER: _ClassVar[int]
+    TUNE_UP_TO_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     num_workers: int
     batch_size: int
@@ -124,7 +125,8 @@ class Directive(_message.Message):
     revision: int
     remote_workers: int
     worker_nice: int
-    def __init__(self, job_id: _Optional[str] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ..., cpus: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., revision: _Optional[int] = ..., remote_workers: _Optional[int] = ..., worker_nice: _Optional[int] = ...) -> None: ...
+    tune_up_to: int
+    def __init__(self, job_id: _Optional[str] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ..., cpus: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., revision: _Optional[int] = ..., remote_workers: _Optional[int] = ..., worker_nice: _Optional[int] = ..., tune_up_to: _Optional[int] = ...) -> None: ...
 
 class DeregisterJobRequest(_message.Message):
     __slots__ = ("job_id", "token")

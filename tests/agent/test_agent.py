@@ -224,6 +224,42 @@ def test_the_sidecar_nices_the_workers_and_never_the_trainer(tmp_path: Path) -> 
         s.stop()
 
 
+def test_guided_the_loader_tunes_itself_under_the_sidecars_ceiling_until_the_policy_changes(
+    tmp_path: Path,
+) -> None:
+    """A real sidecar with the guided policy: a loader that asked for a fixed count starts its
+    own tuner, searching within the sidecar's ceiling (the even split of the worker budget);
+    switched to another policy, the sidecar sets the count again and the tuner is gone."""
+    s = Sidecar(tmp_path, "--policy", "guided", "--worker-budget", "3")
+    try:
+        loader = dloader.DataLoader(
+            D.Range(10**6, sleep_s=0.0005),
+            batch_size=8,
+            num_workers=1,
+            sidecar=f"unix://{s.socket}",
+            multiprocessing_context=FORK_SAFE,
+        )
+        it = iter(loader)
+
+        def tuning() -> bool:
+            next(it)  # training goes on while the directive arrives
+            t = loader.autotuner
+            return t is not None and t.tuner.maximum == 3
+
+        assert wait_for(tuning, 30)
+        assert loader.stats().tuner.startswith("auto:")
+        s.stub.SetPolicy(
+            pb.SetPolicyRequest(config=pb.PolicyConfig(name="even", worker_budget=2)), timeout=5
+        )
+        assert wait_for(lambda: next(it) is not None and loader.autotuner is None, 30)
+        assert wait_for(lambda: next(it) is not None and loader.num_workers == 2, 30)
+        it.close()  # type: ignore[attr-defined]
+        assert loader.sidecar_agent is not None
+        loader.sidecar_agent.stop()
+    finally:
+        s.stop()
+
+
 def test_cpu_sets_stay_within_the_jobs_own_allocation(tmp_path: Path) -> None:
     import subprocess
     from types import SimpleNamespace

@@ -118,3 +118,20 @@ def test_the_users_resize_stops_it() -> None:
             break
     assert not alive and sim.resizes == []  # its first decision is refused: it ends
     assert tuner.summary == "auto: stopped (resize(3) called)"
+
+
+def test_a_ceiling_from_the_sidecar_moves_it_down_at_once_and_bounds_its_search() -> None:
+    sim = SimulatedLoader(2)
+    tuner = AutoTuner(sim, start=2, minimum=1, maximum=32, peers=False)
+    run(tuner, sim, 60.0)
+    assert sim.k == 8
+    tuner.limit(5)  # the sidecar's guided policy: at most 5
+    run(tuner, sim, POLL_S)
+    assert sim.k == 5 and tuner.tuner.phase == "search"
+    assert "ceiling of 5 workers" in tuner.summary
+    since = len(sim.resizes)
+    run(tuner, sim, 60.0)
+    assert all(k <= 5 for _, k in sim.resizes[since:]) and sim.k == 5
+    tuner.limit(64)  # raised: never above what it was built with
+    run(tuner, sim, POLL_S)
+    assert tuner.tuner.maximum == 32 and sim.k == 5  # a raise moves nothing by itself

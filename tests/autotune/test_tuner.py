@@ -476,3 +476,17 @@ def test_two_equal_jobs_as_peers_do_not_trade_cpu() -> None:
             reasons.append(t.reason)
     assert not any("yielding" in r for r in reasons)
     assert all(t.num_workers <= 3 for t in tuners), [t.num_workers for t in tuners]
+
+
+def test_a_lower_ceiling_moves_the_count_down_and_searches_again_a_higher_one_moves_nothing() -> (
+    None
+):
+    from dloader._autotune.tuner import WorkerTuner
+
+    t = WorkerTuner(start=6, minimum=2, maximum=16)
+    assert t.limit(10, "test") is None and t.maximum == 10 and t.num_workers == 6
+    t.phase = "hold"
+    assert t.limit(4, "the sidecar's") == 4
+    assert t.num_workers == 4 and t.phase == "search"
+    assert t.reason == "searching within a ceiling of 4 workers (the sidecar's)"
+    assert t.limit(1, "test") == 2 and t.maximum == 2  # never below its minimum

@@ -16,7 +16,13 @@ import dloader.sidecar.core as core_mod
 import dloader.sidecar.node_policy as pol
 import dloader.sidecar.node_policy.measured as measured_mod
 from dloader._daemon.peer import CALLER, Caller, Role
-from dloader._shared.node_messages import JobLimits, JobReport, Registration, WorkerReport
+from dloader._shared.node_messages import (
+    Directive,
+    JobLimits,
+    JobReport,
+    Registration,
+    WorkerReport,
+)
 from dloader.errors import InvalidArgument, ResourceExhausted
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import Job, NodeCore
@@ -146,6 +152,32 @@ def test_a_workers_timed_wait_crosses_both_transports(delay: float | None) -> No
     r = replace(report(2, 300.0), workers=(WorkerReport(201, 0.2, 0.1, 10, delay),))
     assert JobReport.from_json(json.loads(json.dumps(r.to_json()))) == r
     assert JobReport.from_pb(r.to_pb("job", "token")) == r
+
+
+def test_a_tuning_ceiling_crosses_both_transports_and_must_be_positive() -> None:
+    d = Directive(3, reason="guided", revision=4, worker_nice=10, tune_up_to=12)
+    assert Directive.from_json(json.loads(json.dumps(d.to_json()))) == d
+    assert Directive.from_pb(d.to_pb("job")) == d
+    assert Directive.from_pb(Directive(3).to_pb("job")).tune_up_to is None  # unset: unchanged
+    with pytest.raises(ValueError, match="tune_up_to=0: expected >= 1 or none"):
+        Directive(3, tune_up_to=0)
+
+
+def test_guided_sends_ceilings_and_leaves_the_counts_to_the_jobs(tmp_path: Path) -> None:
+    node = FakeNode(0.0)
+    core = node_core(tmp_path, PolicySettings("guided", 12, 2, 1.0), node)
+    a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    b = core.register(Registration("b", pids=(101,), num_workers=8, batch_size=32))
+    core.decide()
+    assert (a.directive.tune_up_to, a.directive.num_workers) == (6, 2)
+    assert (b.directive.tune_up_to, b.directive.num_workers) == (6, 6)  # if it cannot tune
+    node.now += 5.0
+    core.report(a, report(5, 300.0))  # a's own tuner moved it to 5
+    revision = a.directive.revision
+    core.decide()
+    assert a.directive.revision == revision  # same ceiling: nothing sent, 5 is a's to keep
+    core.set_policy(PolicySettings("even", 12, 2, 1.0))  # the sidecar takes the counts back
+    assert a.directive.tune_up_to is None and a.directive.num_workers == 6
 
 
 def test_observations_carry_the_cores_a_jobs_workers_could_use(tmp_path: Path) -> None:

@@ -50,6 +50,21 @@ def test_even_split_within_limits() -> None:
     assert "even split" in d["a"].reason
 
 
+def test_guided_sets_each_jobs_ceiling_the_even_split_cut_to_the_memory_budget() -> None:
+    jobs = [
+        JobView("a", 32, 4, worker_memory_bytes=100.0),
+        JobView("b", 32, 4, max_workers=2, worker_memory_bytes=100.0),
+        JobView("c", 32, 4, worker_memory_bytes=300.0),
+    ]
+    d = decide("guided", jobs, Budget(workers=30, cores=2))
+    assert {k: v.num_workers for k, v in d.items()} == {"a": 10, "b": 2, "c": 10}
+    assert d["a"].reason.startswith("tunes itself up to 10 workers (even split")
+    d = decide("guided", jobs, Budget(workers=30, cores=2, memory_bytes=2_000.0))
+    # the biggest workers are cut first: c's 300-byte workers go until the ceilings fit
+    assert {k: v.num_workers for k, v in d.items()} == {"a": 10, "b": 2, "c": 2}
+    assert d["c"].memory_limited and "to fit the memory budget" in d["c"].reason
+
+
 def test_adaptive_gives_workers_where_they_help() -> None:
     jobs = [
         JobView("io", 32, 4, model=fitted(IO_HEAVY)),

@@ -108,7 +108,11 @@ def _floors(jobs: Sequence[JobView], budget: Budget, memory: WorkerMemory) -> di
     return memory.fit(floors, hard, budget.memory_bytes)
 
 
-def _even(jobs: Sequence[JobView], budget: Budget) -> dict[str, WorkerDecision]:
+def _even(
+    jobs: Sequence[JobView], budget: Budget, *, ceilings: bool = False
+) -> dict[str, WorkerDecision]:
+    """The node's budget split equally within each job's limits, then cut to the memory
+    budget; ``ceilings``: as the most each job's own tuner may choose (``guided``)."""
     share = max(budget.workers // max(len(jobs), 1), 1)
     memory = WorkerMemory.of(jobs)
     wanted = {}
@@ -121,6 +125,8 @@ def _even(jobs: Sequence[JobView], budget: Budget) -> dict[str, WorkerDecision]:
         low, high = bounds(job, budget)
         k, cut = alloc[job.job_id], alloc[job.job_id] < wanted[job.job_id]
         why = f"even split: {budget.workers} workers / {len(jobs)} jobs, within [{low}, {high}]"
+        if ceilings:
+            why = f"tunes itself up to {k} workers ({why})"
         if cut:
             why += f"; {k} to fit the memory budget ({_mb(budget.memory_bytes)})"
         out[job.job_id] = WorkerDecision(job.job_id, k, why, memory_limited=cut)
@@ -281,7 +287,8 @@ def decide(
     hysteresis: float = 0.03,
     release_loss: float = 0.0005,
 ) -> dict[str, WorkerDecision]:
-    """Worker counts for every job under ``policy`` (``"adaptive"`` or ``"even"``).
+    """Worker counts for every job under ``policy`` (``"adaptive"`` or ``"even"``); under
+    ``"guided"``, the most each job's own tuner may choose (the even split as ceilings).
 
     Raises:
         InvalidArgument: an unknown policy (a ``ValueError``).
@@ -290,8 +297,8 @@ def decide(
     check_policy(policy)
     if budget.workers < 0 or not budget.cores > 0:
         raise ValueError(f"budget {budget} needs workers >= 0 and cores > 0")
-    if policy == "even" or not jobs:
-        return _even(jobs, budget)
+    if policy != "adaptive" or not jobs:
+        return _even(jobs, budget, ceilings=policy == "guided")
 
     out: dict[str, WorkerDecision] = {}
     planned: list[JobView] = []

@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 
-POLICIES = ("adaptive", "even")
+POLICIES = ("adaptive", "even", "guided")
 
 
 def check_policy(name: str, field: str = "policy") -> str:
