@@ -142,6 +142,7 @@ def static_best(
     ladder: Sequence[int],
     rounds: int,
     seeds: Sequence[Split] = (),
+    search_runs: int | None = None,
 ) -> tuple[str, Split, float, dict[str, Any], dict[str, Any]]:
     """The best static split within ``budget`` by coordinate search from one worker each (from
     the even split, a full budget leaves no single job room to grow) or from the best of
@@ -168,6 +169,7 @@ def static_best(
         ladder,
         rounds,
         seeds,
+        search_runs,
     )
     label = f"static best of {len(tried)}, budget {budget}: " + "/".join(
         str(split[j]) for j in JOBS
@@ -271,7 +273,13 @@ PHASE_WARM_S = 4.0
 
 
 def phase_best(
-    i: int, phase: float, ladder: Sequence[int], rounds: int, tmp: Path, seeds: Sequence[Split]
+    i: int,
+    phase: float,
+    ladder: Sequence[int],
+    rounds: int,
+    tmp: Path,
+    seeds: Sequence[Split],
+    search_runs: int | None = None,
 ) -> tuple[float, Split, int]:
     """The best split of phase ``i``'s jobs alone, within the budget, by the same coordinate
     search: each split runs for ``phase`` seconds (the first phase from a cold start, as in the
@@ -299,6 +307,7 @@ def phase_best(
         ladder,
         rounds,
         [{j: s[j] for j in labels} for s in seeds if set(labels) <= set(s)],
+        search_runs,
     )
     return value, split, runs[0]
 
@@ -310,6 +319,7 @@ def dynamic(
     out_dir: Path,
     seeds: Sequence[Split] = (),
     phase_oracle: bool = False,
+    search_runs: int | None = None,
 ) -> int:
     """``--mix dynamic``: no sidecar, even, adaptive and the searched static split."""
     outs = outputs(out_dir)
@@ -343,7 +353,7 @@ def dynamic(
         return max(first, k["io_a"] + k["gpu_bound"] + k["io_b"]) <= DYNAMIC_BUDGET
 
     _, split = coordinate_search(
-        evaluate, dict.fromkeys(DYNAMIC_JOBS, 1), allowed, ladder, rounds, seeds
+        evaluate, dict.fromkeys(DYNAMIC_JOBS, 1), allowed, ladder, rounds, seeds, search_runs
     )
     label = f"static best of {len(tried)}: " + "/".join(str(split[j]) for j in DYNAMIC_JOBS)
     runs[label] = tried[tuple(split[j] for j in DYNAMIC_JOBS)]
@@ -386,7 +396,7 @@ def dynamic(
                 split,
                 phase_split(runs["adaptive"], phase, i),
             ]
-            searched.append(phase_best(i, phase, ladder, rounds, tmp, seed))
+            searched.append(phase_best(i, phase, ladder, rounds, tmp, seed, search_runs))
         bound = sum(v for v, _, _ in searched) / 3
         print(
             table(
@@ -504,6 +514,13 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds",
         type=int,
         help="rounds of the static split's coordinate search at most (default: 3, --quick: 1)",
+    )
+    p.add_argument(
+        "--search-runs",
+        type=int,
+        metavar="N",
+        help="runs of each static split search at most (the mix's, and with --phase-oracle "
+        "each phase's; default: until a round changes nothing)",
     )
     p.add_argument(
         "--budgets",
@@ -672,11 +689,15 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     if rounds < 1:
         p.error(f"--rounds {rounds}: expected at least 1")
+    if args.search_runs is not None and args.search_runs < 1:
+        p.error(f"--search-runs {args.search_runs}: expected at least 1")
     if args.mix == "dynamic":
         phase = args.phase if args.phase is not None else (8.0 if args.quick else 20.0)
         if not phase >= 2:
             p.error(f"--phase {phase:g}: expected at least 2 seconds")
-        return dynamic(phase, ladder, rounds, args.out_dir, seeds, args.phase_oracle)
+        return dynamic(
+            phase, ladder, rounds, args.out_dir, seeds, args.phase_oracle, args.search_runs
+        )
     budgets = args.budgets or (BUDGETS[:1] if args.quick else BUDGETS)
     if any(b < len(JOBS) for b in budgets):
         p.error(f"--budgets {budgets}: each must give every job a worker (>= {len(JOBS)})")
@@ -727,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
             ladder,
             rounds,
             [x for x in seeds if sum(x.values()) <= budget],
+            args.search_runs,
         )
         runs[label] = res
         rows.append((label, total, per))

@@ -53,7 +53,10 @@ def parser() -> argparse.ArgumentParser:
         "--policy",
         choices=POLICIES,
         default=None,
-        help="how to divide the node (default: the stored policy, else adaptive)",
+        help="how to divide the node: adaptive (the sidecar's model chooses every job's "
+        "worker count), guided (each loader's own tuner chooses its count, within a ceiling "
+        "the sidecar sets from the node's worker and memory budgets), even (the worker budget "
+        "split equally: a baseline) (default: the stored policy, else adaptive)",
     )
     p.add_argument(
         "--worker-budget",

@@ -154,6 +154,29 @@ def test_a_sidecar_decides_instead() -> None:
     assert loader.stats().tuner == ""
 
 
+def test_the_sidecars_guided_policy_starts_the_tuner_within_a_ceiling_and_stops_it() -> None:
+    from dloader._dataloader import _Controls
+
+    loader = dloader.DataLoader(
+        D.Range(10), batch_size=2, num_workers=2, sidecar="unix:///nonexistent.sock"
+    )
+    controls = _Controls(loader)
+    assert controls.tune(3) and loader.autotuner is not None  # a fixed count: tuned now
+    tuner = loader.autotuner
+    deadline = time.monotonic() + 30  # the tuner's thread applies the ceiling at its next look
+    while tuner.tuner.maximum != 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tuner.tuner.maximum == 3 and loader.stats().tuner.startswith("auto: ")
+    assert not controls.tune(None) and loader.autotuner is None  # the sidecar sets counts again
+    assert tuner.stopped_because == "the sidecar sets the count"
+    loader.resize(2)
+    assert controls.tune(4) and loader.autotuner is not None  # guided again: a new tuner
+    loader.resize(2)  # the user's count: a tuner the user stopped is not restarted
+    assert not controls.tune(4)
+    iterable = dloader.DataLoader(D.Sharded(10), batch_size=2, num_workers=2)
+    assert not _Controls(iterable).tune(4) and iterable.autotuner is None
+
+
 def test_a_users_resize_stops_the_tuner() -> None:
     loader = dloader.DataLoader(D.Range(10), batch_size=2, num_workers="auto")
     assert loader.autotuner is not None

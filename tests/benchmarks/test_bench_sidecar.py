@@ -17,10 +17,10 @@ from dloader.apps.scenarios import NodeMix, ScenarioJob
 
 @pytest.mark.slow
 @pytest.mark.integration
-@pytest.mark.timeout(900)  # a static search of ~15 runs
+@pytest.mark.timeout(900)  # a static search of 5 runs
 def test_bench_sidecar_real_mix_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--mix", "real", "--quick", "--jpegs", "200", "--out-dir", str(tmp_path)]
-    argv += ["--seconds", "14", "--window", "6", "--static-seconds", "6"]
+    argv += ["--seconds", "14", "--window", "6", "--static-seconds", "6", "--search-runs", "5"]
     assert bench_sidecar.main(argv) == 0
     data = json.loads((tmp_path / "bench_sidecar_real.json").read_text())
     names = [row[0] for row in data["rows"]]
@@ -70,9 +70,9 @@ def test_a_bad_seed_split_stops_the_benchmark_before_it_runs() -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
-@pytest.mark.timeout(1200)  # a static search of ~15 whole-scenario runs, one per phase
+@pytest.mark.timeout(900)  # 4 arms, a static search of 3 runs, and 3 per phase
 def test_bench_sidecar_dynamic_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--mix", "dynamic", "--quick", "--phase", "3", "--phase-oracle"]
+    argv = ["--mix", "dynamic", "--quick", "--phase", "3", "--phase-oracle", "--search-runs", "3"]
     argv += ["--out-dir", str(tmp_path)]
     assert bench_sidecar.main(argv) == 0
     data = json.loads((tmp_path / "bench_sidecar_dynamic.json").read_text())
@@ -280,16 +280,21 @@ def test_bench_sidecar_generated_small(tmp_path: Path, capsys: pytest.CaptureFix
 def test_bench_sidecar_contention_ablation_small(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """One contention mix of 12 s with the ablation's arms: each job "auto" with its workers
-    niced by hand, and the sidecar without trainers first."""
+    """One contention mix of 12 s, the sidecar guided, with the ablation's arms: each job
+    "auto" with its workers niced by hand, the sidecar without trainers first, and the sidecar
+    adaptive."""
     argv = ["--generated", "1", "--contention", "--ablation", "--gen-seed", "7", "--length", "12"]
     argv += ["--repeats", "1", "--static-runs", "0", "--alone-s", "0", "--settle", "5"]
-    assert bench_sidecar.main([*argv, "--jpegs", "200", "--out-dir", str(tmp_path)]) == 0
-    data = json.loads((tmp_path / "bench_sidecar_generated_contention.json").read_text())
+    argv += ["--policy", "guided", "--jpegs", "200", "--out-dir", str(tmp_path)]
+    assert bench_sidecar.main(argv) == 0
+    data = json.loads((tmp_path / "bench_sidecar_generated_contention_guided.json").read_text())
     (mix,) = data["mixes"]
     assert data["contention"] and mix["contention"] and "host_heavy" in mix["describe"]
-    assert set(mix["scores"]) == {"sidecar", "naive", "auto", "auto_nice", "sidecar_nice0"}
+    arms = {"naive", "auto", "auto_nice", "sidecar_nice0", "adaptive"}
+    assert set(mix["scores"]) == {"sidecar", *arms} and mix["policy"] == "guided"
     assert all(s > 0 for kind in mix["scores"].values() for s in kind)
-    assert set(mix["ratios"]) == {"naive", "auto", "auto_nice", "sidecar_nice0"}
+    assert set(mix["ratios"]) == arms
     out = capsys.readouterr().out
-    assert "--contention --ablation" in out and "sidecar / auto_nice (steady): median" in out
+    assert "--contention --ablation --policy guided" in out
+    assert "sidecar / auto_nice (steady): median" in out
+    assert "sidecar / adaptive (steady): median" in out

@@ -223,4 +223,4 @@ def test_every_rpc_survives_random_requests(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_every_rpc_survives_many_random_requests(tmp_path: Path) -> None:
-    run_both(tmp_path, 300)
+    run_both(tmp_path, 200)

@@ -269,4 +269,4 @@ def test_random_sequences_of_steps() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_many_random_sequences_of_steps() -> None:
-    _run(60, 60)
+    _run(40, 60)

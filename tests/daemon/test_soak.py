@@ -1,4 +1,4 @@
-"""Both daemons under honest and hostile clients for five minutes
+"""Both daemons under honest and hostile clients for three minutes (the benchmark's default)
 (benchmarks/daemons/bench_soak.py): the operator is answered within 1 s at p99 all the while, and
 memory, threads and descriptors stay flat (slow lane)."""
 
@@ -14,16 +14,16 @@ from benchmarks.daemons import bench_soak
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
 
 
-def test_five_minutes_of_hostile_clients(tmp_path: Path) -> None:
+def test_three_minutes_of_hostile_clients(tmp_path: Path) -> None:
     out = tmp_path / "bench_soak.json"
-    argv = ["--seconds", "300", "--window", "60", "--out-dir", str(tmp_path)]
+    argv = ["--seconds", "180", "--window", "45", "--out-dir", str(tmp_path)]
     assert bench_soak.main(argv) == 0
     assert (tmp_path / "bench_soak.png").stat().st_size > 0
     result = json.loads(out.read_text())
     assert result["hostile"] > 1000
     for name in ("sidecar", "allocator"):
         s = result["summary"][name]
-        assert s["operator_calls"] > 400, s
+        assert s["operator_calls"] > 240, s  # twice a second: 360
         assert s["operator_p99_ms"] < 1000, s
         assert s["fds late"] <= s["fds early"] + 16, s
         assert s["threads late"] <= s["threads early"] + 4, s
