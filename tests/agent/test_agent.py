@@ -295,7 +295,7 @@ def test_directed_nice_reaches_every_thread_of_local_workers_and_only_goes_up(
     from dloader._shared.node_messages import Directive
 
     # the loader's side of a directive, as the agent sees it (it resizes, always in time)
-    controls = SimpleNamespace(resize=lambda n: True)
+    controls = SimpleNamespace(resize=lambda n: True, tune=lambda up_to: False)
     agent = SidecarAgent(controls, f"unix://{tmp_path}/none.sock")
     # a worker stand-in with a second thread (a worker's own threads are niced too)
     code = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start()"
