@@ -231,13 +231,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 stacklevel=3,
             )
         else:
-            self.autotuner = AutoTuner(
-                _Controls(self),
-                start=self.num_workers,
-                minimum=minimum,
-                maximum=self.worker_bound(),
-                peers=env.auto_peers(),
-            )
+            self.autotuner = self._new_tuner(minimum)
+
+    def _new_tuner(self, minimum: int) -> AutoTuner:
+        return AutoTuner(
+            _Controls(self),
+            start=self.num_workers,
+            minimum=minimum,
+            maximum=self.worker_bound(),
+            peers=env.auto_peers(),
+        )
 
     def _tune_within(self, up_to: int | None) -> bool:
         """The sidecar's guided policy: this loader's own tuner chooses its count, up to
@@ -256,13 +259,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             tuner = self.autotuner
             if tuner is None:
                 log.info("dloader: the sidecar's guided policy: tuning the worker count itself")
-                tuner = self.autotuner = AutoTuner(
-                    _Controls(self),
-                    start=self.num_workers,
-                    minimum=max(self.min_workers, 1),
-                    maximum=self.worker_bound(),
-                    peers=env.auto_peers(),
-                )
+                tuner = self.autotuner = self._new_tuner(max(self.min_workers, 1))
             elif tuner.stopped_because:
                 return False
             tuner.limit(up_to)

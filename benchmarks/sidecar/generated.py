@@ -259,7 +259,7 @@ def run_mix(
         with sidecar_process(where, policy=policy, worker_budget=budget, extra=sidecar_args) as sc:
             return run_jobs(arrivals, where, sidecar=sc.target, extra=extra)
 
-    def adaptive(what: str) -> dict[str, Any]:  # the sidecar arm
+    def sidecar_run(what: str) -> dict[str, Any]:
         res = run(mix.arrivals(), True, what)
         logs.append(folder / f"{count:02d}" / "sidecar.log")
         return res
@@ -267,7 +267,7 @@ def run_mix(
     auto = dict.fromkeys(mix.labels, "auto")
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     logs: list[Path] = []
-    sidecar = [adaptive(f"{policy} (the sidecar)")]
+    sidecar = [sidecar_run(f"{policy} (the sidecar)")]
     if policy != "adaptive":
         runs["adaptive"].append(run(mix.arrivals(), True, "the sidecar, adaptive", (), "adaptive"))
     runs["naive"].append(run(mix.arrivals(), False, "naive (each job its own count)"))
@@ -319,7 +319,7 @@ def run_mix(
         searched = len(tried)
     for i in range(repeats):  # the ceiling on fresh runs only: the search's best leans high
         if i:
-            sidecar.append(adaptive(f"{policy} again"))
+            sidecar.append(sidecar_run(f"{policy} again"))
             runs["auto"].append(run(mix.arrivals(auto), False, 'each job "auto" again'))
         if best:
             shown = "/".join(str(best[j]) for j in mix.labels)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -191,35 +194,43 @@ def test_pinned_cpu_sets_reach_the_loader_workers(tmp_path: Path) -> None:
         s.stop()
 
 
+@contextlib.contextmanager
+def training_beside(s: Sidecar, num_workers: int) -> Iterator[tuple[Any, Iterator[Any]]]:
+    """A real loader of ``num_workers`` on sidecar ``s``, iterating; closed and its agent
+    stopped after."""
+    loader = dloader.DataLoader(
+        D.Range(10**6, sleep_s=0.0005),
+        batch_size=8,
+        num_workers=num_workers,
+        sidecar=f"unix://{s.socket}",
+        multiprocessing_context=FORK_SAFE,
+    )
+    it = iter(loader)
+    yield loader, it
+    it.close()  # type: ignore[attr-defined]
+    assert loader.sidecar_agent is not None
+    loader.sidecar_agent.stop()
+
+
 def test_the_sidecar_nices_the_workers_and_never_the_trainer(tmp_path: Path) -> None:
     """A real sidecar (``--worker-nice 7``) and a real loader: its worker processes end at
     nice 7 (every thread), its training process where it was."""
     s = Sidecar(tmp_path, "--worker-nice", "7", "--policy", "even", "--worker-budget", "2")
     base = os.getpriority(os.PRIO_PROCESS, 0)
     try:
-        loader = dloader.DataLoader(
-            D.Range(10**6, sleep_s=0.0005),
-            batch_size=8,
-            num_workers=2,
-            sidecar=f"unix://{s.socket}",
-            multiprocessing_context=FORK_SAFE,
-        )
-        it = iter(loader)
+        with training_beside(s, 2) as (loader, it):
 
-        def niced() -> bool:
-            next(it)  # training goes on while the directive arrives
-            pids = [w.pid for w in loader.stats().workers if w.pid]
-            return len(pids) == 2 and all(
-                os.getpriority(os.PRIO_PROCESS, int(t)) == max(base, 7)
-                for p in pids
-                for t in os.listdir(f"/proc/{p}/task")
-            )
+            def niced() -> bool:
+                next(it)  # training goes on while the directive arrives
+                pids = [w.pid for w in loader.stats().workers if w.pid]
+                return len(pids) == 2 and all(
+                    os.getpriority(os.PRIO_PROCESS, int(t)) == max(base, 7)
+                    for p in pids
+                    for t in os.listdir(f"/proc/{p}/task")
+                )
 
-        assert wait_for(niced, 30)
-        assert os.getpriority(os.PRIO_PROCESS, 0) == base
-        it.close()  # type: ignore[attr-defined]
-        assert loader.sidecar_agent is not None
-        loader.sidecar_agent.stop()
+            assert wait_for(niced, 30)
+            assert os.getpriority(os.PRIO_PROCESS, 0) == base
     finally:
         s.stop()
 
@@ -232,30 +243,21 @@ def test_guided_the_loader_tunes_itself_under_the_sidecars_ceiling_until_the_pol
     switched to another policy, the sidecar sets the count again and the tuner is gone."""
     s = Sidecar(tmp_path, "--policy", "guided", "--worker-budget", "3")
     try:
-        loader = dloader.DataLoader(
-            D.Range(10**6, sleep_s=0.0005),
-            batch_size=8,
-            num_workers=1,
-            sidecar=f"unix://{s.socket}",
-            multiprocessing_context=FORK_SAFE,
-        )
-        it = iter(loader)
+        with training_beside(s, 1) as (loader, it):
 
-        def tuning() -> bool:
-            next(it)  # training goes on while the directive arrives
-            t = loader.autotuner
-            return t is not None and t.tuner.maximum == 3
+            def tuning() -> bool:
+                next(it)  # training goes on while the directive arrives
+                t = loader.autotuner
+                return t is not None and t.tuner.maximum == 3
 
-        assert wait_for(tuning, 30)
-        assert loader.stats().tuner.startswith("auto:")
-        s.stub.SetPolicy(
-            pb.SetPolicyRequest(config=pb.PolicyConfig(name="even", worker_budget=2)), timeout=5
-        )
-        assert wait_for(lambda: next(it) is not None and loader.autotuner is None, 30)
-        assert wait_for(lambda: next(it) is not None and loader.num_workers == 2, 30)
-        it.close()  # type: ignore[attr-defined]
-        assert loader.sidecar_agent is not None
-        loader.sidecar_agent.stop()
+            assert wait_for(tuning, 30)
+            assert loader.stats().tuner.startswith("auto:")
+            s.stub.SetPolicy(
+                pb.SetPolicyRequest(config=pb.PolicyConfig(name="even", worker_budget=2)),
+                timeout=5,
+            )
+            assert wait_for(lambda: next(it) is not None and loader.autotuner is None, 30)
+            assert wait_for(lambda: next(it) is not None and loader.num_workers == 2, 30)
     finally:
         s.stop()
 
