@@ -302,6 +302,9 @@ class NodeCore:
             initial_workers=reg.num_workers,
             registered_at=self._clock(),
         )
+        # what its workers cost (or may come to cost) in memory, from the tree read above: its
+        # first decision below must not grow it on memory nothing has measured yet
+        self._note_memory(job)
         self.jobs[rec.job_id] = job
         log.info(
             "job %s (%s) registered: pids %s, %d workers", rec.job_id, name, pids, reg.num_workers

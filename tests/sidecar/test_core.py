@@ -473,8 +473,11 @@ def test_growing_workers_are_bounded_until_their_memory_settles(tmp_path: Path) 
         job_timeout_s=0,
     )
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
-    core.reap()  # the first measurement: growth until shown otherwise
+    # measured at registration, before its first decision (a decision before the first
+    # period's walk once grew a copy-on-read job past the budget: test_memory_growth)
     assert job.worker_memory_bytes == 20 * MiB  # the worker measured, not the trainer's guess
+    assert job.worker_memory_bound == 260 * MiB
+    core.reap()  # the first period's measurement: still growth until shown otherwise
     assert job.worker_memory_bound == 260 * MiB
     for _ in range(3):  # still copying: 20 -> 80 MiB
         node.now += 10.0
