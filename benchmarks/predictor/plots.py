@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks._common import machine, pyplot
 
 
@@ -42,3 +44,31 @@ def model_errors(scatter: dict[str, Any], curves: dict[str, Any], png: Path) -> 
     path = png
     fig.savefig(path, dpi=110)
     return path
+
+
+def node_errors(results: dict[str, Any], png: Path) -> Path:
+    """bench_nodes: per application, the median signed held-out error by node count, the
+    parametric model against the per-node corrected one."""
+    plt = pyplot()
+    apps = list(results)
+    fig, axes = plt.subplots(
+        1, len(apps), figsize=(3.2 * len(apps), 3.4), sharey=True, squeeze=False
+    )
+    axes = axes[0]
+    for ax, app in zip(axes, apps, strict=True):
+        for label, style in (("parametric", "o--"), ("per-node", "s-")):
+            errors = results[app][label]
+            nodes = sorted(int(n) for n in errors)
+            medians = [100 * float(np.median(errors[str(n)])) for n in nodes]
+            ax.plot(nodes, medians, style, label=label)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_title(app, fontsize=9)
+        ax.set_xlabel("nodes")
+    axes[0].set_ylabel("held-out step-time error, median (%)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"scaling model across nodes ({machine()})", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return png

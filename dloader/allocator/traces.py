@@ -166,7 +166,7 @@ class AppTrace:
             init_batch=init,
             max_batch=int(batches[-1]),
             local_bsz_range=(lo, hi),
-            model=ScalingModel.fit(points),
+            model=ScalingModel.fit(points, node_factors=True),
             _by_placement=by_placement,
             _linear=LinearNDInterpolator(x, y),
             _nearest=NearestNDInterpolator(x, y),

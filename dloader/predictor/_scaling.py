@@ -16,18 +16,27 @@ synchronisation times can be added as a second set of residuals (``sync_weight``
 traces they make step-time predictions worse (their sync timings are noisy: 2-node placements
 synchronise slower than 4-node ones), so the default weight is 0.
 
+**Per node count, where measured.** One network line cannot follow every cluster: on the
+Pollux traces, 2-node placements synchronise slower than 4-node ones, and the fitted model
+predicts their steps 12-28% short (throughput 14-38% high) while it is within a few percent at
+1 and 4 nodes. A fit with ``node_factors=True`` (and every :meth:`ScalingModel.fit_observed`)
+keeps, for each node count it has points at, the median ratio of measured to predicted step
+time; predictions at that count are scaled by it, linearly between measured counts, and left
+to the parametric model outside them (:attr:`ScalingModel.parametric` is the model without).
+
 No I/O here: inputs are plain values (:mod:`.pollux` reads the Pollux traces).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from scipy.optimize import least_squares
 
-from dloader.errors import PredictorError
+from dloader.errors import PredictorError, shown
 from dloader.predictor._serial import check_payload
 
 __all__ = ["ScalingModel", "ScalingParams", "ScalingPoint", "ScalingStack", "placement_shape"]
@@ -35,6 +44,11 @@ __all__ = ["ScalingModel", "ScalingParams", "ScalingPoint", "ScalingStack", "pla
 _KIND = "scaling"
 _VERSION = 1
 _EPS = 1e-9
+NODE_FACTOR_RANGE = (0.5, 2.0)
+"""The most a node count's correction may scale the parametric model's step time (a measured
+ratio beyond is clipped: the measurement, not the model, is then the suspect)."""
+MAX_NODE_FACTORS = 64
+"""Node counts a model keeps corrections for (a payload with more is refused)."""
 
 
 def placement_shape(placement: str | Sequence[int]) -> tuple[int, int]:
@@ -142,22 +156,43 @@ def _log_step_gradient(
     return out
 
 
+def _factor_table(factors: Mapping[int, float]) -> np.ndarray | None:
+    """``table[n]``: the step-time factor at ``n`` nodes (linear between the measured counts,
+    1 outside them and at the last index, which every larger count reads); None if none."""
+    if not factors:
+        return None
+    keys = np.array(sorted(factors), dtype=float)
+    table = np.ones(int(keys[-1]) + 2)
+    inside = np.arange(int(keys[0]), int(keys[-1]) + 1)
+    table[inside] = np.interp(inside, keys, [factors[int(k)] for k in keys])
+    return table
+
+
 class _StepTimes:
     """Step and compute times from the parameter array ``_p`` (one model's, or a stack's with
-    a leading model axis on every parameter: numpy broadcasts either way)."""
+    a leading model axis on every parameter: numpy broadcasts either way) and the per node
+    count corrections ``_f`` (None: none; a stack's has the model axis first)."""
 
     _p: np.ndarray
+    _f: np.ndarray | None = None
 
     def step_times(
         self, nodes: np.ndarray, replicas: np.ndarray, local_bsz: np.ndarray
     ) -> np.ndarray:
         """Seconds per step, vectorised over the inputs."""
-        return _step(
-            self._p,
-            np.asarray(nodes, dtype=float),
-            np.asarray(replicas, dtype=float),
-            np.asarray(local_bsz, dtype=float),
+        n = np.asarray(nodes, dtype=float)
+        out = _step(
+            self._p, n, np.asarray(replicas, dtype=float), np.asarray(local_bsz, dtype=float)
         )
+        if self._f is None:
+            return out
+        index = np.clip(n, 0, self._f.shape[-1] - 1).astype(np.int64)
+        if self._f.ndim == 1:
+            return out * self._f[index]
+        # a stack: each model's row of factors, read at that model's node counts
+        index = np.broadcast_to(index, out.shape)
+        table = self._f.reshape(self._f.shape[:1] + (1,) * (out.ndim - 1) + self._f.shape[1:])
+        return out * np.take_along_axis(table, index[..., None], axis=-1)[..., 0]
 
     def compute_times(self, local_bsz: np.ndarray) -> np.ndarray:
         """Seconds of gradient computation for one micro-batch: ``alpha_c + beta_c * b``."""
@@ -174,19 +209,70 @@ class ScalingModel(_StepTimes):
         model.throughput(2, 8, 64)       # samples/s = replicas * local_bsz / step_time
     """
 
-    def __init__(self, params: ScalingParams, *, num_points: int = 0) -> None:
+    def __init__(
+        self,
+        params: ScalingParams,
+        *,
+        num_points: int = 0,
+        node_factors: Mapping[int, float] | None = None,
+    ) -> None:
+        factors = dict(sorted((node_factors or {}).items()))
+        lo, hi = NODE_FACTOR_RANGE
+        if len(factors) > MAX_NODE_FACTORS:
+            raise PredictorError(
+                f"node_factors has {len(factors)} node counts; at most {MAX_NODE_FACTORS}"
+            )
+        for n, f in factors.items():
+            if not isinstance(n, int) or not 1 <= n <= 1 << 16 or not lo <= f <= hi:
+                raise PredictorError(
+                    f"node_factors[{n!r}]={f!r}: expected a node count in [1, 65536] "
+                    f"and a factor in [{lo}, {hi}]"
+                )
         self.params = params
         self.num_points = num_points
+        self.node_factors: dict[int, float] = factors
+        """Per node count measured: what the parametric step time is multiplied by there."""
         self._p = params.as_array()  # hot path: the allocator evaluates it for every job
+        self._f = _factor_table(factors)
+
+    @property
+    def parametric(self) -> ScalingModel:
+        """The model without its per node count corrections (Pollux's model)."""
+        if not self.node_factors:
+            return self
+        return ScalingModel(self.params, num_points=self.num_points)
+
+    def with_node_factors(self, points: Sequence[ScalingPoint]) -> ScalingModel:
+        """This model's parameters with corrections from ``points``: at each node count, the
+        median ratio of measured to parametric step time (clipped to
+        :data:`NODE_FACTOR_RANGE`)."""
+        ratios: dict[int, list[float]] = {}
+        base = self.parametric
+        for p in points:
+            predicted = base.step_time(p.nodes, p.replicas, p.local_bsz)
+            ratios.setdefault(p.nodes, []).append(math.log(p.step_time / predicted))
+        lo, hi = NODE_FACTOR_RANGE
+        factors = {n: min(max(math.exp(float(np.median(r))), lo), hi) for n, r in ratios.items()}
+        if len(factors) > MAX_NODE_FACTORS:  # the nearest counts matter most: keep the fewest
+            factors = dict(sorted(factors.items())[:MAX_NODE_FACTORS])
+        return ScalingModel(self.params, num_points=self.num_points, node_factors=factors)
 
     @classmethod
-    def fit(cls, points: Sequence[ScalingPoint], *, sync_weight: float = 0.0) -> ScalingModel:
+    def fit(
+        cls,
+        points: Sequence[ScalingPoint],
+        *,
+        sync_weight: float = 0.0,
+        node_factors: bool = False,
+    ) -> ScalingModel:
         """Fits the parameters to measured points (at least 2).
 
         Args:
             points: measured configurations. Points should span the regimes to predict: one
                 GPU, one full node, several nodes; the sync terms extrapolate poorly.
             sync_weight: weight of the measured sync times relative to step times (0: unused).
+            node_factors: also keep a correction per node count measured
+                (:meth:`with_node_factors`).
 
         Parameters that the points cannot identify (e.g. network terms when every point is on
         one node) stay near zero, so predictions there are optimistic; :meth:`coverage` says
@@ -233,7 +319,8 @@ class ScalingModel(_StepTimes):
             return np.concatenate(rows)
 
         result = least_squares(residuals, x0, jac=jacobian, bounds=(lower, upper), method="trf")
-        return cls(ScalingParams(*map(float, result.x)), num_points=len(points))
+        model = cls(ScalingParams(*map(float, result.x)), num_points=len(points))
+        return model.with_node_factors(points) if node_factors else model
 
     @classmethod
     def fit_observed(cls, points: Sequence[ScalingPoint]) -> ScalingModel:
@@ -244,6 +331,8 @@ class ScalingModel(_StepTimes):
         split evenly between the fixed and the per-sample part; no point on several GPUs,
         synchronisation costs nothing; no point on several nodes, the network terms are 1.1x
         the intra-node ones. The allocator pairs it with a cap (at most twice the GPUs seen).
+        At each node count it has points at, the model is corrected to them
+        (:meth:`with_node_factors`).
         """
         if not points:
             raise PredictorError("ScalingModel.fit_observed needs >= 1 point")
@@ -268,17 +357,12 @@ class ScalingModel(_StepTimes):
                 alpha_r=max(params.alpha_r, 1.1 * params.alpha_n),
                 beta_r=max(params.beta_r, 1.1 * params.beta_n),
             )
-        return cls(params, num_points=len(points))
+        return cls(params, num_points=len(points)).with_node_factors(points)
 
     def step_time(self, nodes: int, replicas: int, local_bsz: float) -> float:
         """Predicted seconds per step."""
         return float(
-            _step(
-                self._p,
-                np.array([nodes]),
-                np.array([replicas]),
-                np.array([local_bsz], dtype=float),
-            )[0]
+            self.step_times(np.array([nodes]), np.array([replicas]), np.array([local_bsz]))[0]
         )
 
     def throughput(self, nodes: int, replicas: int, local_bsz: float) -> float:
@@ -292,6 +376,7 @@ class ScalingModel(_StepTimes):
             "version": _VERSION,
             "params": asdict(self.params),
             "num_points": self.num_points,
+            "node_factors": {str(n): f for n, f in self.node_factors.items()},
         }
 
     @classmethod
@@ -302,10 +387,24 @@ class ScalingModel(_StepTimes):
         if not isinstance(params, dict):
             raise PredictorError(f"scaling model payload has params={params!r}, expected a dict")
         num_points = payload.get("num_points", 0)
+        factors = payload.get("node_factors", {})
+        if not isinstance(factors, dict) or len(factors) > MAX_NODE_FACTORS:
+            raise PredictorError(
+                f"scaling model node_factors={shown(factors)}: expected a mapping of at "
+                f"most {MAX_NODE_FACTORS} node counts to factors"
+            )
+        try:
+            by_nodes = {int(n): float(f) for n, f in factors.items()}
+        except (TypeError, ValueError):
+            raise PredictorError(
+                f"scaling model node_factors={shown(factors)}: expected node counts "
+                "mapped to numbers"
+            ) from None
         try:
             return cls(
                 ScalingParams(**{k: float(v) for k, v in params.items()}),
                 num_points=int(num_points),  # type: ignore[call-overload]
+                node_factors=by_nodes,
             )
         except (TypeError, ValueError) as exc:
             raise PredictorError(
@@ -327,3 +426,10 @@ class ScalingStack(_StepTimes):
             raise PredictorError("ScalingStack needs at least one model")
         p = np.stack([m._p for m in models], axis=1)  # (parameters, models)
         self._p = p.reshape(p.shape + (1,) * extra_dims)
+        tables = [m._f for m in models]
+        width = max((len(t) for t in tables if t is not None), default=0)
+        if width:  # (models, node counts): each model's table, padded with its last entry (1)
+            self._f = np.ones((len(models), width))
+            for row, t in zip(self._f, tables, strict=True):
+                if t is not None:
+                    row[: len(t)] = t

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -178,3 +179,68 @@ def test_a_stack_evaluates_each_model_as_alone() -> None:
         np.testing.assert_array_equal(compute[j], m.compute_times(bsz[j]))
     with pytest.raises(PredictorError, match="at least one model"):
         ScalingStack([])
+
+
+def test_node_factors_correct_a_node_count_the_line_misses() -> None:
+    """Points whose 2-node steps are 30% slower than the parametric curve (as the Pollux
+    traces' are): the plain fit is wrong there; with ``node_factors`` the model follows the
+    measurements at each node count, interpolates between them and keeps the parametric
+    model outside them (and :attr:`parametric` drops the corrections)."""
+    configs = [(1, 1, 16), (1, 1, 64), (1, 4, 32), (2, 4, 32), (2, 8, 64)]
+    configs += [(4, 16, 32), (4, 16, 64), (8, 32, 32), (8, 32, 64)]
+    points = [
+        replace(p, step_time=p.step_time * (1.3 if p.nodes == 2 else 1.0))
+        for p in synthetic(TRUE, configs)
+    ]
+    # on the true parameters, the corrections are exactly the distortion
+    exact = ScalingModel(TRUE).with_node_factors(points)
+    assert exact.node_factors == pytest.approx({1: 1.0, 2: 1.3, 4: 1.0, 8: 1.0})
+    # fitted: the line bends towards the 2-node points; corrected, it follows them closer
+    plain = ScalingModel.fit(points)
+    fixed = ScalingModel.fit(points, node_factors=True)
+    assert sorted(fixed.node_factors) == [1, 2, 4, 8] and not plain.node_factors
+
+    def error(model: ScalingModel) -> float:
+        return float(
+            np.mean(
+                [
+                    abs(model.step_time(p.nodes, p.replicas, p.local_bsz) / p.step_time - 1)
+                    for p in points
+                ]
+            )
+        )
+
+    assert error(fixed) < 0.8 * error(plain)
+    # between measured counts: the factors interpolated; beyond them: the parametric model
+    f2, f4 = fixed.node_factors[2], fixed.node_factors[4]
+    base = fixed.parametric
+    assert not base.node_factors and base.params == fixed.params
+    assert fixed.step_time(3, 12, 32) == pytest.approx(base.step_time(3, 12, 32) * (f2 + f4) / 2)
+    assert fixed.step_time(16, 64, 32) == pytest.approx(base.step_time(16, 64, 32))
+    # a stack reads each model's own factors (and none for a model without)
+    stack = ScalingStack([fixed, plain, fixed])
+    nodes = np.array([2.0, 2.0, 9.0])[:, None, None]
+    got = stack.step_times(nodes, np.full((3, 1, 1), 8.0), np.full((3, 1, 1), 64.0))
+    assert got[0, 0, 0] == pytest.approx(fixed.step_time(2, 8, 64))
+    assert got[1, 0, 0] == pytest.approx(plain.step_time(2, 8, 64))
+    assert got[2, 0, 0] == pytest.approx(fixed.step_time(9, 8, 64))
+    # online: a job's own points correct it where it ran
+    online = ScalingModel.fit_observed(points[:4])
+    assert online.step_time(2, 4, 32) == pytest.approx(points[3].step_time, rel=1e-6)
+    # serialised with the model; bad factors named
+    again = ScalingModel.from_dict(json.loads(json.dumps(fixed.to_dict())))
+    assert again.node_factors == fixed.node_factors
+    assert again.step_time(2, 8, 64) == fixed.step_time(2, 8, 64)
+    payload = fixed.to_dict()
+    for bad, match in [
+        ({"2": 5.0}, r"node_factors\[2\]=5.0: expected .* factor in \[0.5, 2.0\]"),
+        ({"0": 1.0}, r"node_factors\[0\]=1.0"),
+        ({"x": 1.0}, "expected node counts mapped to numbers"),
+        ([1.0], "expected a mapping"),
+        ({str(n): 1.0 for n in range(1, 100)}, "expected a mapping of at most 64"),
+    ]:
+        with pytest.raises(PredictorError, match=match):
+            ScalingModel.from_dict({**payload, "node_factors": bad})
+    # an older payload (no factors) still reads
+    del payload["node_factors"]
+    assert not ScalingModel.from_dict(payload).node_factors

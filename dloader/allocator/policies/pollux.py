@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -146,7 +146,11 @@ class PolluxPolicy:
         if not jobs:
             return ClusterDecision({}, {}, {}, ())
         # The least-served jobs first (then the oldest): repair gives them a node's GPUs first.
-        jobs = sorted(jobs, key=lambda j: (j.attained_gpu_s, j.arrival))
+        # Pollux's model is the parametric one (no per node count corrections: those are ours).
+        jobs = sorted(
+            (replace(j, model=j.model.parametric) for j in jobs),
+            key=lambda j: (j.attained_gpu_s, j.arrival),
+        )
         specs = [self._view.spec(j, cluster) for j in jobs]
         tables = self._tables(jobs, specs, cluster)
         ids = [j.job_id for j in jobs]
