@@ -14,6 +14,9 @@
   When not every job can have its fewest GPUs, the less served go first (two queues by
   attained GPU-seconds, with hysteresis and a restart budget: :meth:`.DpPolicy.line`).
 * ``goodput-dp-fifo``: ``goodput-dp`` admitting first come, first served (before #48).
+* ``goodput-dp-parametric``: ``goodput-dp`` deciding on the parametric scaling model alone, as
+  before #48 (``goodput-dp`` corrects it per node count where the job has measured steps:
+  :attr:`dloader.predictor.ScalingModel.node_factors`).
 * ``goodput-dp-cpu-blind``: ``goodput-dp`` deciding as if every pipeline fed any number of
   GPUs; a node's cores go to its jobs in proportion to their GPUs there (the GPU-proportional
   baseline).
@@ -87,6 +90,7 @@ POLICIES = (
     "elastic-dp",
     "goodput-dp",
     "goodput-dp-fifo",
+    "goodput-dp-parametric",
     "goodput-dp-cpu-blind",
     "pollux",
     "synergy",
@@ -108,7 +112,7 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
         return SynergyPolicy("las")
     if name == "synergy-fifo":
         return SynergyPolicy("fifo")
-    if name in ("goodput-dp", "goodput-dp-fifo", "goodput-dp-cpu-blind"):
+    if name in ("goodput-dp", "goodput-dp-fifo", "goodput-dp-parametric", "goodput-dp-cpu-blind"):
         return DpPolicy(
             name,
             objective="goodput",
@@ -118,5 +122,6 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
             fairness=0.0,
             cpu_aware=name != "goodput-dp-cpu-blind",
             admission="fifo" if name == "goodput-dp-fifo" else "las",
+            per_node_model=name != "goodput-dp-parametric",
         )
     raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES)}")

@@ -29,6 +29,7 @@ from dloader.allocator.policies.cores import (
 from dloader.allocator.policies.state import ClusterDecision, JobState, held_placements
 from dloader.allocator.policies.throughput import batch_grid, throughput_fn
 from dloader.errors import AllocatorError
+from dloader.predictor import ScalingModel
 
 __all__ = [
     "LAS_RESTART_BUDGET",
@@ -71,11 +72,13 @@ class DpPolicy:
         admission: Admission = "fifo",
         las_threshold_gpu_s: float = LAS_THRESHOLD_GPU_S,
         restart_budget: float = LAS_RESTART_BUDGET,
+        per_node_model: bool = True,
     ) -> None:
         """``cpu_aware``: with a cluster of limited cores, decide GPUs, batch sizes and cores
         together (:mod:`.cores`); else a node's cores go to its jobs in proportion to their
         GPUs there. ``admission``: which jobs hold the GPUs when not all can get their fewest
-        (:meth:`line`)."""
+        (:meth:`line`). ``per_node_model``: trust a job's scaling model's corrections per node
+        count (False: its parametric model alone)."""
         if restart_model not in ("age", "horizon"):
             raise AllocatorError(f"restart_model={restart_model!r}: expected 'age' or 'horizon'")
         if admission not in ("fifo", "las"):
@@ -85,6 +88,7 @@ class DpPolicy:
                 f"las_threshold_gpu_s={las_threshold_gpu_s}, restart_budget={restart_budget}: "
                 "expected > 0 and >= 0"
             )
+        self.per_node_model = per_node_model
         self.admission: Admission = admission
         self.las_threshold_gpu_s = las_threshold_gpu_s
         self.restart_budget = restart_budget
@@ -121,7 +125,10 @@ class DpPolicy:
         return OptimizerJob(
             job.job_id,
             throughput_fn(
-                job.model, cluster.gpus_per_node, job.local_bsz_range, accumulate=self.accumulate
+                self.model(job),
+                cluster.gpus_per_node,
+                job.local_bsz_range,
+                accumulate=self.accumulate,
             ),
             batches,
             min_gpus=least,
@@ -133,6 +140,10 @@ class DpPolicy:
             restart_s=job.restart_s,
             restart_factor=self.restart_factor(job),
         )
+
+    def model(self, job: JobState) -> ScalingModel:
+        """The scaling model this policy decides ``job`` on."""
+        return job.model if self.per_node_model else job.model.parametric
 
     def restart_factor(self, job: JobState) -> float | None:
         """The share of its speedup a job keeps when its placement changes.
@@ -236,7 +247,7 @@ class DpPolicy:
             if j.input is None or j.job_id not in placements:
                 continue
             fn = throughput_fn(
-                j.model, cluster.gpus_per_node, j.local_bsz_range, accumulate=self.accumulate
+                self.model(j), cluster.gpus_per_node, j.local_bsz_range, accumulate=self.accumulate
             )
             k, b = float(sum(placements[j.job_id])), float(batches[j.job_id])
             x = float(np.nan_to_num(fn(np.array([k]), np.array([b])), nan=0.0)[0])
@@ -318,7 +329,7 @@ class DpPolicy:
             return 0.0
         k, batches = np.array([float(gpus)]), np.asarray(spec.batch_sizes, dtype=float)
         wide = throughput_fn(
-            job.model, -(-gpus // nodes), job.local_bsz_range, accumulate=self.accumulate
+            self.model(job), -(-gpus // nodes), job.local_bsz_range, accumulate=self.accumulate
         )
         c = np.nan_to_num(spec.throughput(k, batches), nan=0.0).max()
         w = np.nan_to_num(wide(k, batches), nan=0.0).max()
