@@ -223,17 +223,17 @@ class ScalingModel(_StepTimes):
                 f"node_factors has {len(factors)} node counts; at most {MAX_NODE_FACTORS}"
             )
         for n, f in factors.items():
-            if not isinstance(n, int) or not 1 <= n <= 1 << 16 or not lo <= f <= hi:
+            if not isinstance(n, (int, np.integer)) or not 1 <= n <= 1 << 16 or not lo <= f <= hi:
                 raise PredictorError(
                     f"node_factors[{n!r}]={f!r}: expected a node count in [1, 65536] "
                     f"and a factor in [{lo}, {hi}]"
                 )
         self.params = params
         self.num_points = num_points
-        self.node_factors: dict[int, float] = factors
+        self.node_factors: dict[int, float] = {int(n): float(f) for n, f in factors.items()}
         """Per node count measured: what the parametric step time is multiplied by there."""
         self._p = params.as_array()  # hot path: the allocator evaluates it for every job
-        self._f = _factor_table(factors)
+        self._f = _factor_table(self.node_factors)
 
     @property
     def parametric(self) -> ScalingModel:

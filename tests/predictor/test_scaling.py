@@ -241,6 +241,8 @@ def test_node_factors_correct_a_node_count_the_line_misses() -> None:
     ]:
         with pytest.raises(PredictorError, match=match):
             ScalingModel.from_dict({**payload, "node_factors": bad})
+    # numpy counts (as a simulator's arrays give them) are node counts too
+    assert ScalingModel(TRUE, node_factors={np.int64(2): np.float64(1.1)}).node_factors == {2: 1.1}
     # an older payload (no factors) still reads
     del payload["node_factors"]
     assert not ScalingModel.from_dict(payload).node_factors

@@ -318,7 +318,7 @@ class DpPolicy:
 
     def _spread_share(self, job: JobState, spec: OptimizerJob, gpus: int, nodes: int) -> float:
         """Throughput of ``gpus`` GPUs spread over ``nodes`` nodes / compact, each at its best
-        batch. The scaling model tells one node from several, nothing finer.
+        batch (the scaling model, corrected per node count where the job measured steps).
 
         0 for a model learned online that has never measured a step across nodes: its network
         terms are guesses (near zero, so it would call any spread free), and in the simulator
