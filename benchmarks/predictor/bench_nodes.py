@@ -79,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         for label, corrected in (("parametric", False), ("per-node", True)):
             errors = held_out(groups, corrected)
             results[app][label] = {str(n): e for n, e in sorted(errors.items())}
-            cells = []
-            for n in NODES:
-                e = errors.get(n) or errors.get(min(errors, key=lambda m: abs(m - n)))
-                cells.append(f"{100 * np.median(e):+.0f}% / {100 * np.median(np.abs(e)):.0f}%")
+            cells = [
+                f"{100 * np.median(e):+.0f}% / {100 * np.median(np.abs(e)):.0f}%" if e else "-"
+                for e in (errors.get(n) for n in NODES)
+            ]
             rows.append([app, label, *cells])
         print(f"  {app}: {len(groups)} groups held out in turn", file=sys.stderr, flush=True)
     print(

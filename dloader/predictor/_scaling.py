@@ -246,13 +246,18 @@ class ScalingModel(_StepTimes):
         """This model's parameters with corrections from ``points``: at each node count, the
         median ratio of measured to parametric step time (clipped to
         :data:`NODE_FACTOR_RANGE`)."""
-        ratios: dict[int, list[float]] = {}
-        base = self.parametric
-        for p in points:
-            predicted = base.step_time(p.nodes, p.replicas, p.local_bsz)
-            ratios.setdefault(p.nodes, []).append(math.log(p.step_time / predicted))
+        if not points:
+            return self.parametric
+        nodes = np.array([p.nodes for p in points])
+        predicted = self.parametric.step_times(
+            nodes, np.array([p.replicas for p in points]), np.array([p.local_bsz for p in points])
+        )
+        ratios = np.log(np.array([p.step_time for p in points]) / predicted)
         lo, hi = NODE_FACTOR_RANGE
-        factors = {n: min(max(math.exp(float(np.median(r))), lo), hi) for n, r in ratios.items()}
+        factors = {
+            int(n): min(max(math.exp(float(np.median(ratios[nodes == n]))), lo), hi)
+            for n in np.unique(nodes)
+        }
         if len(factors) > MAX_NODE_FACTORS:  # the nearest counts matter most: keep the fewest
             factors = dict(sorted(factors.items())[:MAX_NODE_FACTORS])
         return ScalingModel(self.params, num_points=self.num_points, node_factors=factors)
