@@ -34,7 +34,7 @@ from dloader.errors import (
     finite_within,
     shown,
 )
-from dloader.predictor import LoaderModel, LoaderObservation, PredictorError
+from dloader.predictor import LoaderModel, PredictorError
 from dloader.sidecar import node_policy as pol
 from dloader.sidecar.config import STORED_POLICY, PolicySettings
 from dloader.sidecar.monitors import (
@@ -65,20 +65,50 @@ MAX_JOBS_PER_USER = 64  # registered jobs of one local user (operators: no own c
 JOBS = Shares(MAX_JOBS, OPERATOR_RESERVE, MAX_JOBS_PER_USER)
 MAX_PIDS = 64  # training processes one job may name
 MAX_GPUS = 64  # GPUs one job may name
-_MAIN_CPU_CHANGE = 0.1  # relative change of a job's main-process CPU that calls for a decision
-_MEMORY_CHANGE = 0.1  # a worker's peak memory grown by this much: re-decide
-_MEMORY_GROWTH = 0.02, 2**20  # (share, bytes) a peak must pass the last mark by to be growth
-_MEMORY_FLAT_S = 20.0  # a job's workers' memory has settled after this long without growth
-_EWMA = 0.3  # weight of a new measurement of a job's main-process CPU per sample
-_CORES_STEP = 0.05  # the cores an observation says a job's workers could use, rounded to this
 #: A reported rate below this many samples/s is no throughput at all (a subnormal rate made the
 #: trainer's CPU per sample infinite, and every job's decision NaN).
 _MIN_RATE = 1e-3
-#: The most CPU seconds per sample a job's training process is credited with (whatever its CPU
-#: over its rate says): derived numbers stay finite.
-_MAX_MAIN_CPU_PER_SAMPLE = 100.0
-_MAX_UPKEEP_CORES = 0.05  # a worker's upkeep counted at most (a measurement off by a window)
 _PRUNE_PERIOD_S = 600.0  # how often the state file's old history is pruned (SidecarStore.prune)
+
+
+def window(r: JobReport) -> pol.ReportWindow:
+    """A report's window as the policy reads it (its workers: those that delivered a batch)."""
+    busy = [w for w in r.workers if w.batches > 0]
+    return pol.ReportWindow(
+        r.num_workers,
+        r.batch_size,
+        r.samples_per_second,
+        r.idle_share,
+        r.step_seconds,
+        r.window_seconds,
+        tuple(w.fetch_seconds for w in busy),
+        tuple(w.cpu_seconds for w in busy),
+        tuple(w.run_delay_seconds for w in busy),
+    )
+
+
+def sample(tree: ProcessTreeStats) -> pol.TreeSample:
+    """A walk of a job's process tree as the policy reads it."""
+    workers, uss, anon = tree.worker_pids, tree.uss_bytes, tree.anon_bytes
+    return pol.TreeSample(
+        tree.cpu_percent / 100.0,
+        tree.main_cpu_percent / 100.0,
+        {p: d for p, d in tree.run_delay_s.items() if p in workers},
+        tuple(uss[p] for p in workers if p in uss),
+        tuple(anon[p] for p in workers if p in anon),
+        tuple(uss[p] for p in tree.pids if p in uss),
+        sum(anon.get(p, 0) for p in tree.pids),
+        bool(workers),
+    )
+
+
+def _without(tree: ProcessTreeStats, agent: int | None) -> ProcessTreeStats:
+    """``tree`` with the job's agent helper (``agent``: the process that registered the job)
+    not counted as a loader worker: a small process the training process spawned, which, taken
+    for its first worker, made the policy price the job's workers at the helper's size."""
+    if agent is None or agent not in tree.worker_pids:
+        return tree
+    return replace(tree, worker_pids=tuple(p for p in tree.worker_pids if p != agent))
 
 
 class CpuWeights(Protocol):
@@ -100,37 +130,32 @@ class Walk:
 
 @dataclass
 class Job:
-    """A registered job, as the core holds it."""
+    """A registered job, as the core holds it; what the policy knows of it is ``state``."""
 
     record: StoredJob
-    model: LoaderModel
+    state: pol.PolicyJob
     directive: Directive
     last_report: JobReport | None = None
     last_report_at: float = 0.0
     tree: ProcessTreeStats | None = None
-    tree_at: float = 0.0  # when ``tree`` was measured (clock of the core)
-    cpu_wait_share: float | None = None  # of its workers' time: waiting for a CPU (None: unknown)
-    worker_cores: float = 0.0  # cores its workers used in its last report's window
-    decision: pol.WorkerDecision | None = None
-    reports: int = 0
-    directive_at: float = 0.0  # when the worker count last changed (clock of the core)
-    initial_workers: int = 0  # the count the job registered with (exploration starts there)
-    main_cpu_per_sample: float = 0.0  # CPU seconds the training process spends per sample
-    worker_upkeep_cores: float = 0.0  # cores each worker takes beyond its samples' work
-    run_length: int = 0  # windows observed in a row at the current worker count
-    drift: int = 0  # surprising windows in a row: > 0 faster than predicted, < 0 slower
-    registered_at: float = 0.0  # clock of the core
-    placed: bool = False  # its model has decided its worker count at least once
-    worker_memory_bytes: float = 0.0  # the most private memory (USS) one of its workers held
-    worker_memory_bound: float = 0.0  # while that grows: the most one may hold (0: settled)
-    memory_mark: float = 0.0  # the workers' peak USS when it last grew
-    memory_grew_at: float = -math.inf  # when that was (clock of the core); -inf: never measured
-    cpu_target: float = 0.0  # the allocator's cores for it it last started from (0: none)
+    """Its processes as last walked (None: not yet)."""
+    agent_pid: int | None = None
+    """The process that registered it (the loader's agent helper, a child of the training
+    process): in its tree, but no loader worker (None: unknown, e.g. restored)."""
     watchers: set[Mailbox[Directive | None]] = field(default_factory=set)
 
     @property
     def job_id(self) -> str:
         return self.record.job_id
+
+    @property
+    def model(self) -> LoaderModel:
+        return self.state.model
+
+    @property
+    def decision(self) -> pol.WorkerDecision | None:
+        """The policy's last answer for it."""
+        return self.state.decision
 
 
 class NodeCore:
@@ -190,17 +215,15 @@ class NodeCore:
         self._nice = worker_nice or None
         self.store = store
         self.settings = settings
+        #: the whole decision: every job's state, the node's measured truth
+        self.policy = pol.NodePolicy(settings.name, self._budget())
         self._tree_stats = tree_stats or self._read_tree
         self._clock = clock
         self.jobs: dict[str, Job] = {}
         self._revision = 0
-        self._changed_at = -math.inf  # when any job's worker count last changed
-        self._truth = pol.MeasuredTruth()  # what each split measured; the probe state machine
         self._streams: Streams[Directive | None] = Streams("WatchDirectives")
         self._pruned_at = -math.inf  # when the state file's history was last pruned
-        self._decided_at = -math.inf  # when the policy last ran
         self._wake = asyncio.Event()
-        self._dirty = True  # something the decision depends on changed since the last one
         #: The cluster allocator's cores for each job on this node, by job name (its job id
         #: there): a prior (:meth:`set_cpu_targets`).
         self.cpu_targets: dict[str, float] = {}
@@ -214,9 +237,20 @@ class NodeCore:
                     log.warning(
                         "job %s: stored model unreadable (%s); starting afresh", rec.job_id, exc
                     )
+            state = pol.PolicyJob(
+                rec.job_id,
+                model,
+                rec.batch_size,
+                rec.num_workers,
+                rec.num_workers,
+                rec.batch_size,
+                rec.limits.min_workers,
+                rec.limits.max_workers,
+            )
+            self.policy.add(state, clock())
             self.jobs[rec.job_id] = Job(
                 rec,
-                model,
+                state,
                 Directive(
                     rec.num_workers,
                     rec.batch_size,
@@ -271,7 +305,8 @@ class NodeCore:
             )
         pids = self._local_pids(list(reg.pids))
         starts = self._pin(pids)
-        tree = self._tree_stats(pids)
+        agent = current_caller().pid
+        tree = _without(self._tree_stats(pids), agent)
         if not tree.alive:
             raise InvalidArgument("pids", f"no process of {pids} is running on this node")
         rec = StoredJob(
@@ -290,22 +325,32 @@ class NodeCore:
         )
         model = self._model_of_last(name, owner)
         self.store.add_job(rec)
-        job = Job(
-            rec,
+        now = self._clock()
+        state = pol.PolicyJob(
+            rec.job_id,
             model,
-            Directive(reg.num_workers, reg.batch_size, reason="registered", worker_nice=self._nice),
-            last_report_at=self._clock(),
-            tree=tree,
+            reg.batch_size,
+            reg.num_workers,
+            reg.num_workers,
+            reg.batch_size,
+            limits.min_workers,
+            limits.max_workers,
+            initial_workers=reg.num_workers,
+            registered_at=now,
             # Nothing changed for it: it runs at its own count, so its first report's window
             # (from its first batch, after registration) teaches the model at once.
-            directive_at=self._clock() - pol.SETTLE_S,
-            initial_workers=reg.num_workers,
-            registered_at=self._clock(),
+            directive_at=now - pol.SETTLE_S,
         )
-        # what its workers cost (or may come to cost) in memory, from the tree read above: its
-        # first decision below must not grow it on memory nothing has measured yet
-        self._note_memory(job)
+        job = Job(
+            rec,
+            state,
+            Directive(reg.num_workers, reg.batch_size, reason="registered", worker_nice=self._nice),
+            last_report_at=now,
+            tree=tree,
+            agent_pid=agent,
+        )
         self.jobs[rec.job_id] = job
+        self.policy.add(state, now, sample(tree))  # its memory, before its first decision
         log.info(
             "job %s (%s) registered: pids %s, %d workers", rec.job_id, name, pids, reg.num_workers
         )
@@ -360,24 +405,9 @@ class NodeCore:
     def _start_from_target(self, job: Job) -> None:
         key = job.record.allocator_key
         target = self.cpu_targets.get(key) if key else None
-        if target is None or job.placed or abs(target - job.cpu_target) <= 0.05 * target:
-            return  # no target, its model decides, or it already started from this one
-        job.cpu_target = target
-        cores = target / max(len(self.allocator_jobs(key)), 1)
-        if job.model.observations:
-            workers = job.model.workers_for(max(cores, 1e-3))
-        else:
-            workers = round(cores)
-        low, high = pol.bounds(self._view(job), self._budget())
-        workers = min(max(workers, low), high)
-        if workers == job.initial_workers == job.directive.num_workers:
-            return
-        job.initial_workers = workers
-        reason = f"the allocator's target: {cores:.2f} cores feed {workers} worker(s)"
-        log.info("job %s (%s): %s", job.job_id, job.record.name, reason)
-        if workers != job.directive.num_workers:
-            self._direct(job, reason, num_workers=workers)
-            job.directive_at = self._changed_at = self._clock()
+        if target is not None:
+            ranks = len(self.allocator_jobs(key))
+            self._enact(self.policy.target(job.job_id, target, ranks, self._clock()))
 
     def _check_room(self) -> int | None:
         """The caller's uid as the owner of one more job (None: an operator), if it may
@@ -481,6 +511,7 @@ class NodeCore:
 
     def _end(self, job: Job, why: str) -> None:
         self.jobs.pop(job.job_id, None)
+        self.policy.remove(job.job_id)
         self.store.save_model(job.job_id, job.model.to_dict())
         self.store.end_job(job.job_id)
         for box in job.watchers:
@@ -497,13 +528,11 @@ class NodeCore:
             raise InvalidArgument("batch_size", f"{b} must be >= 1")
         if not 0 <= k <= _MAX_WORKERS:
             raise InvalidArgument("num_workers", f"{k} must be within [0, {_MAX_WORKERS}]")
-        tput = finite_within("samples_per_second", r.samples_per_second, 0, 1e9)
-        if tput < _MIN_RATE:
-            tput = 0.0
+        if finite_within("samples_per_second", r.samples_per_second, 0, 1e9) < _MIN_RATE:
             r = replace(r, samples_per_second=0.0)
-        idle = finite_within("idle_share", r.idle_share, 0, 1)
-        step = finite_within("step_seconds", r.step_seconds, 0, 86400)
-        window = finite_within("window_seconds", r.window_seconds, 0, 86400)
+        finite_within("idle_share", r.idle_share, 0, 1)
+        finite_within("step_seconds", r.step_seconds, 0, 86400)
+        finite_within("window_seconds", r.window_seconds, 0, 86400)
         if len(r.workers) > _MAX_WORKERS:
             raise InvalidArgument("workers", f"{len(r.workers)} entries: at most {_MAX_WORKERS}")
         for i, w in enumerate(r.workers):
@@ -512,199 +541,27 @@ class NodeCore:
             if w.run_delay_seconds is not None:
                 finite_within(f"workers[{i}].run_delay_seconds", w.run_delay_seconds, 0, 86400)
         job.last_report, job.last_report_at = r, self._clock()
-        job.reports += 1
         if (k, b) != (job.record.num_workers, job.record.batch_size):
             job.record.num_workers, job.record.batch_size = k, b
             self.store.update_job(job.job_id, num_workers=k, batch_size=b)
-            self._dirty = True
         self.store.add_report(job.job_id, r.to_json())
-        if not (tput > 0 and step > 0):
-            return
-        busy = [w for w in r.workers if w.batches > 0]
-        fetch = sum(w.fetch_seconds for w in busy) / len(busy) if busy else None
-        cpu = sum(w.cpu_seconds for w in busy) / len(busy) if busy else None
-        job.worker_cores = tput * cpu / b if cpu is not None else 0.0
-        obs = LoaderObservation(
-            num_workers=k,
-            cores=self._available_cores(job) if cpu is not None else self.settings.cpu_budget,
-            batch_size=b,
-            samples_per_s=tput,
-            idle_share=idle,
-            step_s=step,
-            fetch_s=fetch,
-            cpu_s=cpu,
-            cpu_wait_s=pol.run_queue_wait(
-                [w.run_delay_seconds for w in busy],
-                job.cpu_wait_share,
-                fetch,
-                cpu,
-                len(busy) * b / tput,
-            ),
-        )
-        self._measure(job, r, window, busy=len(busy))
-        gate = pol.learning_gate(
-            job.model,
-            obs,
-            window_s=window,
-            directed_workers=k if self.guided else job.directive.num_workers,
-            busy_workers=len(busy),
-            since_directive_s=self._clock() - job.directive_at,
-            since_node_change_s=self._clock() - self._changed_at,
-            reports=job.reports,
-            run_length=job.run_length,
-        )
-        job.run_length = gate.run_length
-        if not gate.observe:
-            return
-        job.model.update(obs, refit=gate.redecide_now)  # refit on news only
-        self._note_drift(job, gate.surprise)
-        if len(job.model.observations) % _SAVE_MODEL_EVERY == 0:
+        done = self.policy.report(job.job_id, window(r), self._clock())
+        for note in done.notes:
+            log.info("%s", note)
+        if done.learned and len(job.model.observations) % _SAVE_MODEL_EVERY == 0:
             self.store.save_model(job.job_id, job.model.to_dict())
-        budget = self._budget()
-        decided = job.decision.candidates if job.decision else ()
-        if gate.redecide_now or pol.curve_moved(self._view(job), budget, decided):
-            self._dirty = True
-        if gate.redecide_now:
+        if done.wake:
             self._wake.set()
-
-    def _available_cores(self, job: Job) -> float:
-        """The cores ``job``'s workers could have used in its last window: those they used,
-        and those no job used (the node's CPU budget less every job's workers and training
-        process, from their last reports). On a full node that is what the job's workers
-        got, not the node's cores: its model learns its own curve, how fast it loads given
-        the cores it gets, and the policy's CPU sharing says how many it will get at a split
-        (a model fitted as if each job had every core reads the others' contention as its
-        own limit, and a CPU-bound job's fewer workers as a loss they are not). Rounded to
-        ``_CORES_STEP``."""
-        budget = float(self.settings.cpu_budget)
-        taken = sum(
-            j.worker_cores + j.main_cpu_per_sample * j.last_report.samples_per_second
-            for j in self.jobs.values()
-            if j.last_report is not None
-        )
-        free = job.worker_cores + max(budget - taken, 0.0)
-        return min(max(round(free / _CORES_STEP) * _CORES_STEP, _CORES_STEP), budget)
-
-    def _note_drift(self, job: Job, surprise: float) -> None:
-        """``DRIFT_WINDOWS`` surprising windows in a row, all one way: the job's costs changed.
-        Its model restarts from those windows, and what every split measured is forgotten (it
-        was measured under the old costs)."""
-        way = (surprise > 0) - (surprise < 0)  # +1 faster, -1 slower, 0 as predicted
-        job.drift = job.drift + way if way * job.drift > 0 else way
-        if abs(job.drift) < pol.DRIFT_WINDOWS:
-            return
-        log.info(
-            "job %s: %d windows in a row %s than its model predicted (last: %.0f%%): its costs "
-            "changed; the model restarts from them",
-            job.job_id,
-            abs(job.drift),
-            "faster" if surprise > 0 else "slower",
-            100 * math.expm1(surprise),
-        )
-        job.model.keep_recent(pol.DRIFT_WINDOWS)
-        job.drift = 0
-        self._truth.forget()
-        # what the restarted model expects here (the last one logged was the old model's)
-        budget = self._budget()
-        counts = {j.job_id: j.directive.num_workers for j in self.jobs.values()}
-        expect = pol.expected([self._view(j) for j in self.jobs.values()], budget, counts)
-        if job.job_id in expect and not self.guided:  # guided: the job's own count
-            log.info(
-                "job %s: %d workers (its model restarted) [model: %s samples/s]",
-                job.job_id,
-                counts[job.job_id],
-                f"{expect[job.job_id]:,.0f}",
-            )
 
     # ------------------------------------------------------------------ decisions
 
     def _budget(self) -> pol.Budget:
-        """The node's worker and CPU budgets (the memory budget is :meth:`decide`'s own)."""
+        """The node's worker and CPU budgets (the memory budget comes with each decision)."""
         return pol.Budget(
             self.settings.worker_budget,
             float(self.settings.cpu_budget),
             trainer_weight=self._trainer_weight,
         )
-
-    def _split(self) -> pol.Split:
-        return pol.split_of({j.job_id: j.directive.num_workers for j in self.jobs.values()})
-
-    def _limits(self) -> dict[str, float]:
-        return {
-            j.job_id: j.model.accelerator_limit(j.directive.batch_size or j.record.batch_size)
-            for j in self.jobs.values()
-            if j.model.observations
-        }
-
-    def _measure(self, job: Job, r: JobReport, window: float, *, busy: int) -> None:
-        """Records a steady window of ``job`` at the node's current split: at its directed
-        count, the whole window after the last change of any job plus ``SETTLE_S``, one per
-        window. A split measured in full for the first time calls for a decision."""
-        now = self._clock()
-        steady = (
-            pol.steady_window(
-                window,
-                r.num_workers,
-                job.directive.num_workers,
-                busy,
-                now - job.directive_at,
-                now - self._changed_at,
-            )
-            and job.reports % max(int(window), 1) == 0
-        )
-        if not steady or self.settings.name != "adaptive":
-            return
-        split, limits = self._split(), self._limits()
-        known = self._truth.known(split, limits, now)
-        if self._truth.record(split, job.job_id, r.samples_per_second, now):
-            log.info(
-                "job %s measured %s samples/s at %s, unlike before there: the node changed; "
-                "every split's measurements are forgotten",
-                job.job_id,
-                f"{r.samples_per_second:,.0f}",
-                pol.show_split(split),
-            )
-            self._dirty = True
-        elif not known and self._truth.known(split, limits, now):
-            self._dirty = True
-
-    def _note_memory(self, job: Job) -> None:
-        """One more worker of ``job`` costs what its largest worker holds privately (its USS
-        grows over an epoch as the worker copies the dataset pages Python touches: the peak
-        is kept). Before any worker was measured, the training process's own USS: what a
-        worker that touched all of it would copy.
-
-        While that peak still grows (it passed its last mark by ``_MEMORY_GROWTH`` within
-        ``_MEMORY_FLAT_S``; a job's first measurement counts as growth), the job's workers may
-        come to hold up to the anonymous memory they map (private, or shared with the trainer
-        and not yet copied): the policy counts new workers at that bound, so no job grows on
-        memory its workers have not shown they stay within."""
-        tree = job.tree
-        if tree is None:
-            return
-        now = self._clock()
-        workers = [tree.uss_bytes[p] for p in tree.worker_pids if p in tree.uss_bytes]
-        if workers:
-            peak = float(max(workers))
-            first = job.memory_mark == 0
-            if first or peak > job.worker_memory_bytes * (1 + _MEMORY_CHANGE):
-                self._dirty = True
-            # the first measured worker replaces the guess made from the trainer
-            job.worker_memory_bytes = peak if first else max(job.worker_memory_bytes, peak)
-            share, floor = _MEMORY_GROWTH
-            if first or peak > job.memory_mark * (1 + share) + floor:
-                job.memory_mark, job.memory_grew_at = peak, now
-            anon = [tree.anon_bytes[p] for p in tree.worker_pids if p in tree.anon_bytes]
-            bound = max(anon, default=0.0) if now - job.memory_grew_at < _MEMORY_FLAT_S else 0.0
-        elif job.memory_mark == 0:  # no worker measured yet: a guess from the trainer
-            main = [tree.uss_bytes[p] for p in tree.pids if p in tree.uss_bytes]
-            job.worker_memory_bytes = float(sum(main))
-            bound = float(sum(tree.anon_bytes.get(p, 0) for p in tree.pids))
-        else:  # none now (e.g. resized to 0): what its workers showed stands
-            return
-        if (bound == 0) != (job.worker_memory_bound == 0):  # settled, or growing again
-            self._dirty = True
-        job.worker_memory_bound = max(bound, job.worker_memory_bytes) if bound else 0.0
 
     def memory_budget(self) -> tuple[float, float]:
         """``(budget, used)``: bytes the loader workers of all jobs may hold, and hold now.
@@ -720,98 +577,19 @@ class NodeCore:
             return limit * (self._available_memory() + used), used
         return limit, used
 
-    @property
-    def guided(self) -> bool:
-        """The jobs' own tuners choose their counts, within the ceilings the policy sets."""
-        return self.settings.name == "guided"
-
-    def _view(self, j: Job) -> pol.JobView:
-        return pol.JobView(
-            j.job_id,
-            j.record.batch_size,
-            j.record.num_workers if self.guided else j.directive.num_workers,
-            j.record.limits.min_workers,
-            j.record.limits.max_workers,
-            j.model,
-            j.initial_workers,
-            j.main_cpu_per_sample,
-            j.worker_memory_bytes,
-            j.worker_memory_bound,
-            j.worker_upkeep_cores,
-        )
-
     def decide(self) -> None:
-        """Runs the policy and sends every changed directive."""
-        self._dirty = False
-        self._decided_at = self._clock()
-        jobs = list(self.jobs.values())
-        if not jobs:
-            return
-        views = [self._view(j) for j in jobs]
+        """Runs the policy and enacts what it decides: directives, CPU sets, cgroup weights."""
         memory, _ = self.memory_budget()
-        budget = replace(self._budget(), memory_bytes=memory)
-        decisions = pol.decide(self.settings.name, views, budget)
-        if self.settings.name == "adaptive":
-            decisions = self._truth.steer(
-                views,
-                budget,
-                decisions,
-                self._split(),
-                self._limits(),
-                self._clock(),
-                self._changed_at,
-            )
-        self._enforce_cpu(jobs, decisions)
-        if self.guided:
-            self._guide(jobs, decisions)
-            return
-        changed = any(decisions[j.job_id].num_workers != j.directive.num_workers for j in jobs)
-        expect = (
-            pol.expected(views, budget, {j: d.num_workers for j, d in decisions.items()})
-            if changed and self.settings.name == "adaptive"
-            else {}
-        )
-        for job in jobs:
-            d = decisions[job.job_id]
-            job.decision = d
-            if not job.placed and self.settings.name == "adaptive" and job.model.observations:
-                job.placed = d.placed
-                if job.placed:
-                    log.info(
-                        "job %s: placed by its model %.1f s after registering: %d workers (%s)",
-                        job.job_id,
-                        self._clock() - job.registered_at,
-                        d.num_workers,
-                        d.reason,
-                    )
-            if d.num_workers != job.directive.num_workers:
-                self._direct(job, d.reason, num_workers=d.num_workers)
-                job.directive_at = self._changed_at = self._clock()
-                # what the model expects of the job at this split, the node's cores shared
-                log.info(
-                    "job %s: %d workers (%s)%s",
-                    job.job_id,
-                    d.num_workers,
-                    d.reason,
-                    f" [model: {expect[job.job_id]:,.0f} samples/s]"
-                    if job.job_id in expect
-                    else "",
-                )
-        if expect:  # every job's expectation at the new split: the benchmarks check it
-            log.info(
-                "the model expects (samples/s): %s",
-                ", ".join(f"{j}={v:.0f}" for j, v in expect.items()),
-            )
+        cpus = sorted(self.pin_cpus)[: self.settings.cpu_budget]
+        self._enact(self.policy.decide(self._clock(), memory, cpus=cpus, shares=bool(self.cgroup)))
 
-    def _guide(self, jobs: list[Job], decisions: dict[str, pol.WorkerDecision]) -> None:
-        """The guided policy: every job's own tuner chooses its count, up to its ceiling."""
-        for job in jobs:
-            d = job.decision = decisions[job.job_id]
-            if d.num_workers != job.directive.tune_up_to:
-                # num_workers: for a loader that cannot tune itself, its count within the ceiling
-                held = min(job.record.num_workers, d.num_workers)
-                self._direct(job, d.reason, tune_up_to=d.num_workers, num_workers=held)
-                log.info("job %s: %s", job.job_id, d.reason)
+    def _enact(self, decided: pol.Decided) -> None:
+        if self.cgroup is not None and decided.shares:
+            self.cgroup.apply({j: (self.jobs[j].record.pids, c) for j, c in decided.shares.items()})
+        for order in decided.orders:
+            self._direct(self.jobs[order.job_id], order.reason, **order.changes)
+        for note in decided.notes:
+            log.info("%s", note)
 
     def _direct(self, job: Job, reason: str, **changes: Any) -> None:
         """Sends ``job`` a new directive (``changes`` to its current one, a new revision) and
@@ -823,25 +601,6 @@ class NodeCore:
         self.store.add_decision(job.job_id, d.num_workers, d.batch_size, list(d.cpus), reason)
         for box in job.watchers:
             box.put(d)
-
-    def _enforce_cpu(self, jobs: list[Job], decisions: dict[str, pol.WorkerDecision]) -> None:
-        """CPU sets for the loader workers and cgroup weights, from the jobs' CPU shares."""
-        if not (self.pin_cpus or self.cgroup):
-            return
-        cores = self.settings.cpu_budget
-        known = [d.cpu_share for d in decisions.values() if d.cpu_share > 0]
-        fallback = (cores - sum(known)) / max(len(jobs) - len(known), 1) if known else 1.0
-        shares = {j.job_id: decisions[j.job_id].cpu_share or max(fallback, 0.1) for j in jobs}
-        if self.cgroup is not None:
-            self.cgroup.apply({j.job_id: (j.record.pids, shares[j.job_id]) for j in jobs})
-        if not self.pin_cpus:
-            return
-        sets = pol.cpu_sets(shares, sorted(self.pin_cpus)[:cores])
-        for job in jobs:
-            cpus = sets.get(job.job_id, ())
-            if cpus and cpus != job.directive.cpus:
-                reason = f"CPU set {list(cpus)}: its share {shares[job.job_id]:.2f} cores"
-                self._direct(job, reason, cpus=cpus)
 
     def direct_batch_size(self, job_id: str, batch_size: int, reason: str) -> bool:
         """Directs a job to a new batch size (from the cluster allocator); False if not allowed.
@@ -859,6 +618,7 @@ class NodeCore:
         if b == (job.directive.batch_size or job.record.batch_size):
             return True
         self._direct(job, reason, batch_size=b)
+        self.policy.direct_batch(job_id, b)
         log.info("job %s: batch size %d (%s)", job_id, b, reason)
         return True
 
@@ -917,9 +677,8 @@ class NodeCore:
                 gone.append(job.job_id)
                 self._end(job, "ended: its processes are gone")
                 continue
-            before, before_at = job.tree, job.tree_at
-            job.tree, job.tree_at = walked.tree, self._clock()
-            if job.tree.truncated and (before is None or not before.truncated):
+            before, tree = job.tree, _without(walked.tree, job.agent_pid)
+            if tree.truncated and (before is None or not before.truncated):
                 log.warning(
                     "job %s (%s): its process tree has more than %d processes; only the "
                     "nearest are read (the node's worker budget plus %d)",
@@ -928,47 +687,17 @@ class NodeCore:
                     self.settings.worker_budget + TREE_SLACK,
                     TREE_SLACK,
                 )
-            if not job.tree.alive:
+            if not tree.alive:
                 gone.append(job.job_id)
                 self._end(job, "ended: its processes are gone")
                 continue
-            if before is not None and job.tree_at > before_at:
-                # the share of time the job's workers waited, runnable, for a CPU
-                was, now = before.run_delay_s, job.tree.run_delay_s
-                waits = [
-                    (now[p] - was[p]) / (job.tree_at - before_at)
-                    for p in job.tree.worker_pids
-                    if p in now and p in was
-                ]
-                job.cpu_wait_share = min(sum(waits) / len(waits), 1.0) if waits else None
-            self._note_memory(job)
-            rate = job.last_report.samples_per_second if job.last_report else 0.0
-            if rate > 0 and job.tree.main_cpu_percent > 0:
-                x = min(job.tree.main_cpu_percent / 100.0 / rate, _MAX_MAIN_CPU_PER_SAMPLE)
-                m = job.main_cpu_per_sample
-                job.main_cpu_per_sample = x if m == 0 else m + _EWMA * (x - m)
-                if m == 0 or abs(job.main_cpu_per_sample / m - 1) > _MAIN_CPU_CHANGE:
-                    self._dirty = True
-            self._note_upkeep(job)
+            job.tree = tree
+            self.policy.tree(job.job_id, sample(tree), self._clock())
         self.store.flush()  # the period's reports, in one transaction
         if self._clock() - self._pruned_at >= _PRUNE_PERIOD_S:
             self._pruned_at = self._clock()
             self.store.prune()
         return gone
-
-    def _note_upkeep(self, job: Job) -> None:
-        """What each of ``job``'s workers costs the node beyond its samples' work: its tree's
-        CPU less the training process's and the per-sample CPU its workers report (waking,
-        sending batches, idling), per worker; a moving average, at most
-        ``_MAX_UPKEEP_CORES``. The policy counts it in the job's CPU demand at every count, so
-        that a worker more for an I/O-bound job on a full node is priced at what it takes."""
-        tree, k = job.tree, job.record.num_workers
-        if tree is None or k < 1 or job.last_report is None or not tree.worker_pids:
-            return
-        workers = max(tree.cpu_percent - tree.main_cpu_percent, 0.0) / 100.0
-        x = min(max(workers - job.worker_cores, 0.0) / k, _MAX_UPKEEP_CORES)
-        u = job.worker_upkeep_cores
-        job.worker_upkeep_cores = x if u == 0 else u + _EWMA * (x - u)
 
     async def run(self, stop: asyncio.Event) -> None:
         """The periodic loop: every period, measure the jobs' process trees (reaping dead
@@ -989,13 +718,7 @@ class NodeCore:
                     self.apply_walks(walks)
                 # the decision is a function of the jobs, models and settings; steady, it is
                 # also time to probe a neighbouring split now and then
-                now = self._clock()
-                probe_due = (
-                    self.settings.name == "adaptive"
-                    and min(now - self._changed_at, now - self._decided_at)
-                    >= self._truth.probe_wait
-                )
-                if self._dirty or probe_due:
+                if self.policy.due(self._clock()):
                     self.decide()
             except Exception:  # the daemon must outlive a bad decision
                 log.exception("node policy loop failed; keeping the last allocation")
@@ -1028,9 +751,6 @@ class NodeCore:
         self.settings = settings
         self.store.set_setting(STORED_POLICY, settings.to_json())
         log.info("policy set to %s", settings)
-        if not self.guided:  # the sidecar sets the counts again: the jobs' tuners stop
-            for job in self.jobs.values():
-                if job.directive.tune_up_to is not None:
-                    reason = f"policy {settings.name}: the sidecar sets the count"
-                    self._direct(job, reason, tune_up_to=None, num_workers=job.record.num_workers)
+        orders = self.policy.configure(settings.name, self._budget())
+        self._enact(pol.Decided(orders))
         self.decide()

@@ -144,7 +144,7 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
         out = pb.ExplainResponse(
             job_id=job.job_id,
             policy=self.core.settings.name,
-            worker_memory_bytes=job.worker_memory_bytes,
+            worker_memory_bytes=job.state.worker_memory_bytes,
             memory_budget_bytes=budget,
             memory_used_bytes=used,
         )

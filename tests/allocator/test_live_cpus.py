@@ -172,7 +172,7 @@ def test_the_allocators_cores_are_a_prior_for_jobs_not_placed_yet(tmp_path: Path
     namesake = core.register(Registration("train", pid, 8, 32, JobLimits()))
     assert namesake.directive.num_workers == 8
     job = core.register(Registration("train", pid, 8, 32, JobLimits(), job_key=train))
-    assert job.directive.num_workers == 3 and job.initial_workers == 3  # asked for 8 workers
+    assert job.directive.num_workers == 3 and job.state.initial_workers == 3  # asked for 8 workers
     assert "allocator's target" in job.directive.reason
     other = core.register(Registration("other", pid, 2, 32, JobLimits(), job_key=other_key))
     assert other.directive.num_workers == 2  # no target: its own count
@@ -181,7 +181,7 @@ def test_the_allocators_cores_are_a_prior_for_jobs_not_placed_yet(tmp_path: Path
     core._direct(other, "exploring", num_workers=2)  # its exploration moves on from there
     core.set_cpu_targets({key_digest(other_key): 1.0})  # the same target again: left to explore
     assert other.directive.num_workers == 2
-    other.placed = True  # once its model places it, the node's policy decides
+    other.state.placed = True  # once its model places it, the node's policy decides
     core.set_cpu_targets({key_digest(other_key): 4.0})
     assert other.directive.num_workers == 2
     assert core.cpu_targets == {key_digest(other_key): 4.0}

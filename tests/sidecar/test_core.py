@@ -15,6 +15,7 @@ import pytest
 import dloader.sidecar.core as core_mod
 import dloader.sidecar.node_policy as pol
 import dloader.sidecar.node_policy.measured as measured_mod
+import dloader.sidecar.node_policy.node as node_mod
 from dloader._daemon.peer import CALLER, Caller, Role
 from dloader._shared.node_messages import (
     Directive,
@@ -286,7 +287,7 @@ def test_memory_budget_and_the_cost_of_a_worker(
     )
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
     core.reap()
-    assert job.worker_memory_bytes == 250 * MiB  # the larger of its two workers
+    assert job.state.worker_memory_bytes == 250 * MiB  # the larger of its two workers
     assert core.memory_budget() == (pytest.approx(budget), 400 * MiB)
     core.decide()
     assert job.directive.num_workers * 250 * MiB <= budget
@@ -305,7 +306,7 @@ def test_before_any_worker_a_worker_is_assumed_to_copy_the_trainer(tmp_path: Pat
     )
     job = core.register(Registration("a", pids=(100,), num_workers=0, batch_size=32))
     core.reap()
-    assert job.worker_memory_bytes == 300 * MiB
+    assert job.state.worker_memory_bytes == 300 * MiB
     core.decide()
     assert job.directive.num_workers == 3  # 3 x 300 MiB fit in 1 GiB; 4 would not
 
@@ -444,10 +445,54 @@ def test_one_user_cannot_fill_the_node_for_the_others(tmp_path: Path) -> None:
     assert len(core.jobs) == core_mod.MAX_JOBS - core_mod.OPERATOR_RESERVE + 1
 
 
+def test_the_agent_helper_is_no_loader_worker(tmp_path: Path) -> None:
+    """The process that registers a job (its agent's helper, a child the training process
+    spawned) is in the job's tree but is not one of its loader workers: before any worker
+    runs, one worker is priced from the trainer (what a fork may copy), not at the helper's
+    size (which let a copy-on-read job be placed at 16 workers: test_memory_growth)."""
+    node = FakeNode(0.0)
+    workers = {"pids": (203,)}  # the helper alone, then the helper and a worker
+
+    def tree(pids: list[int]) -> ProcessTreeStats:
+        return ProcessTreeStats(
+            tuple(pids),
+            True,
+            1.0,
+            1,
+            workers["pids"],
+            1.0,
+            {},
+            {100: 300 * MiB, 201: 120 * MiB, 203: 30 * MiB},
+            0,
+            {100: 400 * MiB, 201: 390 * MiB, 203: 35 * MiB},
+        )
+
+    core = fake_core(
+        SidecarStore(tmp_path / "s.db"),
+        PolicySettings("even", 16, 2, 1.0, 1 << 30),
+        tree_stats=tree,
+        clock=node.clock,
+        translate_pids=lambda pids, _caller: pids,
+    )
+    token = CALLER.set(Caller(Role.OPERATOR, uid=0, pid=203))
+    try:
+        job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    finally:
+        CALLER.reset(token)
+    assert job.agent_pid == 203 and job.tree is not None and job.tree.worker_pids == ()
+    assert job.state.worker_memory_bytes == 300 * MiB  # the trainer's, not the helper's 30
+    assert job.state.worker_memory_bound == 400 * MiB
+    workers["pids"] = (201, 203)
+    core.reap()
+    assert job.tree.worker_pids == (201,)
+    assert job.state.worker_memory_bytes == 120 * MiB  # its worker, measured
+    assert job.state.worker_memory_bound == 390 * MiB
+
+
 def test_growing_workers_are_bounded_until_their_memory_settles(tmp_path: Path) -> None:
     """While the workers' peak USS grows, the job carries a bound (the most anonymous memory a
     worker maps: what it may yet copy from the trainer); once the peak has not grown for
-    ``_MEMORY_FLAT_S``, the bound goes and the measured peak alone counts."""
+    ``MEMORY_FLAT_S``, the bound goes and the measured peak alone counts."""
     node = FakeNode(0.0)
     held = {"uss": 20 * MiB}
 
@@ -475,28 +520,28 @@ def test_growing_workers_are_bounded_until_their_memory_settles(tmp_path: Path) 
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
     # measured at registration, before its first decision (a decision before the first
     # period's walk once grew a copy-on-read job past the budget: test_memory_growth)
-    assert job.worker_memory_bytes == 20 * MiB  # the worker measured, not the trainer's guess
-    assert job.worker_memory_bound == 260 * MiB
+    assert job.state.worker_memory_bytes == 20 * MiB  # the worker measured, not the trainer's guess
+    assert job.state.worker_memory_bound == 260 * MiB
     core.reap()  # the first period's measurement: still growth until shown otherwise
-    assert job.worker_memory_bound == 260 * MiB
+    assert job.state.worker_memory_bound == 260 * MiB
     for _ in range(3):  # still copying: 20 -> 80 MiB
         node.now += 10.0
         held["uss"] += 20 * MiB
         core.reap()
-        assert job.worker_memory_bound == 260 * MiB
-    node.now += core_mod._MEMORY_FLAT_S - 1
+        assert job.state.worker_memory_bound == 260 * MiB
+    node.now += pol.MEMORY_FLAT_S - 1
     held["uss"] += MiB // 2  # below the growth threshold
     core.reap()
-    assert job.worker_memory_bound == 260 * MiB
+    assert job.state.worker_memory_bound == 260 * MiB
     node.now += 2.0
-    core._dirty = False
+    core.policy.dirty = False
     core.reap()
-    assert job.worker_memory_bound == 0.0 and core._dirty  # settled: re-decide
-    assert job.worker_memory_bytes == pytest.approx(80.5 * MiB)
+    assert job.state.worker_memory_bound == 0.0 and core.policy.dirty  # settled: re-decide
+    assert job.state.worker_memory_bytes == pytest.approx(80.5 * MiB)
     node.now += 10.0
     held["uss"] += 30 * MiB  # growing again
     core.reap()
-    assert job.worker_memory_bound == 260 * MiB
+    assert job.state.worker_memory_bound == 260 * MiB
 
 
 def test_measurements_overrule_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -513,7 +558,7 @@ def test_measurements_overrule_the_model(tmp_path: Path, monkeypatch: pytest.Mon
             for v in views
         }
 
-    monkeypatch.setattr(core_mod.pol, "decide", scripted)
+    monkeypatch.setattr(node_mod, "decide", scripted)
     a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
     b = core.register(Registration("b", pids=(100,), num_workers=2, batch_size=32))
 
@@ -557,11 +602,11 @@ def test_a_job_whose_costs_change_is_relearned(
     learned = len(job.model.observations)
     assert learned >= 5
     assert job.model.predict(2, 2.0, 32).samples_per_s == pytest.approx(300, rel=0.15)
-    core._truth.record(pol.split_of({job.job_id: 2}), job.job_id, 300.0, node.now)
+    core.policy.truth.record(pol.split_of({job.job_id: 2}), job.job_id, 300.0, node.now)
     run(2 * pol.DRIFT_WINDOWS, 150.0, 0.4)
     assert len(job.model.observations) <= 2 * pol.DRIFT_WINDOWS < learned
     assert job.model.predict(2, 2.0, 32).samples_per_s == pytest.approx(150, rel=0.15)
-    assert not core._truth.measured.samples
+    assert not core.policy.truth.measured.samples
     restarted = [r.getMessage() for r in caplog.records if "its model restarted" in r.getMessage()]
     assert len(restarted) == 1, restarted
     expected = float(restarted[0].rsplit("[model: ", 1)[1].split()[0].replace(",", ""))
@@ -577,12 +622,12 @@ def test_the_log_says_when_a_job_is_placed_by_its_model(
     core = node_core(tmp_path, PolicySettings("adaptive", 8, 2, 1.0), node)
     job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
     core.decide()
-    assert not job.placed  # exploring: no observation yet
+    assert not job.state.placed  # exploring: no observation yet
     node.now += 2.0
     with caplog.at_level("INFO", logger="dloader.sidecar.core"):
         core.report(job, report(2, 300.0))
         core.decide()
-    assert job.placed
+    assert job.state.placed
     assert f"job {job.job_id}: placed by its model 2.0 s after registering" in caplog.text
 
 
@@ -598,7 +643,7 @@ def probing_node(
     def model(policy: str, views: list[pol.JobView], budget: pol.Budget, **kw: Any) -> Any:
         return {v.job_id: pol.WorkerDecision(v.job_id, model_count(v), "m") for v in views}
 
-    monkeypatch.setattr(core_mod.pol, "decide", model)
+    monkeypatch.setattr(node_mod, "decide", model)
     a = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
     b = core.register(Registration("b", pids=(100,), num_workers=2, batch_size=32))
     probed = pol.split_of({a.job_id: 3, b.job_id: 1})
@@ -628,7 +673,7 @@ def test_a_probe_that_does_not_pay_is_undone_and_the_next_waits_longer(
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
     assert a.directive.reason.endswith("(a probe that did not pay)")
-    assert core._truth.probe_wait == 2 * pol.PROBE_AFTER_S
+    assert core.policy.truth.probe_wait == 2 * pol.PROBE_AFTER_S
     assert core.probe_moves == [None]  # type: ignore[attr-defined]
 
 
@@ -642,7 +687,7 @@ def test_a_probe_that_pays_is_followed_by_the_same_move(
     run(6, 330.0)  # the probe measures 10% better: it stays, and the wait is not doubled
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
-    assert core._truth.probe_wait == pol.PROBE_AFTER_S
+    assert core.policy.truth.probe_wait == pol.PROBE_AFTER_S
     run(int(pol.PROBE_AFTER_S), 330.0)
     core.decide()  # steady again: the next probe is asked to make that move once more first
     moves = core.probe_moves[:2]  # type: ignore[attr-defined]
@@ -674,7 +719,7 @@ def test_the_models_cpu_bound_worker_more_on_a_full_node_is_on_trial(
     to 2/2, and the model's next proposal of 3/1 is not taken (it measured no better)."""
     monkeypatch.setattr(measured_mod, "heavier", lambda *args: True)
     core, a, b, run, _ = moved_to_3_1(tmp_path, monkeypatch)  # the model insists on 3/1
-    assert core._truth.probed == pol.split_of({a.job_id: 3, b.job_id: 1})
+    assert core.policy.truth.probed == pol.split_of({a.job_id: 3, b.job_id: 1})
     run(6)  # measured the same as 2/2: a probe would not have paid
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
@@ -754,7 +799,9 @@ def test_a_tiny_rate_cannot_poison_the_node(tmp_path: Path, tiny: float) -> None
         core.report(good, report(2, 300.0))
         core.reap()  # the trainer's CPU (150%) over the tiny rate
         core.decide()
-    assert math.isfinite(bad.main_cpu_per_sample) and math.isfinite(good.main_cpu_per_sample)
+    assert math.isfinite(bad.state.main_cpu_per_sample) and math.isfinite(
+        good.state.main_cpu_per_sample
+    )
     node.now += 1.0
     core.report(good, report(2, 300.0))  # the other job's reports are served
     core.decide()
@@ -818,7 +865,7 @@ def test_a_new_job_is_placed_from_half_a_second_and_a_known_one_needs_a_second(
     core.report(job, _short(2, 300.0, pol.FIRST_WINDOW_S))
     assert len(job.model.observations) == 1
     core.decide()  # what the run loop does at once on this news
-    assert job.placed
+    assert job.state.placed
     node.now += 10.0
     core.report(job, _short(job.directive.num_workers, 300.0, 0.6))
     assert len(job.model.observations) == 1  # a known job: a second at least
@@ -835,9 +882,9 @@ def test_a_job_that_comes_back_is_placed_at_once_from_its_last_model(tmp_path: P
     assert learned >= 2
     core.deregister(first.job_id, first.record.token)
     again = core.register(Registration("train", pids=(100,), num_workers=2, batch_size=32))
-    assert len(again.model.observations) == learned and again.placed
+    assert len(again.model.observations) == learned and again.state.placed
     other = core.register(Registration("eval", pids=(101,), num_workers=2, batch_size=32))
-    assert not other.model.observations and not other.placed
+    assert not other.model.observations and not other.state.placed
 
 
 def test_a_rank_starts_from_the_model_of_a_running_rank_of_its_name(tmp_path: Path) -> None:
@@ -854,7 +901,7 @@ def test_a_workers_upkeep_is_measured_from_its_process_tree(tmp_path: Path) -> N
     """The tree uses 105% CPU, 10% of it in the training process: its 2 workers take 0.95
     cores. Their reports account for 300 samples/s x 0.1 s of CPU per batch of 32 = 0.9375
     cores; each worker's upkeep is the rest, halved. The policy's view carries it; a tree far
-    above the reports (a window's mismatch) counts at most ``_MAX_UPKEEP_CORES``."""
+    above the reports (a window's mismatch) counts at most ``MAX_UPKEEP_CORES``."""
 
     class Busy(FakeNode):
         cpu = 105.0
@@ -869,9 +916,9 @@ def test_a_workers_upkeep_is_measured_from_its_process_tree(tmp_path: Path) -> N
     core.report(job, report(2, 300.0))
     core.reap()
     expected = (0.95 - 300.0 * 0.1 / 32) / 2
-    assert job.worker_upkeep_cores == pytest.approx(expected)
-    assert core._view(job).worker_upkeep_cores == pytest.approx(expected)
+    assert job.state.worker_upkeep_cores == pytest.approx(expected)
+    assert core.policy.view(job.job_id).worker_upkeep_cores == pytest.approx(expected)
     node.cpu = 400.0
     for _ in range(20):
         core.reap()
-    assert job.worker_upkeep_cores == pytest.approx(core_mod._MAX_UPKEEP_CORES, rel=0.01)
+    assert job.state.worker_upkeep_cores == pytest.approx(pol.MAX_UPKEEP_CORES, rel=0.01)

@@ -1,8 +1,11 @@
 """The node policy: how many loader workers each job gets. Pure code: plain values in and out.
 
-Its parts: :mod:`.views` (what it sees and answers), :mod:`.allocation` (the model-led
-allocation), :mod:`.sharing` (how cores are shared), :mod:`.learning` (the learning gate),
-:mod:`.measured` (measured truth over the model, and its probe state machine).
+The whole decision sits behind one object, :class:`NodePolicy` (:mod:`.node`): every job's
+state and what it learnt from its measurements in, the split out; the sidecar's core feeds it
+and enacts what it decides. Its parts: :mod:`.views` (what it sees and answers),
+:mod:`.allocation` (the model-led allocation), :mod:`.sharing` (how cores are shared),
+:mod:`.learning` (the learning gate), :mod:`.measured` (measured truth over the model, and its
+probe state machine).
 
 ``even``: the node's worker budget split equally (the baseline), within each job's limits.
 
@@ -112,27 +115,53 @@ from dloader.sidecar.node_policy.measured import (
     show_split,
     split_of,
 )
+from dloader.sidecar.node_policy.node import (
+    CORES_STEP,
+    EWMA,
+    MAIN_CPU_CHANGE,
+    MAX_MAIN_CPU_PER_SAMPLE,
+    MAX_UPKEEP_CORES,
+    MEMORY_CHANGE,
+    MEMORY_FLAT_S,
+    MEMORY_GROWTH,
+    TARGET_CHANGE,
+    Decided,
+    NodePolicy,
+    Order,
+    PolicyJob,
+    Reported,
+)
 from dloader.sidecar.node_policy.sharing import cpu_sets, cpu_shares, trainer_weight
 from dloader.sidecar.node_policy.views import (
     POLICIES,
     Budget,
     Candidate,
     JobView,
+    ReportWindow,
+    TreeSample,
     WorkerDecision,
     bounds,
     check_policy,
 )
 
 __all__ = [
+    "CORES_STEP",
     "CPU_BOUND_WORKER",
     "CURVE_MOVE",
     "DRIFT_WINDOWS",
+    "EWMA",
     "FIRST_WINDOW_S",
+    "MAIN_CPU_CHANGE",
+    "MAX_MAIN_CPU_PER_SAMPLE",
     "MAX_SPLITS",
+    "MAX_UPKEEP_CORES",
     "MEASURE_CHANGED",
     "MEASURE_MARGIN",
     "MEASURE_STALE_S",
     "MEASURE_WINDOWS",
+    "MEMORY_CHANGE",
+    "MEMORY_FLAT_S",
+    "MEMORY_GROWTH",
     "MIN_WINDOW_S",
     "NOISE_Z",
     "POLICIES",
@@ -147,14 +176,22 @@ __all__ = [
     "STEADY_AFTER",
     "STEADY_EVERY",
     "SURPRISE",
+    "TARGET_CHANGE",
     "Budget",
     "Candidate",
+    "Decided",
     "JobView",
     "Learning",
     "MeasuredTruth",
     "Measurements",
+    "NodePolicy",
+    "Order",
+    "PolicyJob",
     "Probe",
+    "ReportWindow",
+    "Reported",
     "Split",
+    "TreeSample",
     "WorkerDecision",
     "bounds",
     "check_policy",

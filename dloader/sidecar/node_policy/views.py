@@ -17,6 +17,8 @@ __all__ = [
     "Budget",
     "Candidate",
     "JobView",
+    "ReportWindow",
+    "TreeSample",
     "WorkerDecision",
     "bounds",
     "check_policy",
@@ -102,6 +104,54 @@ class WorkerDecision:
     """Memory, not CPU, stops it from getting a worker the model says would help."""
     placed: bool = True
     """The job's model placed it (False: it is explored, or has no model yet)."""
+
+
+@dataclass(frozen=True)
+class ReportWindow:
+    """One report window of a job's loader, as the policy reads it."""
+
+    num_workers: int
+    batch_size: int
+    samples_per_s: float
+    idle_share: float
+    """Of the window: the training step waiting for data."""
+    step_s: float
+    window_s: float
+    fetch_s: tuple[float, ...] = ()
+    """Each worker that delivered a batch in the window: its mean wall time per batch."""
+    cpu_s: tuple[float, ...] = ()
+    """The same workers: their mean CPU time per batch."""
+    run_delay_s: tuple[float | None, ...] = ()
+    """The same workers: their mean wait for a CPU per batch, as each timed it (None: not
+    timed)."""
+
+    @property
+    def busy(self) -> int:
+        """Workers that delivered a batch in the window."""
+        return len(self.fetch_s)
+
+
+@dataclass(frozen=True)
+class TreeSample:
+    """One walk of a job's process tree (its training processes and their loader workers), as
+    the policy reads it."""
+
+    cpu_cores: float
+    """The whole tree's CPU use."""
+    main_cores: float
+    """The training processes' CPU use, without their workers."""
+    run_delay_s: dict[int, float] = field(default_factory=dict)
+    """Per loader worker (by PID): seconds it has ever waited, runnable, for a CPU."""
+    worker_uss: tuple[float, ...] = ()
+    """Each loader worker's private memory (USS), where measured."""
+    worker_anon: tuple[float, ...] = ()
+    """Each loader worker's anonymous resident memory, where measured."""
+    main_uss: tuple[float, ...] = ()
+    """Each training process's private memory, where measured."""
+    main_anon: float = 0.0
+    """The training processes' anonymous resident memory, together."""
+    has_workers: bool = False
+    """It has loader workers now."""
 
 
 def bounds(job: JobView, budget: Budget) -> tuple[int, int]:

@@ -1,0 +1,585 @@
+"""The whole node decision behind one object: :class:`NodePolicy`.
+
+It holds what the policy knows of every job (:class:`PolicyJob`: its loader model, its measured
+costs, where it stands in its learning) and of the node (what each split measured, when the
+split last changed), and answers with one entry point, :meth:`NodePolicy.decide`: the jobs'
+state and measurements in, the split out (:class:`Decided`: the directive changes to send, the
+jobs' CPU shares, and what to log). :class:`~dloader.sidecar.core.NodeCore` feeds it (jobs that
+come and go, their report windows, their process trees, the allocator's targets) and enacts what
+it decides (directives, CPU sets, cgroup weights); it decides nothing itself.
+
+Pure code: no I/O, no clock of its own (every call is given ``now``) and no logging: what is
+worth a line in the daemon's log comes back as text (``notes``), which the core logs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dloader.predictor import LoaderModel, LoaderObservation
+from dloader.sidecar.node_policy.allocation import curve_moved, decide, expected
+from dloader.sidecar.node_policy.learning import (
+    DRIFT_WINDOWS,
+    learning_gate,
+    run_queue_wait,
+    steady_window,
+)
+from dloader.sidecar.node_policy.measured import MeasuredTruth, Split, show_split, split_of
+from dloader.sidecar.node_policy.sharing import cpu_sets
+from dloader.sidecar.node_policy.views import (
+    Budget,
+    JobView,
+    ReportWindow,
+    TreeSample,
+    WorkerDecision,
+    bounds,
+)
+
+__all__ = [
+    "CORES_STEP",
+    "EWMA",
+    "MAIN_CPU_CHANGE",
+    "MAX_MAIN_CPU_PER_SAMPLE",
+    "MAX_UPKEEP_CORES",
+    "MEMORY_CHANGE",
+    "MEMORY_FLAT_S",
+    "MEMORY_GROWTH",
+    "TARGET_CHANGE",
+    "Decided",
+    "NodePolicy",
+    "Order",
+    "PolicyJob",
+    "Reported",
+]
+
+MAIN_CPU_CHANGE = 0.1
+"""Relative change of a job's training-process CPU per sample that calls for a decision."""
+
+MEMORY_CHANGE = 0.1
+"""A worker's peak memory grown by this share calls for a decision."""
+
+MEMORY_GROWTH = 0.02, 2**20
+"""(share, bytes) a workers' memory peak must pass its last mark by to count as growth."""
+
+MEMORY_FLAT_S = 20.0
+"""A job's workers' memory has settled after this long without growth."""
+
+EWMA = 0.3
+"""Weight of a new measurement of a job's training-process CPU, or of its workers' upkeep."""
+
+CORES_STEP = 0.05
+"""The cores an observation says a job's workers could use, rounded to this."""
+
+MAX_MAIN_CPU_PER_SAMPLE = 100.0
+"""The most CPU seconds per sample a job's training process is credited with (whatever its CPU
+over its rate says): derived numbers stay finite."""
+
+MAX_UPKEEP_CORES = 0.05
+"""A worker's upkeep counted at most (a measurement off by a window)."""
+
+TARGET_CHANGE = 0.05
+"""An allocator's target for a job within this share of the one it started from is the same."""
+
+
+@dataclass
+class PolicyJob:
+    """What the policy knows of one job."""
+
+    job_id: str
+    model: LoaderModel
+    batch_size: int
+    """Its batch size, as it last reported."""
+    workers: int
+    """Its worker count, as it last reported (under ``guided``, its own tuner chose it)."""
+    directed: int
+    """The worker count it was last directed to."""
+    directed_batch: int = 0
+    """The batch size it was last directed to (0: its own)."""
+    min_workers: int = 0
+    max_workers: int = 0
+    cpus: tuple[int, ...] = ()
+    """The CPU set its workers were last directed to (empty: none)."""
+    ceiling: int | None = None
+    """Under ``guided``: the most its own tuner may choose (None: the policy sets the count)."""
+    initial_workers: int = 0
+    """The count the job registered with, or the allocator's target fed (exploration starts
+    there)."""
+    registered_at: float = 0.0
+    directive_at: float = 0.0
+    """When its worker count last changed."""
+    reports: int = 0
+    rate: float | None = None
+    """Samples/s of its last report (None: no report yet)."""
+    worker_cores: float = 0.0
+    """Cores its workers used in its last report's window."""
+    cpu_wait_share: float | None = None
+    """Of its workers' time: waiting for a CPU, from its last two process-tree walks (None:
+    unknown)."""
+    tree: TreeSample | None = None
+    """Its process tree, as last walked (None: not yet)."""
+    tree_at: float = 0.0
+    """When ``tree`` was walked."""
+    main_cpu_per_sample: float = 0.0
+    """CPU seconds its training process spends per sample (a moving average; 0: unknown)."""
+    worker_upkeep_cores: float = 0.0
+    """Cores each worker takes beyond its samples' work (a moving average; 0: unknown)."""
+    run_length: int = 0
+    """Windows observed in a row at its current worker count."""
+    drift: int = 0
+    """Surprising windows in a row: > 0 faster than predicted, < 0 slower."""
+    placed: bool = False
+    """Its model has decided its worker count at least once."""
+    worker_memory_bytes: float = 0.0
+    """The most private memory (USS) one of its workers held."""
+    worker_memory_bound: float = 0.0
+    """While that grows: the most one may come to hold (0: settled)."""
+    memory_mark: float = 0.0
+    """Its workers' peak USS when it last grew."""
+    memory_grew_at: float = -math.inf
+    """When that was; -inf: never measured."""
+    cpu_target: float = 0.0
+    """The allocator's cores for it that it last started from (0: none)."""
+    decision: WorkerDecision | None = None
+    """The policy's last answer for it."""
+
+
+@dataclass(frozen=True)
+class Order:
+    """A change to one job's directive: ``changes`` are :class:`~dloader._shared.node_messages.
+    Directive` fields (``num_workers``, ``tune_up_to``, ``cpus``)."""
+
+    job_id: str
+    reason: str
+    changes: dict[str, Any]
+
+
+@dataclass
+class Decided:
+    """What one decision directs and says."""
+
+    orders: list[Order] = field(default_factory=list)
+    """Directive changes, in the order to send them."""
+    shares: dict[str, float] = field(default_factory=dict)
+    """Each job's CPU share in cores (for cgroup weights; empty unless asked for)."""
+    notes: list[str] = field(default_factory=list)
+    """Lines for the daemon's log."""
+
+
+@dataclass(frozen=True)
+class Reported:
+    """What one report window did to the policy."""
+
+    learned: bool
+    """Its job's model took the window."""
+    wake: bool
+    """News: decide now rather than at the next period."""
+    notes: tuple[str, ...] = ()
+
+
+class NodePolicy:
+    """Every job's state, the node's measured truth, and the decision (:meth:`decide`)."""
+
+    def __init__(self, name: str, budget: Budget) -> None:
+        """``name``: a policy of :data:`~.views.POLICIES`; ``budget``: the node's worker and CPU
+        budgets (the memory budget comes with each decision: it moves with the node)."""
+        self.name = name
+        self.budget = budget
+        self.jobs: dict[str, PolicyJob] = {}
+        self.truth = MeasuredTruth()
+        self.dirty = True
+        """Something the decision depends on changed since the last one."""
+        self.changed_at = -math.inf
+        """When any job's worker count last changed."""
+        self.decided_at = -math.inf
+
+    @property
+    def guided(self) -> bool:
+        """The jobs' own tuners choose their counts, within the ceilings the policy sets."""
+        return self.name == "guided"
+
+    # ------------------------------------------------------------------ what it is fed
+
+    def configure(self, name: str, budget: Budget) -> list[Order]:
+        """Another policy or budget; the orders that hand counts back to the policy (leaving
+        ``guided``, the jobs' own tuners stop)."""
+        self.name, self.budget, self.dirty = name, budget, True
+        orders = []
+        if not self.guided:
+            for s in self.jobs.values():
+                if s.ceiling is not None:
+                    s.ceiling, s.directed = None, s.workers
+                    orders.append(
+                        Order(
+                            s.job_id,
+                            f"policy {name}: the sidecar sets the count",
+                            {"tune_up_to": None, "num_workers": s.workers},
+                        )
+                    )
+        return orders
+
+    def add(self, state: PolicyJob, now: float, tree: TreeSample | None = None) -> None:
+        """A new job (or one restored after a restart). A new job's ``tree``, walked as it
+        registered, is noted at once (:meth:`tree`): its first decision must not grow it on
+        memory nothing has measured yet."""
+        self.jobs[state.job_id] = state
+        if tree is not None:
+            self.tree(state.job_id, tree, now)
+        self.dirty = True
+
+    def remove(self, job_id: str) -> None:
+        self.jobs.pop(job_id, None)
+        self.dirty = True
+
+    def direct_batch(self, job_id: str, batch_size: int) -> None:
+        """The job was directed to ``batch_size`` (by the cluster allocator)."""
+        self.jobs[job_id].directed_batch = batch_size
+
+    def target(self, job_id: str, cores: float, ranks: int, now: float) -> Decided:
+        """The cluster allocator's ``cores`` for the job's ``ranks`` local processes (a prior,
+        not a cage): a job its model has not placed yet starts (and explores) from the worker
+        count its share feeds, within its limits and the node's budget; from then on the
+        policy arbitrates from what the jobs measure. Nothing to do for a target it already
+        started from (within ``TARGET_CHANGE``), or once its model decides."""
+        s, out = self.jobs[job_id], Decided()
+        if s.placed or abs(cores - s.cpu_target) <= TARGET_CHANGE * cores:
+            return out
+        s.cpu_target = cores
+        share = cores / max(ranks, 1)
+        workers = s.model.workers_for(max(share, 1e-3)) if s.model.observations else round(share)
+        low, high = bounds(self._view(s), self.budget)
+        workers = min(max(workers, low), high)
+        if workers == s.initial_workers == s.directed:
+            return out
+        s.initial_workers = workers
+        reason = f"the allocator's target: {share:.2f} cores feed {workers} worker(s)"
+        out.notes.append(f"job {job_id}: {reason}")
+        if workers != s.directed:
+            out.orders.append(Order(job_id, reason, {"num_workers": workers}))
+            self._moved(s, workers, now)
+        return out
+
+    def report(self, job_id: str, w: ReportWindow, now: float) -> Reported:
+        """One report window of a job (its fields already checked): learns from it what it
+        teaches (:func:`~.learning.learning_gate`) and what the split measured."""
+        s = self.jobs[job_id]
+        k, b = w.num_workers, w.batch_size
+        s.reports += 1
+        s.rate = w.samples_per_s
+        if (k, b) != (s.workers, s.batch_size):
+            s.workers, s.batch_size = k, b
+            self.dirty = True
+        tput, step, busy = w.samples_per_s, w.step_s, w.busy
+        if not (tput > 0 and step > 0):
+            return Reported(False, False)
+        fetch = sum(w.fetch_s) / busy if busy else None
+        cpu = sum(w.cpu_s) / busy if busy else None
+        s.worker_cores = tput * cpu / b if cpu is not None else 0.0
+        obs = LoaderObservation(
+            num_workers=k,
+            cores=self._available_cores(s) if cpu is not None else self.budget.cores,
+            batch_size=b,
+            samples_per_s=tput,
+            idle_share=w.idle_share,
+            step_s=step,
+            fetch_s=fetch,
+            cpu_s=cpu,
+            cpu_wait_s=run_queue_wait(
+                list(w.run_delay_s), s.cpu_wait_share, fetch, cpu, busy * b / tput
+            ),
+        )
+        notes = self._measure(s, w, now)
+        gate = learning_gate(
+            s.model,
+            obs,
+            window_s=w.window_s,
+            directed_workers=k if self.guided else s.directed,
+            busy_workers=busy,
+            since_directive_s=now - s.directive_at,
+            since_node_change_s=now - self.changed_at,
+            reports=s.reports,
+            run_length=s.run_length,
+        )
+        s.run_length = gate.run_length
+        if not gate.observe:
+            return Reported(False, False, tuple(notes))
+        s.model.update(obs, refit=gate.redecide_now)  # refit on news only
+        notes += self._note_drift(s, gate.surprise)
+        decided = s.decision.candidates if s.decision else ()
+        if gate.redecide_now or curve_moved(self._view(s), self.budget, decided):
+            self.dirty = True
+        return Reported(True, gate.redecide_now, tuple(notes))
+
+    def tree(self, job_id: str, tree: TreeSample, now: float) -> None:
+        """A new walk of the job's process tree (alive): its workers' wait for a CPU, their
+        memory, its training process's CPU per sample, each worker's upkeep."""
+        s = self.jobs[job_id]
+        before, before_at = s.tree, s.tree_at
+        s.tree, s.tree_at = tree, now
+        if before is not None and now > before_at:
+            # the share of time the job's workers waited, runnable, for a CPU
+            was, is_ = before.run_delay_s, tree.run_delay_s
+            waits = [(is_[p] - was[p]) / (now - before_at) for p in is_ if p in was]
+            s.cpu_wait_share = min(sum(waits) / len(waits), 1.0) if waits else None
+        self._note_memory(s, now)
+        if s.rate and tree.main_cores > 0:
+            x = min(tree.main_cores / s.rate, MAX_MAIN_CPU_PER_SAMPLE)
+            m = s.main_cpu_per_sample
+            s.main_cpu_per_sample = x if m == 0 else m + EWMA * (x - m)
+            if m == 0 or abs(s.main_cpu_per_sample / m - 1) > MAIN_CPU_CHANGE:
+                self.dirty = True
+        self._note_upkeep(s)
+
+    # ------------------------------------------------------------------ the decision
+
+    def due(self, now: float) -> bool:
+        """Whether to decide now: something changed, or (``adaptive``, steady) a probe of a
+        neighbouring split is due."""
+        steady = min(now - self.changed_at, now - self.decided_at)
+        return self.dirty or (self.name == "adaptive" and steady >= self.truth.probe_wait)
+
+    def decide(
+        self,
+        now: float,
+        memory_bytes: float = math.inf,
+        *,
+        cpus: Sequence[int] = (),
+        shares: bool = False,
+    ) -> Decided:
+        """The split: every job's worker count (``guided``: its ceiling), the orders that
+        enact it, and (with ``cpus`` to divide, or ``shares``) each job's CPU share and CPU
+        set. ``memory_bytes``: what all jobs' workers may hold now."""
+        self.dirty, self.decided_at = False, now
+        out = Decided()
+        states = list(self.jobs.values())
+        if not states:
+            return out
+        views = [self._view(s) for s in states]
+        budget = replace(self.budget, memory_bytes=memory_bytes)
+        decisions = decide(self.name, views, budget)
+        if self.name == "adaptive":
+            decisions = self.truth.steer(
+                views, budget, decisions, self.split(), self._limits(), now, self.changed_at
+            )
+        if cpus or shares:
+            self._divide_cpus(states, decisions, cpus, out)
+        if self.guided:
+            for s in states:
+                d = s.decision = decisions[s.job_id]
+                if d.num_workers != s.ceiling:
+                    # num_workers: for a loader that cannot tune itself, its count within it
+                    s.ceiling, s.directed = d.num_workers, min(s.workers, d.num_workers)
+                    changes = {"tune_up_to": s.ceiling, "num_workers": s.directed}
+                    out.orders.append(Order(s.job_id, d.reason, changes))
+                    out.notes.append(f"job {s.job_id}: {d.reason}")
+            return out
+        changed = any(decisions[s.job_id].num_workers != s.directed for s in states)
+        expect = (
+            expected(views, budget, {j: d.num_workers for j, d in decisions.items()})
+            if changed and self.name == "adaptive"
+            else {}
+        )
+        for s in states:
+            d = s.decision = decisions[s.job_id]
+            if not s.placed and self.name == "adaptive" and s.model.observations:
+                s.placed = d.placed
+                if s.placed:
+                    out.notes.append(
+                        f"job {s.job_id}: placed by its model {now - s.registered_at:.1f} s "
+                        f"after registering: {d.num_workers} workers ({d.reason})"
+                    )
+            if d.num_workers != s.directed:
+                out.orders.append(Order(s.job_id, d.reason, {"num_workers": d.num_workers}))
+                self._moved(s, d.num_workers, now)
+                # what the model expects of the job at this split, the node's cores shared
+                model = f" [model: {expect[s.job_id]:,.0f} samples/s]" if s.job_id in expect else ""
+                out.notes.append(f"job {s.job_id}: {d.num_workers} workers ({d.reason}){model}")
+        if expect:  # every job's expectation at the new split: the benchmarks check it
+            shown = ", ".join(f"{j}={v:.0f}" for j, v in expect.items())
+            out.notes.append(f"the model expects (samples/s): {shown}")
+        return out
+
+    def split(self) -> Split:
+        """The node's split: every job's directed worker count."""
+        return split_of({s.job_id: s.directed for s in self.jobs.values()})
+
+    def view(self, job_id: str) -> JobView:
+        """What the allocation sees of a job."""
+        return self._view(self.jobs[job_id])
+
+    # ------------------------------------------------------------------ internals
+
+    def _view(self, s: PolicyJob) -> JobView:
+        return JobView(
+            s.job_id,
+            s.batch_size,
+            s.workers if self.guided else s.directed,
+            s.min_workers,
+            s.max_workers,
+            s.model,
+            s.initial_workers,
+            s.main_cpu_per_sample,
+            s.worker_memory_bytes,
+            s.worker_memory_bound,
+            s.worker_upkeep_cores,
+        )
+
+    def _moved(self, s: PolicyJob, workers: int, now: float) -> None:
+        s.directed = workers
+        s.directive_at = self.changed_at = now
+
+    def _limits(self) -> dict[str, float]:
+        return {
+            s.job_id: s.model.accelerator_limit(s.directed_batch or s.batch_size)
+            for s in self.jobs.values()
+            if s.model.observations
+        }
+
+    def _available_cores(self, s: PolicyJob) -> float:
+        """The cores ``s``'s workers could have used in its last window: those they used, and
+        those no job used (the node's CPU budget less every job's workers and training process,
+        from their last reports). On a full node that is what the job's workers got, not the
+        node's cores: its model learns its own curve, how fast it loads given the cores it
+        gets, and the policy's CPU sharing says how many it will get at a split (a model fitted
+        as if each job had every core reads the others' contention as its own limit, and a
+        CPU-bound job's fewer workers as a loss they are not). Rounded to ``CORES_STEP``."""
+        budget = self.budget.cores
+        taken = sum(
+            j.worker_cores + j.main_cpu_per_sample * j.rate
+            for j in self.jobs.values()
+            if j.rate is not None
+        )
+        free = s.worker_cores + max(budget - taken, 0.0)
+        return min(max(round(free / CORES_STEP) * CORES_STEP, CORES_STEP), budget)
+
+    def _measure(self, s: PolicyJob, w: ReportWindow, now: float) -> list[str]:
+        """Records a steady window of ``s`` at the node's current split: at its directed
+        count, the whole window after the last change of any job plus ``SETTLE_S``, one per
+        window. A split measured in full for the first time calls for a decision."""
+        window = w.window_s
+        steady = (
+            steady_window(
+                window,
+                w.num_workers,
+                s.directed,
+                w.busy,
+                now - s.directive_at,
+                now - self.changed_at,
+            )
+            and s.reports % max(int(window), 1) == 0
+        )
+        if not steady or self.name != "adaptive":
+            return []
+        split, limits = self.split(), self._limits()
+        known = self.truth.known(split, limits, now)
+        if self.truth.record(split, s.job_id, w.samples_per_s, now):
+            self.dirty = True
+            return [
+                f"job {s.job_id} measured {w.samples_per_s:,.0f} samples/s at "
+                f"{show_split(split)}, unlike before there: the node changed; every split's "
+                "measurements are forgotten"
+            ]
+        if not known and self.truth.known(split, limits, now):
+            self.dirty = True
+        return []
+
+    def _note_drift(self, s: PolicyJob, surprise: float) -> list[str]:
+        """``DRIFT_WINDOWS`` surprising windows in a row, all one way: the job's costs changed.
+        Its model restarts from those windows, and what every split measured is forgotten (it
+        was measured under the old costs)."""
+        way = (surprise > 0) - (surprise < 0)  # +1 faster, -1 slower, 0 as predicted
+        s.drift = s.drift + way if way * s.drift > 0 else way
+        if abs(s.drift) < DRIFT_WINDOWS:
+            return []
+        notes = [
+            f"job {s.job_id}: {abs(s.drift)} windows in a row "
+            f"{'faster' if surprise > 0 else 'slower'} than its model predicted (last: "
+            f"{100 * math.expm1(surprise):.0f}%): its costs changed; the model restarts from them"
+        ]
+        s.model.keep_recent(DRIFT_WINDOWS)
+        s.drift = 0
+        self.truth.forget()
+        # what the restarted model expects here (the last one logged was the old model's)
+        counts = {j.job_id: j.directed for j in self.jobs.values()}
+        expect = expected([self._view(j) for j in self.jobs.values()], self.budget, counts)
+        if s.job_id in expect and not self.guided:  # guided: the job's own count
+            notes.append(
+                f"job {s.job_id}: {counts[s.job_id]} workers (its model restarted) "
+                f"[model: {expect[s.job_id]:,.0f} samples/s]"
+            )
+        return notes
+
+    def _note_memory(self, s: PolicyJob, now: float) -> None:
+        """One more worker of the job costs what its largest worker holds privately (its USS
+        grows over an epoch as the worker copies the dataset pages Python touches: the peak
+        is kept). Before any worker was measured, the training process's own USS: what a
+        worker that touched all of it would copy.
+
+        While that peak still grows (it passed its last mark by ``MEMORY_GROWTH`` within
+        ``MEMORY_FLAT_S``; a job's first measurement counts as growth), the job's workers may
+        come to hold up to the anonymous memory they map (private, or shared with the trainer
+        and not yet copied): the policy counts new workers at that bound, so no job grows on
+        memory its workers have not shown they stay within."""
+        tree = s.tree
+        if tree is None:
+            return
+        workers = tree.worker_uss
+        if workers:
+            peak = float(max(workers))
+            first = s.memory_mark == 0
+            if first or peak > s.worker_memory_bytes * (1 + MEMORY_CHANGE):
+                self.dirty = True
+            # the first measured worker replaces the guess made from the trainer
+            s.worker_memory_bytes = peak if first else max(s.worker_memory_bytes, peak)
+            share, floor = MEMORY_GROWTH
+            if first or peak > s.memory_mark * (1 + share) + floor:
+                s.memory_mark, s.memory_grew_at = peak, now
+            growing = now - s.memory_grew_at < MEMORY_FLAT_S
+            bound = float(max(tree.worker_anon, default=0.0)) if growing else 0.0
+        elif s.memory_mark == 0:  # no worker measured yet: a guess from the trainer
+            s.worker_memory_bytes = float(sum(tree.main_uss))
+            bound = float(tree.main_anon)
+        else:  # none now (e.g. resized to 0): what its workers showed stands
+            return
+        if (bound == 0) != (s.worker_memory_bound == 0):  # settled, or growing again
+            self.dirty = True
+        s.worker_memory_bound = max(bound, s.worker_memory_bytes) if bound else 0.0
+
+    def _note_upkeep(self, s: PolicyJob) -> None:
+        """What each of the job's workers costs the node beyond its samples' work: its tree's
+        CPU less the training process's and the per-sample CPU its workers report (waking,
+        sending batches, idling), per worker; a moving average, at most ``MAX_UPKEEP_CORES``.
+        The policy counts it in the job's CPU demand at every count, so that a worker more for
+        an I/O-bound job on a full node is priced at what it takes."""
+        tree, k = s.tree, s.workers
+        if tree is None or k < 1 or s.rate is None or not tree.has_workers:
+            return
+        workers = max(tree.cpu_cores - tree.main_cores, 0.0)
+        x = min(max(workers - s.worker_cores, 0.0) / k, MAX_UPKEEP_CORES)
+        u = s.worker_upkeep_cores
+        s.worker_upkeep_cores = x if u == 0 else u + EWMA * (x - u)
+
+    def _divide_cpus(
+        self,
+        states: list[PolicyJob],
+        decisions: dict[str, WorkerDecision],
+        cpus: Sequence[int],
+        out: Decided,
+    ) -> None:
+        """Each job's CPU share (a job the policy could not size gets an equal part of what
+        the others leave) and, with ``cpus``, disjoint CPU sets sized by the shares."""
+        cores = self.budget.cores
+        known = [d.cpu_share for d in decisions.values() if d.cpu_share > 0]
+        fallback = (cores - sum(known)) / max(len(states) - len(known), 1) if known else 1.0
+        out.shares = {s.job_id: decisions[s.job_id].cpu_share or max(fallback, 0.1) for s in states}
+        if not cpus:
+            return
+        sets = cpu_sets(out.shares, cpus)
+        for s in states:
+            got = sets.get(s.job_id, ())
+            if got and got != s.cpus:
+                s.cpus = got
+                reason = f"CPU set {list(got)}: its share {out.shares[s.job_id]:.2f} cores"
+                out.orders.append(Order(s.job_id, reason, {"cpus": got}))

@@ -1,0 +1,130 @@
+"""The node decision as one object (:class:`~dloader.sidecar.node_policy.NodePolicy`), fed
+plain values with no core, store, socket or clock around it."""
+
+from __future__ import annotations
+
+import pytest
+
+from dloader.predictor import LoaderModel
+from dloader.sidecar import node_policy as pol
+
+BUDGET = pol.Budget(8, 2.0)
+
+
+def job(job_id: str, workers: int = 2, **kw: float) -> pol.PolicyJob:
+    """A job running ``workers`` workers, registered with that many."""
+    kw.setdefault("initial_workers", workers)
+    return pol.PolicyJob(job_id, LoaderModel(), 32, workers, workers, 32, **kw)  # type: ignore[arg-type]
+
+
+def window(workers: int, rate: float, *, fetch: float = 0.2, cpu: float = 0.1) -> pol.ReportWindow:
+    """A 2-s window at ``rate`` samples/s, each of ``workers`` workers timing its batches."""
+    return pol.ReportWindow(
+        workers,
+        32,
+        rate,
+        0.5,
+        32 / rate if rate else 0.0,
+        2.0,
+        (fetch,) * workers,
+        (cpu,) * workers,
+        (None,) * workers,
+    )
+
+
+def fed(name: str) -> pol.NodePolicy:
+    """A policy with two jobs, each after one timed window (an I/O-bound one, a CPU-bound one)."""
+    p = pol.NodePolicy(name, BUDGET)
+    p.add(job("io", registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+    p.add(job("cpu", registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+    p.decide(0.0)
+    p.report("io", window(2, 100.0, fetch=0.6, cpu=0.02), 3.0)
+    p.report("cpu", window(2, 300.0, fetch=0.2, cpu=0.19), 3.0)
+    return p
+
+
+def test_the_split_is_a_function_of_what_the_policy_was_fed() -> None:
+    """Fed the same windows at the same times, two policies give the same orders: nothing
+    outside its inputs (no clock, no I/O) goes into the decision."""
+    a, b = fed("adaptive").decide(4.0), fed("adaptive").decide(4.0)
+    assert a.orders == b.orders and a.notes == b.notes
+    assert a.orders, "the first timed windows place the jobs"
+    counts = {o.job_id: o.changes["num_workers"] for o in a.orders if "num_workers" in o.changes}
+    assert counts["io"] > counts["cpu"]  # I/O-bound: workers are cheap; CPU-bound: cores bind
+    assert sum(counts.values()) <= BUDGET.workers
+    assert any(n.startswith("job io: placed by its model") for n in a.notes)
+    # what it ordered is what it now holds as the split, and changing it was a change
+    p = fed("adaptive")
+    held = {**dict(p.split()), **counts}
+    p.decide(4.0)
+    assert dict(p.split()) == held and p.changed_at == 4.0
+
+
+def test_a_report_learns_and_says_when_to_decide_at_once() -> None:
+    p = pol.NodePolicy("adaptive", BUDGET)
+    p.add(job("a", registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+    p.decide(0.0)
+    assert not p.dirty
+    first = p.report("a", window(2, 300.0), 2.5)
+    assert first.learned and first.wake  # its first window: news
+    assert len(p.jobs["a"].model.observations) == 1
+    empty = p.report("a", window(2, 0.0), 3.5)  # no throughput: nothing to learn
+    assert not empty.learned and not empty.wake
+    assert p.jobs["a"].rate == 0.0
+
+
+def test_probes_fall_due_only_under_adaptive() -> None:
+    for name, due in (("adaptive", True), ("even", False)):
+        p = pol.NodePolicy(name, BUDGET)
+        p.add(job("a"), 0.0)
+        p.decide(0.0)
+        assert not p.due(1.0)
+        assert p.due(1.0 + p.truth.probe_wait) is due
+
+
+def test_leaving_guided_hands_the_counts_back() -> None:
+    p = pol.NodePolicy("guided", BUDGET)
+    p.add(job("a", workers=3), 0.0)
+    out = p.decide(0.0)
+    assert out.orders[0].changes == {"tune_up_to": 8, "num_workers": 3}
+    assert p.jobs["a"].ceiling == 8
+    p.report("a", window(5, 300.0), 1.0)  # its own tuner went to 5
+    orders = p.configure("even", BUDGET)
+    assert [o.changes for o in orders] == [{"tune_up_to": None, "num_workers": 5}]
+    assert p.jobs["a"].ceiling is None and p.jobs["a"].directed == 5
+    assert p.configure("even", BUDGET) == []  # nothing left to hand back
+
+
+def test_an_allocator_target_starts_an_unplaced_job() -> None:
+    p = pol.NodePolicy("adaptive", BUDGET)
+    p.add(job("a", workers=1, initial_workers=1), 0.0)
+    out = p.target("a", 6.0, 2, 1.0)  # 6 cores for 2 ranks: 3 each
+    assert [o.changes for o in out.orders] == [{"num_workers": 3}]
+    assert p.jobs["a"].initial_workers == 3 and p.changed_at == 1.0
+    assert p.target("a", 6.1, 2, 2.0).orders == []  # within TARGET_CHANGE: the same target
+    p.jobs["a"].placed = True
+    assert p.target("a", 2.0, 2, 3.0).orders == []  # placed: its model decides
+
+
+@pytest.mark.parametrize("cpus", [(), (0, 1)])
+def test_cpu_shares_and_sets_come_with_the_decision(cpus: tuple[int, ...]) -> None:
+    p = pol.NodePolicy("even", BUDGET)
+    p.add(job("a"), 0.0)
+    p.add(job("b"), 0.0)
+    out = p.decide(0.0, cpus=cpus, shares=True)
+    assert set(out.shares) == {"a", "b"} and all(v > 0 for v in out.shares.values())
+    sets = [o.changes["cpus"] for o in out.orders if "cpus" in o.changes]
+    assert sets == ([(0,), (1,)] if cpus else [])
+    again = p.decide(1.0, cpus=cpus, shares=True)
+    assert not [o for o in again.orders if "cpus" in o.changes]  # unchanged: not sent again
+
+
+def test_memory_is_noted_from_the_tree_before_the_first_decision() -> None:
+    p = pol.NodePolicy("even", pol.Budget(16, 2.0))
+    tree = pol.TreeSample(0.1, 0.1, main_uss=(300.0,), main_anon=400.0)
+    p.add(job("a"), 0.0, tree)
+    assert p.jobs["a"].worker_memory_bytes == 300.0
+    assert p.jobs["a"].worker_memory_bound == 400.0
+    out = p.decide(0.0, memory_bytes=1000.0)
+    assert p.jobs["a"].decision is not None and p.jobs["a"].decision.num_workers <= 2
+    assert out.orders == []  # it runs 2 already, which fit
