@@ -54,18 +54,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import add_out_dir, machine, outputs, table
 from benchmarks.sidecar import plots
-from benchmarks.sidecar.sidecar_log import PLACED, PREDICTED, REGISTERED, STAMP
+from benchmarks.sidecar.records import read_records
 from dloader.apps.experiment import Arrival, JobPlan, run_jobs, score, sidecar_process
 from dloader.apps.splits import LADDER, QUICK_LADDER, Split, coordinate_search, parse_split
 from dloader.apps.testbed import PROFILES, REAL_MIX, make_dataset
@@ -89,26 +87,25 @@ def with_sidecar(
         )
 
 
-def prediction_errors(log: Path, per: dict[str, Any]) -> dict[str, float | None]:
+def prediction_errors(folder: Path, per: dict[str, Any]) -> dict[str, float | None]:
     """Per job: the adaptive sidecar's last prediction for the worker count the job ran in the
-    scored window, vs what it measured there: ``|predicted / measured - 1|`` (None: no
-    prediction was logged for that count). The last prediction for that count, not the last
-    one logged: when the other jobs leave at the end, the sidecar gives the last one more
-    workers, with a prediction for a count the scored window never ran."""
-    names: dict[str, str] = {}
+    scored window (its run in ``folder``), vs what it measured there: ``|predicted / measured -
+    1|`` (None: no prediction was recorded for that count). The last prediction for that
+    count, not the last one recorded: when the other jobs leave at the end, the sidecar gives
+    the last one more workers, with a prediction for a count the scored window never ran."""
+    rec = read_records(folder)
+    names = rec.names
     last: dict[str, dict[int, float]] = {}
-    for line in log.read_text().splitlines():
-        if m := REGISTERED.search(line):
-            names[m.group(1)] = m.group(2)
-        elif m := PREDICTED.search(line):
-            job = names.get(m.group(1), m.group(1))
-            last.setdefault(job, {})[int(m.group(2))] = float(m.group(3).replace(",", ""))
+    for _, e in rec.events:
+        if e.kind in ("directed", "restarted") and e.samples_per_s is not None:
+            job = names.get(e.job_id, e.job_id)
+            last.setdefault(job, {})[e.num_workers] = e.samples_per_s
     out: dict[str, float | None] = {}
     for job, p in per.items():
         predicted = last.get(job, {}).get(p["workers"])
         measured = p["samples_per_s"]
         if predicted is None or measured <= 0:
-            out[job] = None  # no prediction logged for that count, or nothing measured
+            out[job] = None  # no prediction recorded for that count, or nothing measured
         else:
             out[job] = abs(predicted / measured - 1)
     return out
@@ -224,37 +221,26 @@ def phase_scores(results: dict[str, Any], phase: float, phases: int = 3) -> list
     return out
 
 
-def placed_after_s(log: Path, name: str, nth: int) -> float | None:
-    """Seconds from the ``nth`` (0-based) registration of a job named ``name`` until the
-    adaptive policy's model placed it (None: never, or another policy)."""
-    text = log.read_text()
-    jobs = [m.group(1) for m in REGISTERED.finditer(text) if m.group(2) == name]
-    if len(jobs) <= nth:
-        return None
-    for m in PLACED.finditer(text):
-        if m.group(1) == jobs[nth]:
-            return float(m.group(2))
-    return None
+def placed_after_s(folder: Path, name: str, nth: int) -> float | None:
+    """Seconds from the ``nth`` (0-based) registration of a job named ``name`` in the sidecar
+    run in ``folder`` until the adaptive policy's model placed it (None: never, or another
+    policy)."""
+    return _after(folder, name, nth, "placed")
 
 
-def first_decision_s(log: Path, name: str, nth: int) -> float | None:
+def first_decision_s(folder: Path, name: str, nth: int) -> float | None:
     """Seconds from the ``nth`` (0-based) registration of a job named ``name`` to its first
-    worker-count change (None: none logged: it kept the count it came with)."""
-    registered_at, job, seen = None, None, 0
-    for line in log.read_text().splitlines():
-        stamp = STAMP.match(line)
-        if stamp is None:
-            continue
-        at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f")
-        m = REGISTERED.search(line)
-        if m and m.group(2) == name and job is None:
-            if seen == nth:
-                registered_at, job = at, m.group(1)
-            seen += 1
-        elif job is not None and re.search(rf"job {job}: \d+ workers \(", line):
-            assert registered_at is not None
-            return (at - registered_at).total_seconds()
-    return None
+    worker-count change (None: none recorded: it kept the count it came with)."""
+    return _after(folder, name, nth, "directed")
+
+
+def _after(folder: Path, name: str, nth: int, kind: str) -> float | None:
+    rec = read_records(folder)
+    job = rec.nth(name, nth)
+    if job is None:
+        return None
+    at = rec.first(job[0], kind)
+    return None if at is None else at - job[1]
 
 
 #: --phase-oracle: each phase's jobs (label, profile, testbed arguments), run as a mix of its own
@@ -338,8 +324,8 @@ def dynamic(
         folder = tmp / policy
         with sidecar_process(folder, policy=policy, worker_budget=DYNAMIC_BUDGET) as sc:
             runs[policy] = run_jobs(dynamic_plans(phase), folder, sidecar=sc.target)
-        decided[policy] = first_decision_s(folder / "sidecar.log", "io_heavy", 1)
-    placed = placed_after_s(tmp / "adaptive" / "sidecar.log", "io_heavy", 1)
+        decided[policy] = first_decision_s(folder, "io_heavy", 1)
+    placed = placed_after_s(tmp / "adaptive", "io_heavy", 1)
     tried: dict[tuple[int, ...], dict[str, Any]] = {}
 
     def evaluate(split: Split) -> float:
@@ -797,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
         label = f"adaptive, budget {budget}"
         adaptive, per = next((t, q) for n, t, q in rows if n == label)
         conv = converged_at(runs[label], adaptive, args.seconds)
-        errors = prediction_errors(tmp / f"adaptive-{budget}" / "sidecar.log", per)
+        errors = prediction_errors(tmp / f"adaptive-{budget}", per)
         better = max(even, none)
         statics, adaptives = again[budget]["static"], again[budget]["adaptive"]
         # the mean of every adaptive run against the mean of the static split's reruns: runs

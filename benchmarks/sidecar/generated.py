@@ -36,12 +36,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
 import tempfile
 from collections import Counter
 from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -50,7 +48,7 @@ import numpy as np
 
 from benchmarks._common import machine, outputs, table
 from benchmarks.sidecar import plots
-from benchmarks.sidecar.sidecar_log import PLACED, REGISTERED, STAMP
+from benchmarks.sidecar.records import read_records
 from dloader.apps.experiment import Arrival, run_jobs, sidecar_process
 from dloader.apps.scenarios import NodeMix, cost_split, draw_contention_mix, draw_mix
 from dloader.apps.splits import QUICK_LADDER, Split, coordinate_search
@@ -116,48 +114,31 @@ def ratio_ci(
     return float(a.mean() / b.mean()), float(lo), float(hi)
 
 
-_DIRECTED = re.compile(r"job (\S+): (\d+) workers \(")
-_EXPECTS = re.compile(r"the model expects \(samples/s\): (.*)$")
-
-
-def _stamp(line: str) -> float | None:
-    m = STAMP.match(line)
-    if m is None:
-        return None
-    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-
-
-def read_log(log: Path) -> dict[str, Any]:
-    """From an adaptive sidecar's log, per job label: seconds from registering to its first
-    directed count (``first``) and to its model's placement (``placed``); and the model's
-    expectations at each change of the node's split: ``(time, {label: samples/s})``."""
-    names: dict[str, str] = {}
-    registered: dict[str, float] = {}
+def read_run(folder: Path) -> dict[str, Any]:
+    """From the state file of an adaptive sidecar's run in ``folder``, per job label: seconds
+    from registering to its first directed count (``first``) and to its model's placement
+    (``placed``); and the model's expectations at each change of the node's split: ``(time,
+    {label: samples/s})``."""
+    rec = read_records(folder)
+    names = rec.names
+    registered = {name: at for _, name, at in rec.registered}
     first: dict[str, float] = {}
     placed: dict[str, float] = {}
-    expects: list[tuple[float, dict[str, float]]] = []
-    for line in log.read_text().splitlines():
-        at = _stamp(line)
-        if at is None:
+    expects: dict[float, dict[str, float]] = {}  # one decision records its expectations at once
+    for at, e in rec.events:
+        label = names.get(e.job_id)
+        if label is None:
             continue
-        if m := REGISTERED.search(line):
-            names[m.group(1)] = m.group(2)
-            registered[m.group(2)] = at
-        elif m := PLACED.search(line):
-            placed.setdefault(names.get(m.group(1), m.group(1)), float(m.group(2)))
-        elif m := _EXPECTS.search(line):
-            values = {}
-            for item in m.group(1).split(", "):
-                job, _, rate = item.partition("=")
-                if job in names:
-                    values[names[job]] = float(rate.replace(",", ""))
-            expects.append((at, values))
-        elif (m := _DIRECTED.search(line)) and names.get(m.group(1)) in registered:
-            label = names[m.group(1)]
-            first.setdefault(label, at - registered[label])
-    for label, s in placed.items():  # placed at the count it came with: no directive for it
-        first[label] = min(first.get(label, math.inf), s)
-    return {"first": first, "placed": placed, "expects": expects}
+        since = at - registered[label]
+        if e.kind == "placed":
+            placed.setdefault(label, since)
+        elif e.kind == "directed":
+            first.setdefault(label, since)
+        elif e.kind == "expected" and e.samples_per_s is not None:
+            expects.setdefault(at, {})[label] = e.samples_per_s
+    for label, x in placed.items():  # placed at the count it came with: no directive for it
+        first[label] = min(first.get(label, math.inf), x)
+    return {"first": first, "placed": placed, "expects": sorted(expects.items())}
 
 
 def prediction_errors(
@@ -261,12 +242,12 @@ def run_mix(
 
     def sidecar_run(what: str) -> dict[str, Any]:
         res = run(mix.arrivals(), True, what)
-        logs.append(folder / f"{count:02d}" / "sidecar.log")
+        runs_at.append(folder / f"{count:02d}")
         return res
 
     auto = dict.fromkeys(mix.labels, "auto")
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
-    logs: list[Path] = []
+    runs_at: list[Path] = []  # each sidecar run's folder
     sidecar = [sidecar_run(f"{policy} (the sidecar)")]
     if policy != "adaptive":
         runs["adaptive"].append(run(mix.arrivals(), True, "the sidecar, adaptive", (), "adaptive"))
@@ -336,7 +317,7 @@ def run_mix(
                 ratios[arm]["steady"] = ratio_ci(
                     scores["sidecar"][:, steady], scores[arm][:, steady], rng
                 )
-    parsed = [read_log(p) for p in logs]
+    parsed = [read_run(p) for p in runs_at]
     errors: dict[str, list[float]] = {}
     for p, res in zip(parsed, sidecar, strict=True):
         for label, e in prediction_errors(p["expects"], res).items():

@@ -133,13 +133,14 @@ class SqliteState:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
-    def _prune_decisions(self, cutoff: float) -> int:
-        """In a transaction held by the caller: deletes the ``decisions`` rows logged before
+    def _prune_decisions(self, cutoff: float, table: str = "decisions") -> int:
+        """In a transaction held by the caller: deletes the rows of ``table`` (a log with
+        ``id`` and ``at`` columns: ``decisions``, or the sidecar's ``events``) logged before
         ``cutoff`` and those past the newest ``MAX_DECISIONS``; the rows deleted."""
         return int(
             self._db.execute(
-                "DELETE FROM decisions WHERE at < ? OR id <= (SELECT COALESCE(MAX(id), 0) FROM "
-                "decisions) - ?",
+                f"DELETE FROM {table} WHERE at < ? OR id <= (SELECT COALESCE(MAX(id), 0) FROM "
+                f"{table}) - ?",
                 (cutoff, MAX_DECISIONS),
             ).rowcount
         )
@@ -154,7 +155,7 @@ class SqliteState:
         self._exec("INSERT OR REPLACE INTO settings VALUES (?, ?)", (key, value))
 
 
-_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\n\);", re.S)
+_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\n?\);", re.S)  # one line or many
 _ADD = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
 
 

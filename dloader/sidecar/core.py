@@ -548,6 +548,7 @@ class NodeCore:
         done = self.policy.report(job.job_id, window(r), self._clock())
         for note in done.notes:
             log.info("%s", note)
+        self.store.add_events(done.events)
         if done.learned and len(job.model.observations) % _SAVE_MODEL_EVERY == 0:
             self.store.save_model(job.job_id, job.model.to_dict())
         if done.wake:
@@ -590,6 +591,7 @@ class NodeCore:
             self._direct(self.jobs[order.job_id], order.reason, **order.changes)
         for note in decided.notes:
             log.info("%s", note)
+        self.store.add_events(decided.events)
 
     def _direct(self, job: Job, reason: str, **changes: Any) -> None:
         """Sends ``job`` a new directive (``changes`` to its current one, a new revision) and

@@ -1,4 +1,5 @@
-"""The sidecar's SQLite state: jobs, recent reports, fitted models, decisions, policy.
+"""The sidecar's SQLite state: jobs, recent reports, fitted models, decisions, the node
+policy's records (events), policy.
 
 One file in the state directory (WAL mode). A restarted sidecar reads it back: registered jobs
 (with their tokens, so running jobs reconnect without re-registering), each job's loader model
@@ -11,6 +12,7 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 from dloader._daemon import store as base
 from dloader._daemon.store import HISTORY_KEEP_S, SETTINGS_TABLE, SqliteState
 from dloader._shared.node_messages import JobLimits
+from dloader.sidecar.node_policy import PolicyEvent
 
 __all__ = ["MIGRATIONS", "SidecarStore", "StoredJob"]
 
@@ -68,6 +71,19 @@ CREATE INDEX IF NOT EXISTS decisions_at ON decisions (at);
     # 3: what ties a job to its job at the cluster allocator (the digest of its key)
     """
 ALTER TABLE jobs ADD COLUMN allocator_key TEXT NOT NULL DEFAULT '';
+""",
+    # 4: the node policy's records (node_policy.PolicyEvent): placements, counts directed, the
+    # model's expectation of each job at each new split, cost changes
+    """
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    job_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    num_workers INTEGER NOT NULL,
+    samples_per_s REAL
+);
+CREATE INDEX IF NOT EXISTS events_at ON events (at);
 """,
 )
 
@@ -190,6 +206,7 @@ class SidecarStore(SqliteState):
                 "DELETE FROM reports WHERE job_id NOT IN (SELECT job_id FROM jobs WHERE active = 1)"
             ).rowcount
             deleted += self._prune_decisions(cutoff)
+            deleted += self._prune_decisions(cutoff, "events")
             self._db.execute("COMMIT")
         return deleted
 
@@ -302,6 +319,36 @@ class SidecarStore(SqliteState):
         return (rows[0][0], payload) if isinstance(payload, dict) else None
 
     # ------------------------------------------------------------------ decisions, settings
+
+    def add_events(self, events: Sequence[PolicyEvent], at: float | None = None) -> None:
+        """Records what the node policy did or learnt, at ``at`` (``time.time()``; None: now),
+        in one transaction."""
+        if not events:
+            return
+        now = time.time() if at is None else at
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT INTO events (at, job_id, kind, num_workers, samples_per_s) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(now, e.job_id, e.kind, e.num_workers, e.samples_per_s) for e in events],
+            )
+            self._db.execute("COMMIT")
+
+    def registrations(self) -> list[tuple[str, str, float]]:
+        """Every job the file holds, active or ended: (job id, name, registered at, as
+        ``time.time()``), in the order they registered."""
+        rows = self._exec("SELECT job_id, name, registered_at FROM jobs ORDER BY registered_at")
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    def events(self, kind: str | None = None) -> list[tuple[float, PolicyEvent]]:
+        """The node policy's records, oldest first, each with its time (``time.time()``);
+        ``kind``: only those of that kind."""
+        sql = "SELECT at, kind, job_id, num_workers, samples_per_s FROM events"
+        rows = self._exec(
+            sql + (" WHERE kind = ?" if kind else "") + " ORDER BY id", (kind,) if kind else ()
+        )
+        return [(r[0], PolicyEvent(r[1], r[2], r[3], r[4])) for r in rows]
 
     def add_decision(
         self, job_id: str, num_workers: int, batch_size: int, cpus: list[int], reason: str

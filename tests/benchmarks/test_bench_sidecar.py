@@ -12,7 +12,29 @@ import numpy as np
 import pytest
 
 from benchmarks.sidecar import bench_sidecar, generated
+from benchmarks.sidecar.records import state_file
+from dloader._shared.node_messages import JobLimits
 from dloader.apps.scenarios import NodeMix, ScenarioJob
+from dloader.sidecar.node_policy import PolicyEvent
+from dloader.sidecar.store import SidecarStore, StoredJob
+
+
+def sidecar_run(
+    folder: Path,
+    jobs: list[tuple[str, str, float]],
+    events: list[tuple[float, str, str, int, float | None]],
+) -> Path:
+    """The state file a sidecar run in ``folder`` leaves: ``jobs`` (id, name, registered at)
+    and the policy's ``events`` (at, kind, job id, workers, samples/s), through the store."""
+    path = state_file(folder)
+    path.parent.mkdir(parents=True)
+    store = SidecarStore(path)
+    for job_id, name, at in jobs:
+        store.add_job(StoredJob(job_id, name, "t", JobLimits(), [1], [], 4, 32, at))
+    for at, kind, job_id, workers, rate in events:
+        store.add_events([PolicyEvent(kind, job_id, workers, rate)], at=at)
+    store.close()
+    return folder
 
 
 @pytest.mark.slow
@@ -102,26 +124,27 @@ def test_bench_sidecar_dynamic_small(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_prediction_error_is_for_the_count_the_scored_window_ran(tmp_path: Path) -> None:
-    """The error compares the measured rate with the last prediction logged for the count the
-    job ran in the scored window, not with the last prediction logged: as the other jobs leave
-    at the end, the sidecar gives the last one more workers (a real run's log, shortened)."""
-    core = "INFO dloader.sidecar.core: job"
-    log = tmp_path / "sidecar.log"
-    log.write_text(
-        f"{core} d79961 (remote_read) registered: pids [19502], 4 workers\n"
-        f"{core} 4d0d7a (text_pack) registered: pids [19501], 4 workers\n"
-        f"{core} d79961: 8 workers (8 workers: predicted 742 samples/s) [model: 742 samples/s]\n"
-        f"{core} d79961: 9 workers (probing (4d0d7a=2, d79961=9)) [model: 698 samples/s]\n"
-        f"{core} 4d0d7a: 2 workers (2 workers: node sum 1.803) [model: 1,582 samples/s]\n"
-        f"{core} 4d0d7a (text_pack) deregistered\n"
-        f"{core} d79961: 12 workers (12 workers: predicted 868 samples/s) [model: 868 samples/s]\n"
+    """The error compares the measured rate with the last prediction recorded for the count
+    the job ran in the scored window, not with the last prediction recorded: as the other jobs
+    leave at the end, the sidecar gives the last one more workers (a real run's, shortened)."""
+    run = sidecar_run(
+        tmp_path,
+        [("d79961", "remote_read", 0.0), ("4d0d7a", "text_pack", 0.0)],
+        [
+            (1.0, "directed", "d79961", 8, 742.0),
+            (2.0, "directed", "d79961", 9, 698.0),
+            (2.0, "directed", "4d0d7a", 2, 1582.0),
+            (2.0, "expected", "4d0d7a", 2, 1500.0),  # an expectation, not a directive
+            (9.0, "directed", "d79961", 12, 868.0),
+            (9.0, "directed", "4d0d7a", 3, None),  # exploring: no prediction
+        ],
     )
     per = {
         "remote_read": {"workers": 9, "samples_per_s": 717.0},
         "text_pack": {"workers": 2, "samples_per_s": 1768.0},
         "image_jpeg": {"workers": 1, "samples_per_s": 416.0},  # no prediction logged
     }
-    errors = bench_sidecar.prediction_errors(log, per)
+    errors = bench_sidecar.prediction_errors(run, per)
     assert errors["remote_read"] == pytest.approx(1 - 698 / 717)
     assert errors["text_pack"] == pytest.approx(1 - 1582 / 1768)
     assert errors["image_jpeg"] is None
@@ -189,29 +212,29 @@ def test_the_ratio_interval_holds_the_ratio_and_narrows_with_agreeing_blocks() -
     assert lo < v < hi and hi - lo > 0.1
 
 
-def test_the_log_gives_placements_and_each_splits_expectations(tmp_path: Path) -> None:
-    """A shortened real log: j1 placed by its model 0.8 s after registering, j2 directed by
-    its exploration first (0.5 s) and placed later; each change of the split logs every job's
-    expectation; each is compared with what the job measured from 2 s after the change to the
-    next."""
-    core = "INFO dloader.sidecar.core:"
-    log = tmp_path / "sidecar.log"
-    log.write_text(
-        f"2026-11-27 06:00:00,000 {core} job aaa (j1) registered: pids [1], 4 workers\n"
-        f"2026-11-27 06:00:00,000 {core} job bbb (j2) registered: pids [2], 2 workers\n"
-        f"2026-11-27 06:00:00,500 {core} job bbb: 4 workers (exploring (cold start, 0 "
-        "observations): trying 4 workers)\n"
-        f"2026-11-27 06:00:00,800 {core} job aaa: placed by its model 0.8 s after registering: "
-        "4 workers (kept)\n"
-        f"2026-11-27 06:00:01,000 {core} the model expects (samples/s): aaa=100, bbb=50\n"
-        f"2026-11-27 06:00:02,100 {core} job bbb: placed by its model 2.1 s after registering: "
-        "2 workers (x)\n"
-        f"2026-11-27 06:00:02,100 {core} job bbb: 2 workers (x) [model: 40 samples/s]\n"
-        f"2026-11-27 06:00:07,000 {core} the model expects (samples/s): aaa=120, bbb=40\n"
+def test_the_records_give_placements_and_each_splits_expectations(tmp_path: Path) -> None:
+    """A shortened real run: j1 placed by its model 0.8 s after registering, j2 directed by
+    its exploration first (0.5 s) and placed later; each change of the split records every
+    job's expectation; each is compared with what the job measured from 2 s after the change to
+    the next."""
+    t = 1_790_000_000.0
+    run = sidecar_run(
+        tmp_path,
+        [("aaa", "j1", t), ("bbb", "j2", t)],
+        [
+            (t + 0.5, "directed", "bbb", 4, None),
+            (t + 0.8, "placed", "aaa", 4, None),
+            (t + 1.0, "expected", "aaa", 4, 100.0),
+            (t + 1.0, "expected", "bbb", 4, 50.0),
+            (t + 2.1, "placed", "bbb", 2, None),
+            (t + 2.1, "directed", "bbb", 2, 40.0),
+            (t + 7.0, "expected", "aaa", 4, 120.0),
+            (t + 7.0, "expected", "bbb", 2, 40.0),
+        ],
     )
-    parsed = generated.read_log(log)
+    parsed = generated.read_run(run)
     assert parsed["first"] == pytest.approx({"j1": 0.8, "j2": 0.5})
-    assert parsed["placed"] == {"j1": 0.8, "j2": 2.1}
+    assert parsed["placed"] == pytest.approx({"j1": 0.8, "j2": 2.1})
     t0 = parsed["expects"][0][0]
     assert [v for _, v in parsed["expects"]] == [{"j1": 100, "j2": 50}, {"j1": 120, "j2": 40}]
     # j1 measured 80/s from 2 s to 6 s (predicted 100: 25% off), then 120/s from 8 s to the

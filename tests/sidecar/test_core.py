@@ -629,6 +629,12 @@ def test_the_log_says_when_a_job_is_placed_by_its_model(
         core.decide()
     assert job.state.placed
     assert f"job {job.job_id}: placed by its model 2.0 s after registering" in caplog.text
+    # and the state file records it, with what the model expects of the job at its count
+    kinds = {e.kind: e for _, e in core.store.events() if e.job_id == job.job_id}
+    assert kinds["placed"].num_workers == job.directive.num_workers
+    if "directed" in kinds:  # placed at another count than its own
+        assert kinds["directed"].num_workers == job.directive.num_workers
+        assert kinds["directed"].samples_per_s == kinds["expected"].samples_per_s > 0
 
 
 def probing_node(

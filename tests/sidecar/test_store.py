@@ -8,6 +8,7 @@ import pytest
 
 import dloader._daemon.store as base_store
 import dloader.sidecar.store as store_mod
+from dloader.sidecar.node_policy import PolicyEvent
 from dloader.sidecar.store import SidecarStore
 
 
@@ -96,12 +97,29 @@ def test_an_ended_jobs_history_is_pruned(tmp_path: Path) -> None:
     s.close()
 
 
-def test_decisions_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decisions_and_events_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(base_store, "MAX_DECISIONS", 50)
     s = SidecarStore(tmp_path / "s.db")
     for i in range(120):
         s.add_decision("a", i, 8, [], "why")
+        s.add_events([PolicyEvent("directed", "a", i, None)])
     s.prune()
     kept = [r[0] for r in s._exec("SELECT num_workers FROM decisions ORDER BY id")]
     assert kept == list(range(70, 120))
+    assert [e.num_workers for _, e in s.events()] == list(range(70, 120))
+    s.add_events([PolicyEvent("directed", "a", 1, None)], at=0.0)  # older than a week
+    s.prune()
+    assert len(s.events()) == 50
+    s.close()
+
+
+def test_events_read_back_by_kind_in_order(tmp_path: Path) -> None:
+    s = SidecarStore(tmp_path / "s.db")
+    s.add_events([PolicyEvent("expected", "a", 3, 120.5), PolicyEvent("placed", "b", 2)], at=10.0)
+    s.add_events([PolicyEvent("expected", "b", 2, 80.0)], at=11.0)
+    assert s.events("expected") == [
+        (10.0, PolicyEvent("expected", "a", 3, 120.5)),
+        (11.0, PolicyEvent("expected", "b", 2, 80.0)),
+    ]
+    assert [e.kind for _, e in s.events()] == ["expected", "placed", "expected"]
     s.close()

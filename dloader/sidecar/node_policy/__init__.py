@@ -117,6 +117,7 @@ from dloader.sidecar.node_policy.measured import (
 )
 from dloader.sidecar.node_policy.node import (
     CORES_STEP,
+    EVENT_KINDS,
     EWMA,
     MAIN_CPU_CHANGE,
     MAX_MAIN_CPU_PER_SAMPLE,
@@ -128,6 +129,7 @@ from dloader.sidecar.node_policy.node import (
     Decided,
     NodePolicy,
     Order,
+    PolicyEvent,
     PolicyJob,
     Reported,
 )
@@ -149,6 +151,7 @@ __all__ = [
     "CPU_BOUND_WORKER",
     "CURVE_MOVE",
     "DRIFT_WINDOWS",
+    "EVENT_KINDS",
     "EWMA",
     "FIRST_WINDOW_S",
     "MAIN_CPU_CHANGE",
@@ -186,6 +189,7 @@ __all__ = [
     "Measurements",
     "NodePolicy",
     "Order",
+    "PolicyEvent",
     "PolicyJob",
     "Probe",
     "ReportWindow",

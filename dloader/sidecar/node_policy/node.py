@@ -9,7 +9,10 @@ come and go, their report windows, their process trees, the allocator's targets)
 it decides (directives, CPU sets, cgroup weights); it decides nothing itself.
 
 Pure code: no I/O, no clock of its own (every call is given ``now``) and no logging: what is
-worth a line in the daemon's log comes back as text (``notes``), which the core logs.
+worth a line in the daemon's log comes back as text (``notes``), which the core logs, and what
+is worth a record (placements, worker counts directed, the model's expectation of every job at
+each new split, cost changes) as :class:`PolicyEvent` values, which the core stores (the
+sidecar's state file, table ``events``: what the node benchmarks read).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from dloader.sidecar.node_policy.views import (
 
 __all__ = [
     "CORES_STEP",
+    "EVENT_KINDS",
     "EWMA",
     "MAIN_CPU_CHANGE",
     "MAX_MAIN_CPU_PER_SAMPLE",
@@ -51,6 +55,7 @@ __all__ = [
     "Decided",
     "NodePolicy",
     "Order",
+    "PolicyEvent",
     "PolicyJob",
     "Reported",
 ]
@@ -146,6 +151,29 @@ class PolicyJob:
     """The policy's last answer for it."""
 
 
+EVENT_KINDS = ("placed", "directed", "expected", "restarted", "changed", "target", "ceiling")
+"""What a :class:`PolicyEvent` records: a job placed by its model for the first time; a worker
+count directed by a decision (with the model's expectation of the job there, under
+``adaptive``); the model's expectation of a job at a new split (every job with a model, each
+change of the split); a job's model restarted after its costs changed; a job measured unlike
+before at the same split (every split's measurements forgotten); a count started from the
+allocator's target; a ceiling set for the job's own tuner (``guided``)."""
+
+
+@dataclass(frozen=True)
+class PolicyEvent:
+    """One record of what the policy did or learnt about a job (:data:`EVENT_KINDS`)."""
+
+    kind: str
+    job_id: str
+    num_workers: int
+    """The job's worker count it concerns (``ceiling``: the ceiling)."""
+    samples_per_s: float | None = None
+    """Samples/s the job's model expects of it at that count, the node's cores shared as at
+    the split (None: no expectation: no model yet, or not ``adaptive``); ``changed``: what the
+    job measured."""
+
+
 @dataclass(frozen=True)
 class Order:
     """A change to one job's directive: ``changes`` are :class:`~dloader._shared.node_messages.
@@ -166,6 +194,8 @@ class Decided:
     """Each job's CPU share in cores (for cgroup weights; empty unless asked for)."""
     notes: list[str] = field(default_factory=list)
     """Lines for the daemon's log."""
+    events: list[PolicyEvent] = field(default_factory=list)
+    """Records for the state file."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +207,7 @@ class Reported:
     wake: bool
     """News: decide now rather than at the next period."""
     notes: tuple[str, ...] = ()
+    events: tuple[PolicyEvent, ...] = ()
 
 
 class NodePolicy:
@@ -256,6 +287,7 @@ class NodePolicy:
         s.initial_workers = workers
         reason = f"the allocator's target: {share:.2f} cores feed {workers} worker(s)"
         out.notes.append(f"job {job_id}: {reason}")
+        out.events.append(PolicyEvent("target", job_id, workers))
         if workers != s.directed:
             out.orders.append(Order(job_id, reason, {"num_workers": workers}))
             self._moved(s, workers, now)
@@ -290,7 +322,15 @@ class NodePolicy:
                 list(w.run_delay_s), s.cpu_wait_share, fetch, cpu, busy * b / tput
             ),
         )
-        notes = self._measure(s, w, now)
+        notes: list[str] = []
+        events: list[PolicyEvent] = []
+        if self._measure(s, w, now):
+            notes.append(
+                f"job {s.job_id} measured {w.samples_per_s:,.0f} samples/s at "
+                f"{show_split(self.split())}, unlike before there: the node changed; every "
+                "split's measurements are forgotten"
+            )
+            events.append(PolicyEvent("changed", s.job_id, s.directed, w.samples_per_s))
         gate = learning_gate(
             s.model,
             obs,
@@ -304,13 +344,28 @@ class NodePolicy:
         )
         s.run_length = gate.run_length
         if not gate.observe:
-            return Reported(False, False, tuple(notes))
+            return Reported(False, False, tuple(notes), tuple(events))
         s.model.update(obs, refit=gate.redecide_now)  # refit on news only
-        notes += self._note_drift(s, gate.surprise)
+        if self._note_drift(s, gate.surprise):
+            notes.append(
+                f"job {s.job_id}: {DRIFT_WINDOWS} windows in a row "
+                f"{'faster' if gate.surprise > 0 else 'slower'} than its model predicted (last: "
+                f"{100 * math.expm1(gate.surprise):.0f}%): its costs changed; the model restarts "
+                "from them"
+            )
+            # what the restarted model expects here (the last one recorded was the old model's)
+            counts = {j.job_id: j.directed for j in self.jobs.values()}
+            expect = expected([self._view(j) for j in self.jobs.values()], self.budget, counts)
+            if s.job_id in expect and not self.guided:  # guided: the job's own count
+                notes.append(
+                    f"job {s.job_id}: {counts[s.job_id]} workers (its model restarted) "
+                    f"[model: {expect[s.job_id]:,.0f} samples/s]"
+                )
+            events.append(PolicyEvent("restarted", s.job_id, s.directed, expect.get(s.job_id)))
         decided = s.decision.candidates if s.decision else ()
         if gate.redecide_now or curve_moved(self._view(s), self.budget, decided):
             self.dirty = True
-        return Reported(True, gate.redecide_now, tuple(notes))
+        return Reported(True, gate.redecide_now, tuple(notes), tuple(events))
 
     def tree(self, job_id: str, tree: TreeSample, now: float) -> None:
         """A new walk of the job's process tree (alive): its workers' wait for a CPU, their
@@ -374,6 +429,7 @@ class NodePolicy:
                     changes = {"tune_up_to": s.ceiling, "num_workers": s.directed}
                     out.orders.append(Order(s.job_id, d.reason, changes))
                     out.notes.append(f"job {s.job_id}: {d.reason}")
+                    out.events.append(PolicyEvent("ceiling", s.job_id, d.num_workers))
             return out
         changed = any(decisions[s.job_id].num_workers != s.directed for s in states)
         expect = (
@@ -386,6 +442,7 @@ class NodePolicy:
             if not s.placed and self.name == "adaptive" and s.model.observations:
                 s.placed = d.placed
                 if s.placed:
+                    out.events.append(PolicyEvent("placed", s.job_id, d.num_workers))
                     out.notes.append(
                         f"job {s.job_id}: placed by its model {now - s.registered_at:.1f} s "
                         f"after registering: {d.num_workers} workers ({d.reason})"
@@ -396,9 +453,15 @@ class NodePolicy:
                 # what the model expects of the job at this split, the node's cores shared
                 model = f" [model: {expect[s.job_id]:,.0f} samples/s]" if s.job_id in expect else ""
                 out.notes.append(f"job {s.job_id}: {d.num_workers} workers ({d.reason}){model}")
+                out.events.append(
+                    PolicyEvent("directed", s.job_id, d.num_workers, expect.get(s.job_id))
+                )
         if expect:  # every job's expectation at the new split: the benchmarks check it
             shown = ", ".join(f"{j}={v:.0f}" for j, v in expect.items())
             out.notes.append(f"the model expects (samples/s): {shown}")
+            out.events += [
+                PolicyEvent("expected", j, decisions[j].num_workers, v) for j, v in expect.items()
+            ]
         return out
 
     def split(self) -> Split:
@@ -454,10 +517,12 @@ class NodePolicy:
         free = s.worker_cores + max(budget - taken, 0.0)
         return min(max(round(free / CORES_STEP) * CORES_STEP, CORES_STEP), budget)
 
-    def _measure(self, s: PolicyJob, w: ReportWindow, now: float) -> list[str]:
+    def _measure(self, s: PolicyJob, w: ReportWindow, now: float) -> bool:
         """Records a steady window of ``s`` at the node's current split: at its directed
         count, the whole window after the last change of any job plus ``SETTLE_S``, one per
-        window. A split measured in full for the first time calls for a decision."""
+        window. A split measured in full for the first time calls for a decision. True: the
+        window is unlike what the job measured there before (the node changed; every split's
+        measurements are forgotten)."""
         window = w.window_s
         steady = (
             steady_window(
@@ -471,45 +536,28 @@ class NodePolicy:
             and s.reports % max(int(window), 1) == 0
         )
         if not steady or self.name != "adaptive":
-            return []
+            return False
         split, limits = self.split(), self._limits()
         known = self.truth.known(split, limits, now)
         if self.truth.record(split, s.job_id, w.samples_per_s, now):
             self.dirty = True
-            return [
-                f"job {s.job_id} measured {w.samples_per_s:,.0f} samples/s at "
-                f"{show_split(split)}, unlike before there: the node changed; every split's "
-                "measurements are forgotten"
-            ]
+            return True
         if not known and self.truth.known(split, limits, now):
             self.dirty = True
-        return []
+        return False
 
-    def _note_drift(self, s: PolicyJob, surprise: float) -> list[str]:
-        """``DRIFT_WINDOWS`` surprising windows in a row, all one way: the job's costs changed.
-        Its model restarts from those windows, and what every split measured is forgotten (it
-        was measured under the old costs)."""
+    def _note_drift(self, s: PolicyJob, surprise: float) -> bool:
+        """Whether the job's costs changed: ``DRIFT_WINDOWS`` surprising windows in a row, all
+        one way. Then its model restarts from those windows, and what every split measured is
+        forgotten (it was measured under the old costs)."""
         way = (surprise > 0) - (surprise < 0)  # +1 faster, -1 slower, 0 as predicted
         s.drift = s.drift + way if way * s.drift > 0 else way
         if abs(s.drift) < DRIFT_WINDOWS:
-            return []
-        notes = [
-            f"job {s.job_id}: {abs(s.drift)} windows in a row "
-            f"{'faster' if surprise > 0 else 'slower'} than its model predicted (last: "
-            f"{100 * math.expm1(surprise):.0f}%): its costs changed; the model restarts from them"
-        ]
+            return False
         s.model.keep_recent(DRIFT_WINDOWS)
         s.drift = 0
         self.truth.forget()
-        # what the restarted model expects here (the last one logged was the old model's)
-        counts = {j.job_id: j.directed for j in self.jobs.values()}
-        expect = expected([self._view(j) for j in self.jobs.values()], self.budget, counts)
-        if s.job_id in expect and not self.guided:  # guided: the job's own count
-            notes.append(
-                f"job {s.job_id}: {counts[s.job_id]} workers (its model restarted) "
-                f"[model: {expect[s.job_id]:,.0f} samples/s]"
-            )
-        return notes
+        return True
 
     def _note_memory(self, s: PolicyJob, now: float) -> None:
         """One more worker of the job costs what its largest worker holds privately (its USS
