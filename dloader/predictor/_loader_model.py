@@ -170,16 +170,30 @@ class LoaderModel:
         self._added = 0  # observations ever added
         self._shape_at = 0  # ... when the shape was last fitted
         self._curves: dict[tuple[float, int], list[LoaderPrediction]] = {}  # until the next fit
+        self._prior = _PRIOR
+        """The shape fit's prior: the default, or the shape kept by :meth:`keep_recent`."""
         self._unfitted = 0  # observations added since the last fit
 
-    def keep_recent(self, n: int) -> None:
+    def keep_recent(self, n: int, *, keep_shape: bool = False) -> None:
         """Forgets all but the ``n`` most recent observations and refits from them alone: the
-        job's costs changed (its pipeline, its data), and older windows describe another job."""
+        job's costs changed (its pipeline, its data), and older windows describe another job.
+
+        ``keep_shape``: the curve's shape as fitted on all the windows (the share of the cores
+        the workers get, the knees' sharpness: how the node shares its cores and how loading
+        overlaps the step, which a pipeline's cost does not change) becomes the shape fit's
+        prior, so the recent windows refit the costs per sample and the step, and move the
+        shape only as far as they show it moved. Without it, a model restarted from a window or
+        two takes the default prior's shape (sharp knees, most of the cores), which once
+        predicted a job 111% wrong at counts those windows did not see."""
         if n < 1:
             raise PredictorError(f"keep_recent({n}): expected at least 1 observation")
         recent = list(self._obs)[-n:]
         self._obs.clear()
         self._obs.extend(recent)
+        old = self._phys
+        self._prior = (
+            _Physics(eta=old.eta, p=old.p, q=old.q) if keep_shape and self._shape_seen else _PRIOR
+        )
         self._phys, self._ridge, self._offset = _Physics(), None, 0.0
         self._shape_seen, self._shape_at, self._added = set(), 0, len(recent)
         self._refit()
@@ -257,6 +271,7 @@ class LoaderModel:
                 ph.t_io = max(per_sample - ph.t_cpu, 0.0)
             else:  # nothing tells I/O from CPU: assume CPU (the cautious choice)
                 ph.t_cpu, ph.t_io = max(per_sample, 1e-7), 0.0
+        ph.eta, ph.p, ph.q = self._prior.eta, self._prior.p, self._prior.q  # until fitted
         if len(obs) >= 2:
             # a new worker count or batch size is news for the shape; the cores a job could
             # use move a little with its neighbours every window, and are not
@@ -307,7 +322,7 @@ class LoaderModel:
         per = ph.t_io + ph.t_cpu
         fixed_share = ph.t_cpu / per
 
-        prior = np.log([_PRIOR.eta, _PRIOR.p, _PRIOR.q])
+        prior = np.log([self._prior.eta, self._prior.p, self._prior.q])
 
         def resid(x: np.ndarray) -> np.ndarray:
             """Weighted residuals for parameters ``x`` (``[eta, p, q(, share)]``), or for a
@@ -505,7 +520,14 @@ class LoaderModel:
 
     def to_dict(self) -> dict[str, object]:
         """Plain, JSON-compatible form (observations included, so a reload refits exactly)."""
-        return {"kind": _KIND, "version": _VERSION, "observations": [asdict(o) for o in self._obs]}
+        out: dict[str, object] = {
+            "kind": _KIND,
+            "version": _VERSION,
+            "observations": [asdict(o) for o in self._obs],
+        }
+        if self._prior is not _PRIOR:  # a shape kept across a change of costs
+            out["shape_prior"] = [self._prior.eta, self._prior.p, self._prior.q]
+        return out
 
     @classmethod
     def from_dict(cls, payload: dict[str, object]) -> LoaderModel:
@@ -515,6 +537,20 @@ class LoaderModel:
         if not isinstance(raw, list):
             raise PredictorError(f"loader model payload has observations={raw!r}, expected a list")
         model = cls()
+        shape = payload.get("shape_prior")
+        if shape is not None:
+            if not (
+                isinstance(shape, list)
+                and len(shape) == 3
+                and all(isinstance(x, (int, float)) and math.isfinite(x) for x in shape)
+                and 0.1 <= shape[0] <= 1.5
+                and all(1.0 <= x <= 30.0 for x in shape[1:])
+            ):
+                raise PredictorError(
+                    f"loader model payload has shape_prior={shape!r}, expected [eta, p, q] "
+                    "with eta within [0.1, 1.5] and p, q within [1, 30]"
+                )
+            model._prior = _Physics(eta=float(shape[0]), p=float(shape[1]), q=float(shape[2]))
         try:
             obs = [LoaderObservation(**o) for o in raw]
         except TypeError as exc:

@@ -311,3 +311,36 @@ def test_observations_with_no_news_wait_for_the_next_refit() -> None:
     again = LoaderModel()
     again.update(*model.observations)
     assert again.predict(4, 2, 32).samples_per_s == pytest.approx(after, rel=0.01)
+
+
+def test_a_restart_can_keep_the_curves_shape() -> None:
+    """A job fitted over many counts on a node whose workers get 60% of the cores through a
+    round knee; then its I/O doubles and the model restarts from one window at 4 workers.
+    Keeping the shape, it predicts the counts that window did not see near the truth; from the
+    default prior (sharp knees, most of the cores) it does not."""
+    shape = {"eta": 0.6, "p": 3.0}
+    old = {**IO_HEAVY, **shape}
+    new = {**old, "t_io": 2 * IO_HEAVY["t_io"]}
+
+    def restarted(keep: bool) -> LoaderModel:
+        model = LoaderModel()
+        model.update(*(truth(k, 2, 32, **old) for k in (1, 2, 4, 8, 16, 32, 4, 8)))
+        model.update(truth(4, 2, 32, **new))
+        model.keep_recent(1, keep_shape=keep)
+        return model
+
+    def worst(model: LoaderModel) -> float:
+        return max(
+            abs(model.predict(k, 2, 32).samples_per_s / truth(k, 2, 32, **new).samples_per_s - 1)
+            for k in (1, 2, 8, 16, 32)
+        )
+
+    kept, reset = restarted(True), restarted(False)
+    assert worst(kept) < 0.1 < worst(reset)
+    again = LoaderModel.from_dict(kept.to_dict())  # the kept shape is saved with the model
+    assert again.predict(16, 2, 32).samples_per_s == pytest.approx(
+        kept.predict(16, 2, 32).samples_per_s, rel=1e-6
+    )
+    for bad in ([0.6, 3.0], [0.0, 3.0, 3.0], [0.6, 3.0, float("nan")], "x"):
+        with pytest.raises(PredictorError, match="shape_prior"):
+            LoaderModel.from_dict({**kept.to_dict(), "shape_prior": bad})

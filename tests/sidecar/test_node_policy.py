@@ -3,9 +3,12 @@ plain values with no core, store, socket or clock around it."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 
-from dloader.predictor import LoaderModel
+from dloader.predictor import LoaderModel, LoaderObservation
 from dloader.sidecar import node_policy as pol
 
 BUDGET = pol.Budget(8, 2.0)
@@ -128,3 +131,50 @@ def test_memory_is_noted_from_the_tree_before_the_first_decision() -> None:
     out = p.decide(0.0, memory_bytes=1000.0)
     assert p.jobs["a"].decision is not None and p.jobs["a"].decision.num_workers <= 2
     assert out.orders == []  # it runs 2 already, which fit
+
+
+def test_a_cost_change_is_followed_in_one_window() -> None:
+    """A job learnt at 0.2 s a batch per worker (0.1 s of it CPU), its workers timing their
+    wait for a CPU; then one window at 0.4 s a batch: its storage got slower. The model restarts
+    from that window at once (its shape kept), says so, and the split is re-decided now."""
+    p = pol.NodePolicy("adaptive", BUDGET)
+    p.add(job("a", registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+    p.decide(0.0)
+
+    def timed(fetch: float, rate: float, workers: int = 2) -> pol.ReportWindow:
+        return replace(window(workers, rate, fetch=fetch), run_delay_s=(0.0,) * workers)
+
+    now = 2.5
+    for _ in range(6):  # steady at its own count: as the model predicts
+        assert not any(e.kind == "restarted" for e in p.report("a", timed(0.2, 300.0), now).events)
+        now += 2.0
+    p.decide(now)
+    learnt = len(p.jobs["a"].model.observations)
+    assert learnt >= 2 and p.jobs["a"].model.io_seconds_per_sample == pytest.approx(0.1 / 32)
+    k = p.jobs["a"].directed
+    now += 10.0
+    done = p.report("a", timed(0.4, 150.0 * k / 2, k), now)
+    assert done.wake and p.dirty
+    assert [e.kind for e in done.events] == ["restarted"]
+    assert any("time per sample +100%" in n for n in done.notes), done.notes
+    model = p.jobs["a"].model
+    assert len(model.observations) == 1
+    assert model.io_seconds_per_sample == pytest.approx(0.3 / 32)
+
+
+def test_the_cost_of_a_window_against_its_model() -> None:
+    model = LoaderModel()
+    base = dict(num_workers=2, cores=2.0, batch_size=32, samples_per_s=300.0)
+    base |= dict(idle_share=0.5, step_s=32 / 300)
+    model.update(LoaderObservation(**base, fetch_s=0.2, cpu_s=0.1, cpu_wait_s=0.0))
+    same = LoaderObservation(**base, fetch_s=0.2, cpu_s=0.1, cpu_wait_s=0.0)
+    assert pol.cost_change(model, same) == pytest.approx(0.0, abs=1e-6)
+    slower = LoaderObservation(**base, fetch_s=0.5, cpu_s=0.1, cpu_wait_s=0.1)  # 0.1 s of it a wait
+    assert pol.cost_change(model, slower) == pytest.approx(math.log(2.0))  # 0.4 s, not 0.2
+    # the wait for a CPU unknown: the wall time cannot tell storage from contention; CPU can
+    busy = LoaderObservation(**base, fetch_s=0.9, cpu_s=0.1)
+    assert pol.cost_change(model, busy) == pytest.approx(0.0, abs=1e-6)
+    heavier = LoaderObservation(**base, fetch_s=0.9, cpu_s=0.2)
+    assert pol.cost_change(model, heavier) == pytest.approx(math.log(2.0))
+    assert pol.cost_change(model, LoaderObservation(**base)) == 0.0  # no timings
+    assert pol.cost_change(LoaderModel(), same) == 0.0  # nothing fitted

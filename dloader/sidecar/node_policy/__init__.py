@@ -79,6 +79,7 @@ from dloader.sidecar.node_policy.allocation import (
     heavier,
 )
 from dloader.sidecar.node_policy.learning import (
+    COST_CHANGE,
     DRIFT_WINDOWS,
     FIRST_WINDOW_S,
     MIN_WINDOW_S,
@@ -87,6 +88,7 @@ from dloader.sidecar.node_policy.learning import (
     STEADY_EVERY,
     SURPRISE,
     Learning,
+    cost_change,
     learning_gate,
     run_queue_wait,
     steady_window,
@@ -148,6 +150,7 @@ from dloader.sidecar.node_policy.views import (
 
 __all__ = [
     "CORES_STEP",
+    "COST_CHANGE",
     "CPU_BOUND_WORKER",
     "CURVE_MOVE",
     "DRIFT_WINDOWS",
@@ -199,6 +202,7 @@ __all__ = [
     "WorkerDecision",
     "bounds",
     "check_policy",
+    "cost_change",
     "cpu_sets",
     "cpu_shares",
     "curve_moved",

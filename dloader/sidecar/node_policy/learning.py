@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from dloader.predictor import LoaderModel, LoaderObservation
 
 __all__ = [
+    "COST_CHANGE",
     "DRIFT_WINDOWS",
     "FIRST_WINDOW_S",
     "MIN_WINDOW_S",
@@ -18,6 +19,7 @@ __all__ = [
     "STEADY_EVERY",
     "SURPRISE",
     "Learning",
+    "cost_change",
     "learning_gate",
     "run_queue_wait",
     "steady_window",
@@ -42,6 +44,14 @@ SURPRISE = 0.1
 DRIFT_WINDOWS = 3
 """Surprising windows in a row, all one way, after which a job's model forgets the older ones:
 its costs changed (a pipeline slower or faster than all it did before)."""
+
+COST_CHANGE = 1.4
+"""A steady window whose workers' time per sample (their CPU, plus their wait for storage where
+their wait for a CPU is measured) is this many times its model's, or this many times less,
+says the job's costs changed: its model restarts from that window at once, keeping its shape.
+A window's times per sample vary by a few per cent; a pipeline whose cost doubles moves them by
+100%. Where the timings cannot tell (none, or I/O with an unmeasured wait for a CPU, which
+contention inflates), ``DRIFT_WINDOWS`` surprising windows are the route."""
 
 STEADY_AFTER = 10
 """Windows at one allocation after which the model takes only one in ``STEADY_EVERY``."""
@@ -164,3 +174,22 @@ def run_queue_wait(
     if share is None:
         return None
     return min(share * worker_s_per_batch, room)
+
+
+def cost_change(model: LoaderModel, obs: LoaderObservation) -> float:
+    """``log(measured / modelled)`` of a window's worker time per sample against ``model``'s
+    costs (0: the window cannot tell: no timings, no workers, or a model with nothing fitted).
+    CPU time per sample alone where the workers' wait for a CPU is unknown (their wall time
+    then mixes storage with contention); CPU and storage time where it is known."""
+    if not model.observations or obs.num_workers == 0 or obs.cpu_s is None or obs.fetch_s is None:
+        return 0.0
+    b = obs.batch_size
+    t_cpu, t_io = model.cpu_seconds_per_sample, model.io_seconds_per_sample
+    if obs.cpu_wait_s is None:
+        measured, modelled = obs.cpu_s / b, t_cpu
+    else:
+        io = max(obs.fetch_s - obs.cpu_wait_s - obs.cpu_s, 0.0) / b
+        measured, modelled = obs.cpu_s / b + io, t_cpu + t_io
+    if not (measured > 0 and modelled > 0):
+        return 0.0
+    return math.log(measured / modelled)

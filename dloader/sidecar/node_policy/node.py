@@ -25,7 +25,9 @@ from typing import Any
 from dloader.predictor import LoaderModel, LoaderObservation
 from dloader.sidecar.node_policy.allocation import curve_moved, decide, expected
 from dloader.sidecar.node_policy.learning import (
+    COST_CHANGE,
     DRIFT_WINDOWS,
+    cost_change,
     learning_gate,
     run_queue_wait,
     steady_window,
@@ -345,13 +347,30 @@ class NodePolicy:
         s.run_length = gate.run_length
         if not gate.observe:
             return Reported(False, False, tuple(notes), tuple(events))
-        s.model.update(obs, refit=gate.redecide_now)  # refit on news only
-        if self._note_drift(s, gate.surprise):
+        change = cost_change(s.model, obs)  # against the costs fitted before this window
+        moved = abs(change) > math.log(COST_CHANGE)
+        s.model.update(obs, refit=gate.redecide_now and not moved)  # refit on news only
+        why = ""
+        if moved:
+            why = (
+                f"its workers' time per sample {100 * math.expm1(change):+.0f}% from its "
+                "model's in one window"
+            )
+            keep = 1
+        elif self._note_drift(s, gate.surprise):
+            why = (
+                f"{DRIFT_WINDOWS} windows in a row {'faster' if gate.surprise > 0 else 'slower'} "
+                f"than its model predicted (last: {100 * math.expm1(gate.surprise):.0f}%)"
+            )
+            keep = DRIFT_WINDOWS
+        if why:
+            s.model.keep_recent(keep, keep_shape=True)
+            s.drift = 0
+            self.truth.forget()
+            self.dirty = True
             notes.append(
-                f"job {s.job_id}: {DRIFT_WINDOWS} windows in a row "
-                f"{'faster' if gate.surprise > 0 else 'slower'} than its model predicted (last: "
-                f"{100 * math.expm1(gate.surprise):.0f}%): its costs changed; the model restarts "
-                "from them"
+                f"job {s.job_id}: {why}: its costs changed; the model restarts from the last "
+                f"{keep} window(s), its shape kept"
             )
             # what the restarted model expects here (the last one recorded was the old model's)
             counts = {j.job_id: j.directed for j in self.jobs.values()}
@@ -365,7 +384,8 @@ class NodePolicy:
         decided = s.decision.candidates if s.decision else ()
         if gate.redecide_now or curve_moved(self._view(s), self.budget, decided):
             self.dirty = True
-        return Reported(True, gate.redecide_now, tuple(notes), tuple(events))
+        wake = gate.redecide_now or moved
+        return Reported(True, wake, tuple(notes), tuple(events))
 
     def tree(self, job_id: str, tree: TreeSample, now: float) -> None:
         """A new walk of the job's process tree (alive): its workers' wait for a CPU, their
@@ -547,17 +567,11 @@ class NodePolicy:
         return False
 
     def _note_drift(self, s: PolicyJob, surprise: float) -> bool:
-        """Whether the job's costs changed: ``DRIFT_WINDOWS`` surprising windows in a row, all
-        one way. Then its model restarts from those windows, and what every split measured is
-        forgotten (it was measured under the old costs)."""
+        """Whether ``DRIFT_WINDOWS`` surprising windows came in a row, all one way (the job's
+        costs changed, where its workers' timings could not say it in one window)."""
         way = (surprise > 0) - (surprise < 0)  # +1 faster, -1 slower, 0 as predicted
         s.drift = s.drift + way if way * s.drift > 0 else way
-        if abs(s.drift) < DRIFT_WINDOWS:
-            return False
-        s.model.keep_recent(DRIFT_WINDOWS)
-        s.drift = 0
-        self.truth.forget()
-        return True
+        return abs(s.drift) >= DRIFT_WINDOWS
 
     def _note_memory(self, s: PolicyJob, now: float) -> None:
         """One more worker of the job costs what its largest worker holds privately (its USS
