@@ -580,7 +580,7 @@ class NodeCore:
 
     def decide(self) -> None:
         """Runs the policy and enacts what it decides: directives, CPU sets, cgroup weights."""
-        memory, _ = self.memory_budget()
+        memory = self.memory_budget()[0] if self.jobs else math.inf  # no jobs: no /proc read
         cpus = sorted(self.pin_cpus)[: self.settings.cpu_budget]
         self._enact(self.policy.decide(self._clock(), memory, cpus=cpus, shares=bool(self.cgroup)))
 

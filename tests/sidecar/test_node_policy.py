@@ -153,6 +153,9 @@ def test_a_cost_change_is_followed_in_one_window() -> None:
     assert learnt >= 2 and p.jobs["a"].model.io_seconds_per_sample == pytest.approx(0.1 / 32)
     k = p.jobs["a"].directed
     now += 10.0
+    p.report("a", timed(0.2, 300.0 * k / 2, k), now)  # at its new count, as before
+    assert len(p.jobs["a"].model.observations) == learnt + 1
+    now += 2.0
     done = p.report("a", timed(0.4, 150.0 * k / 2, k), now)
     assert done.wake and p.dirty
     assert [e.kind for e in done.events] == ["restarted"]
@@ -177,4 +180,6 @@ def test_the_cost_of_a_window_against_its_model() -> None:
     heavier = LoaderObservation(**base, fetch_s=0.9, cpu_s=0.2)
     assert pol.cost_change(model, heavier) == pytest.approx(math.log(2.0))
     assert pol.cost_change(model, LoaderObservation(**base)) == 0.0  # no timings
+    other = LoaderObservation(**{**base, "num_workers": 4}, fetch_s=0.5, cpu_s=0.2, cpu_wait_s=0)
+    assert pol.cost_change(model, other) == 0.0  # another count: its curve, not its costs
     assert pol.cost_change(LoaderModel(), same) == 0.0  # nothing fitted

@@ -180,8 +180,17 @@ def cost_change(model: LoaderModel, obs: LoaderObservation) -> float:
     """``log(measured / modelled)`` of a window's worker time per sample against ``model``'s
     costs (0: the window cannot tell: no timings, no workers, or a model with nothing fitted).
     CPU time per sample alone where the workers' wait for a CPU is unknown (their wall time
-    then mixes storage with contention); CPU and storage time where it is known."""
-    if not model.observations or obs.num_workers == 0 or obs.cpu_s is None or obs.fetch_s is None:
+    then mixes storage with contention); CPU and storage time where it is known. Only at the
+    worker count the model last saw: a change of count may move the time per sample itself
+    (storage answering more requests at once, cores shared by more workers), which is the
+    curve, not a change of the job's costs."""
+    if (
+        not model.observations
+        or model.observations[-1].num_workers != obs.num_workers
+        or obs.num_workers == 0
+        or obs.cpu_s is None
+        or obs.fetch_s is None
+    ):
         return 0.0
     b = obs.batch_size
     t_cpu, t_io = model.cpu_seconds_per_sample, model.io_seconds_per_sample
