@@ -445,6 +445,13 @@ def test_one_user_cannot_fill_the_node_for_the_others(tmp_path: Path) -> None:
     assert len(core.jobs) == core_mod.MAX_JOBS - core_mod.OPERATOR_RESERVE + 1
 
 
+def memory_tree(
+    pids: list[int], workers: tuple[int, ...], uss: dict[int, int], anon: dict[int, int]
+) -> ProcessTreeStats:
+    """A live tree of ``pids`` and ``workers``: each process's USS and anonymous memory."""
+    return ProcessTreeStats(tuple(pids), True, 1.0, 1, workers, 1.0, {}, uss, 0, anon)
+
+
 def test_the_agent_helper_is_no_loader_worker(tmp_path: Path) -> None:
     """The process that registers a job (its agent's helper, a child the training process
     spawned) is in the job's tree but is not one of its loader workers: before any worker
@@ -454,17 +461,9 @@ def test_the_agent_helper_is_no_loader_worker(tmp_path: Path) -> None:
     workers = {"pids": (203,)}  # the helper alone, then the helper and a worker
 
     def tree(pids: list[int]) -> ProcessTreeStats:
-        return ProcessTreeStats(
-            tuple(pids),
-            True,
-            1.0,
-            1,
-            workers["pids"],
-            1.0,
-            {},
-            {100: 300 * MiB, 201: 120 * MiB, 203: 30 * MiB},
-            0,
-            {100: 400 * MiB, 201: 390 * MiB, 203: 35 * MiB},
+        uss = {100: 300 * MiB, 201: 120 * MiB, 203: 30 * MiB}
+        return memory_tree(
+            pids, workers["pids"], uss, {100: 400 * MiB, 201: 390 * MiB, 203: 35 * MiB}
         )
 
     core = fake_core(
@@ -497,18 +496,8 @@ def test_growing_workers_are_bounded_until_their_memory_settles(tmp_path: Path) 
     held = {"uss": 20 * MiB}
 
     def growing(pids: list[int]) -> ProcessTreeStats:
-        return ProcessTreeStats(
-            tuple(pids),
-            True,
-            1.0,
-            1,
-            (201, 202),
-            1.0,
-            {},
-            {100: 300 * MiB, 201: held["uss"], 202: held["uss"] // 2},
-            0,
-            {100: 400 * MiB, 201: 260 * MiB, 202: 250 * MiB},
-        )
+        uss = {100: 300 * MiB, 201: held["uss"], 202: held["uss"] // 2}
+        return memory_tree(pids, (201, 202), uss, {100: 400 * MiB, 201: 260 * MiB, 202: 250 * MiB})
 
     core = fake_core(
         SidecarStore(tmp_path / "s.db"),
