@@ -14,6 +14,7 @@ from benchmarks.gpu import bench_gpu
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(600)  # 7 timed runs of 5-10 s, each a fresh process: 67 s here, >120 s in CI
 def test_bench_gpu_harness(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--device", "emulated", "--seconds", "5", "--warmup", "2", "--sidecar-seconds", "10"]
     argv += ["--counts", "1,2", "--splits", "1/1", "--budget", "2", "--out-dir", str(tmp_path)]
