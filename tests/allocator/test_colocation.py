@@ -24,7 +24,7 @@ from dloader.apps.experiment import score, sidecar_process
 from dloader.v1 import allocator_pb2 as pb
 from tests.allocator.test_service import Allocator, by_job, until
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]  # 53 s in CI
 
 CPUS = sorted(os.sched_getaffinity(0))[:2]
 #: (profile, scaling: its emulated step, input curve: samples/s on one core)

@@ -14,6 +14,7 @@ from benchmarks.allocator import bench_cpu
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(600)  # 82 s in CI
 def test_bench_cpu_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
         "--workloads", "3", "--cores-per-gpu", "3", "--philly", "1",

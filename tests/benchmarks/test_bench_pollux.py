@@ -14,6 +14,7 @@ from benchmarks.allocator import bench_pollux
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(600)  # 78 s in CI
 def test_bench_pollux_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--workloads", "1", "--loads", "1", "--generations", "2", "--processes", "1"]
     assert bench_pollux.main([*argv, "--out-dir", str(tmp_path)]) == 0

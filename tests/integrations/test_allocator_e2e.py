@@ -22,7 +22,8 @@ import pytest
 from dloader.v1 import allocator_pb2 as pb
 from dloader.v1 import allocator_pb2_grpc as pb_grpc
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # torchrun restarts
+# torchrun restarts: 61 s in CI
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("train_alloc.py")

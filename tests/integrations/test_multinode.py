@@ -29,7 +29,8 @@ from tests.integrations.test_allocator_e2e import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # torchrun restarts
+# torchrun restarts: 91 s in CI
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 SCRIPT = Path(__file__).with_name("train_multinode.py")
 

@@ -11,7 +11,8 @@ import pytest
 
 from tests.integrations import torchrun
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # torchrun restarts
+# torchrun restarts: 34 s in CI
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def run(nproc: int, root: Path, log: Path, steps: int | None) -> None:

@@ -50,6 +50,7 @@ def test_exactly_once_in_order(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # 400 cases, 74 s in CI
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @cases
 def test_exactly_once_in_order_many(
