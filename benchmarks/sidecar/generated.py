@@ -39,6 +39,7 @@ import math
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from statistics import median
@@ -166,13 +167,26 @@ def prediction_errors(
     return {label: median(v) for label, v in errors.items()}
 
 
-ARMS = ("naive", "auto", "alone", "ceiling", "auto_nice", "sidecar_nice0", "adaptive")
+ARMS = (
+    "naive",
+    "auto",
+    "alone",
+    "ceiling",
+    "auto_nice",
+    "sidecar_nice0",
+    "sidecar_no_spares",
+    "adaptive",
+)
 """What the sidecar is compared with, in this order: each job at its own count; each job's
 loader tuning itself (``num_workers="auto"``) with no sidecar; each job's count as ``auto``
 settled on it when the job ran alone, held together; the best static split (a ceiling); with
 ``--ablation``: each job ``auto`` with its workers at nice 10 set by hand in every job
-(``worker_init_fn``, no sidecar), and the sidecar with ``--worker-nice 0`` (its policy without
-trainers first); with ``--policy guided``: the sidecar with its adaptive policy."""
+(``worker_init_fn``, no sidecar), the sidecar with ``--worker-nice 0`` (its policy without
+trainers first) and, adaptive, with ``--spare-workers 1`` (no spare workers for I/O-bound
+jobs); with ``--policy guided``: the sidecar with its adaptive policy."""
+ABLATIONS = ("nice", "spares")
+"""``--ablation``'s arm groups: ``nice``: ``auto_nice`` and ``sidecar_nice0``; ``spares``:
+``sidecar_no_spares``."""
 NICE = DEFAULT_WORKER_NICE
 """The ablation's nice value (the sidecar's default)."""
 TARGETS = {
@@ -213,13 +227,14 @@ def run_mix(
     settle_s: float,
     extra: list[str],
     rng: np.random.Generator,
-    ablation: bool = False,
+    ablation: Sequence[str] = (),
     policy: str = "adaptive",
 ) -> dict[str, Any]:
     """One mix: each arm of :data:`ARMS` and the sidecar (its ``policy``), interleaved; their
     scores, the sidecar's ratio to each (whole run and steady part, with intervals), placements
     and prediction errors. ``alone_s`` 0: no ``alone`` arm; ``static_runs`` 0: no ceiling;
-    ``ablation``: the ``auto_nice`` and ``sidecar_nice0`` arms; a ``policy`` other than
+    ``ablation``: ``"nice"``, the ``auto_nice`` and ``sidecar_nice0`` arms; ``"spares"``
+    (adaptive), the ``sidecar_no_spares`` arm (:data:`ABLATIONS`); a ``policy`` other than
     adaptive: the ``adaptive`` arm."""
     folder = tmp / mix.name.replace("/", "-")
     count = 0
@@ -254,7 +269,7 @@ def run_mix(
     runs["naive"].append(run(mix.arrivals(), False, "naive (each job its own count)"))
     runs["auto"].append(run(mix.arrivals(auto), False, 'each job num_workers="auto"'))
     niced = ("--worker-nice", str(NICE))
-    if ablation:
+    if "nice" in ablation:
         runs["auto_nice"].append(
             run(
                 [replace(a, extra=(*a.extra, *niced)) for a in mix.arrivals(auto)],
@@ -264,6 +279,10 @@ def run_mix(
         )
         runs["sidecar_nice0"].append(
             run(mix.arrivals(), True, "the sidecar, --worker-nice 0", ("--worker-nice", "0"))
+        )
+    if "spares" in ablation and policy == "adaptive":  # guided keeps no spare workers
+        runs["sidecar_no_spares"].append(
+            run(mix.arrivals(), True, "the sidecar, --spare-workers 1", ("--spare-workers", "1"))
         )
     alone: Split = {}
     if alone_s > 0:
@@ -348,7 +367,7 @@ def generated(
     seed: int | None,
     *,
     contention: bool = False,
-    ablation: bool = False,
+    ablation: Sequence[str] = (),
     policy: str = "adaptive",
     length: float,
     repeats: int,
@@ -368,7 +387,7 @@ def generated(
     indices = only if only is not None else list(range(n))
     part = "" if only is None else f" --only {','.join(map(str, indices))}"
     part += " --contention" if contention else ""
-    part += " --ablation" if ablation else ""
+    part += f" --ablation {','.join(ablation)}" if ablation else ""
     part += f" --policy {policy}" if policy != "adaptive" else ""
     print(
         f"seed {seed} (reproduce: --generated {n} --gen-seed {seed} --length {length:g}{part}); "

@@ -24,7 +24,7 @@ from dloader.sidecar.config import (
 from dloader.sidecar.core import NodeCore
 from dloader.sidecar.metrics import Metrics
 from dloader.sidecar.monitors import GpuMonitor, NodeMonitor
-from dloader.sidecar.node_policy import POLICIES
+from dloader.sidecar.node_policy import HEDGE_COST, POLICIES
 from dloader.sidecar.server import build_server
 from dloader.sidecar.store import SidecarStore
 from dloader.v1 import node_pb2 as pb
@@ -118,6 +118,16 @@ def parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     p.add_argument(
+        "--spare-workers",
+        type=float,
+        default=HEDGE_COST,
+        metavar="X",
+        help="adaptive: each I/O-bound job keeps the loader workers that would carry its "
+        "throughput were its storage X times slower (they cost memory and thousandths of a "
+        "core each; a slower storage then costs nothing before the model sees it); 1: none "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--allocator",
         metavar="TARGET",
         default=None,
@@ -191,6 +201,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         pin_cpus=cpus,
         cgroup=cgroup,
         worker_nice=config.worker_nice,
+        spare_workers=config.spare_workers,
         job_timeout_s=config.job_timeout_s,
     )
     node, gpus = NodeMonitor(), GpuMonitor()

@@ -19,7 +19,7 @@ from dloader._shared import env
 from dloader._shared.client import Endpoint
 from dloader._shared.node_messages import MAX_NICE
 from dloader.errors import ConfigError, InvalidArgument
-from dloader.sidecar.node_policy import check_policy
+from dloader.sidecar.node_policy import HEDGE_COST, MAX_SPARE, check_policy
 
 __all__ = [
     "DEFAULT_WORKER_NICE",
@@ -213,6 +213,8 @@ class SidecarDaemonConfig:
     cgroup_weights: bool = False
     worker_nice: int = DEFAULT_WORKER_NICE
     """The nice value the jobs' loader workers are directed to (0: left alone)."""
+    spare_workers: float = HEDGE_COST
+    """The storage slow-down an I/O-bound job's spare workers carry (1: none)."""
     allocator: Endpoint | None = None
     """The cluster allocator to join (None: none)."""
     node_id: str = ""
@@ -240,6 +242,12 @@ class SidecarDaemonConfig:
         if not 0 <= self.worker_nice <= MAX_NICE:
             raise ConfigError(
                 f"--worker-nice {self.worker_nice}: expected 0..{MAX_NICE} (0: workers left alone)"
+            )
+        s = self.spare_workers
+        if not (math.isfinite(s) and 1.0 <= s <= MAX_SPARE):
+            raise ConfigError(
+                f"--spare-workers {s}: expected a storage slow-down within [1, {MAX_SPARE:g}] "
+                "(1: no spare workers)"
             )
         if self.cpu_pool and (self.gpus or self.allocator is None):
             raise ConfigError(
@@ -282,6 +290,7 @@ class SidecarDaemonConfig:
             pin_cpus=args.pin_cpus,
             cgroup_weights=args.cgroup_weights,
             worker_nice=args.worker_nice,
+            spare_workers=args.spare_workers,
             allocator=(
                 Endpoint.of(
                     allocator,

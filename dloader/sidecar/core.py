@@ -171,6 +171,7 @@ class NodeCore:
         pin_cpus: Sequence[int] = (),
         cgroup: CpuWeights | None = None,
         worker_nice: int = 0,
+        spare_workers: float = pol.HEDGE_COST,
         job_timeout_s: float = 60.0,
         owner_of: Callable[[int], int | None] = process_owner,
         start_of: Callable[[int], int | None] = process_start,
@@ -193,6 +194,8 @@ class NodeCore:
             left alone): each training process, at its own, then comes first for a core over
             every job's workers (a trainer that needs a core is not starved by its neighbours'
             workers), and the policy models the cores shared that way.
+        spare_workers: an I/O-bound job keeps the workers that carry its throughput were its
+            storage this many times slower (1: none; :data:`~.node_policy.HEDGE_COST`).
         job_timeout_s: a job that neither reports nor registers for this long is ended (its
             agent re-registers if it comes back); 0: never.
         owner_of: the uid owning a process (a fake in tests).
@@ -216,7 +219,7 @@ class NodeCore:
         self.store = store
         self.settings = settings
         #: the whole decision: every job's state, the node's measured truth
-        self.policy = pol.NodePolicy(settings.name, self._budget())
+        self.policy = pol.NodePolicy(settings.name, self._budget(), spare=spare_workers)
         self._tree_stats = tree_stats or self._read_tree
         self._clock = clock
         self.jobs: dict[str, Job] = {}

@@ -99,7 +99,8 @@ def test_bench_sidecar_dynamic_small(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert bench_sidecar.main(argv) == 0
     data = json.loads((tmp_path / "bench_sidecar_dynamic.json").read_text())
     assert {"no sidecar (4 each)", bench_sidecar.AUTO, "even", "adaptive"} <= set(data["scores"])
-    assert data["summary"]["adaptive_vs_auto"] > 0
+    assert data["summary"]["adaptive_vs_auto"] > 0 and data["summary"]["adaptive_12_vs_auto"] > 0
+    assert bench_sidecar.DEFAULT in data["scores"] and data["summary"]["default_budget"] >= 12
     static = [n for n in data["scores"] if n.startswith("static best of ")]
     assert len(static) == 1
     for name, s in data["scores"].items():
@@ -256,6 +257,7 @@ def test_bad_generated_arguments_stop_the_benchmark_before_it_runs(
         (["--generated", "2", "--only", "0,2"], "--only 0,2: expected indices within [0, 2)"),
         (["--generated", "2", "--only", "x"], "--only 'x': expected mix indices"),
         (["--generated", "2", "--settle", "200"], "--settle 200: expected seconds within"),
+        (["--generated", "2", "--ablation", "cache"], "--ablation cache: expected groups of"),
     ):
         with pytest.raises(SystemExit):
             bench_sidecar.main(argv)
@@ -318,6 +320,6 @@ def test_bench_sidecar_contention_ablation_small(
     assert all(s > 0 for kind in mix["scores"].values() for s in kind)
     assert set(mix["ratios"]) == arms
     out = capsys.readouterr().out
-    assert "--contention --ablation --policy guided" in out
+    assert "--contention --ablation nice,spares --policy guided" in out
     assert "sidecar / auto_nice (steady): median" in out
     assert "sidecar / adaptive (steady): median" in out

@@ -165,21 +165,48 @@ def test_a_cost_change_is_followed_in_one_window() -> None:
     assert model.io_seconds_per_sample == pytest.approx(0.3 / 32)
 
 
-def test_the_cost_of_a_window_against_its_model() -> None:
-    model = LoaderModel()
+def test_the_cost_of_a_window_against_the_last_one() -> None:
     base = dict(num_workers=2, cores=2.0, batch_size=32, samples_per_s=300.0)
     base |= dict(idle_share=0.5, step_s=32 / 300)
-    model.update(LoaderObservation(**base, fetch_s=0.2, cpu_s=0.1, cpu_wait_s=0.0))
+    before = LoaderObservation(**base, fetch_s=0.2, cpu_s=0.1, cpu_wait_s=0.0)
     same = LoaderObservation(**base, fetch_s=0.2, cpu_s=0.1, cpu_wait_s=0.0)
-    assert pol.cost_change(model, same) == pytest.approx(0.0, abs=1e-6)
+    assert pol.cost_change(before, same) == pytest.approx(0.0, abs=1e-6)
     slower = LoaderObservation(**base, fetch_s=0.5, cpu_s=0.1, cpu_wait_s=0.1)  # 0.1 s of it a wait
-    assert pol.cost_change(model, slower) == pytest.approx(math.log(2.0))  # 0.4 s, not 0.2
+    assert pol.cost_change(before, slower) == pytest.approx(math.log(2.0))  # 0.4 s, not 0.2
     # the wait for a CPU unknown: the wall time cannot tell storage from contention; CPU can
     busy = LoaderObservation(**base, fetch_s=0.9, cpu_s=0.1)
-    assert pol.cost_change(model, busy) == pytest.approx(0.0, abs=1e-6)
+    assert pol.cost_change(before, busy) == pytest.approx(0.0, abs=1e-6)
     heavier = LoaderObservation(**base, fetch_s=0.9, cpu_s=0.2)
-    assert pol.cost_change(model, heavier) == pytest.approx(math.log(2.0))
-    assert pol.cost_change(model, LoaderObservation(**base)) == 0.0  # no timings
+    assert pol.cost_change(before, heavier) == pytest.approx(math.log(2.0))
+    assert pol.cost_change(before, LoaderObservation(**base)) == 0.0  # no timings
     other = LoaderObservation(**{**base, "num_workers": 4}, fetch_s=0.5, cpu_s=0.2, cpu_wait_s=0)
-    assert pol.cost_change(model, other) == 0.0  # another count: its curve, not its costs
-    assert pol.cost_change(LoaderModel(), same) == 0.0  # nothing fitted
+    assert pol.cost_change(before, other) == 0.0  # another count: its curve, not its costs
+    assert pol.cost_change(None, same) == 0.0  # nothing to compare with
+
+
+def test_a_neighbours_new_count_is_not_a_cost_change() -> None:
+    """The same job, the same count, twice the time per sample, but a neighbour's count changed
+    between the windows (cores shared by more workers): no restart; the next window at the
+    new split is the reference."""
+    p = pol.NodePolicy("adaptive", BUDGET)
+    for j in ("a", "b"):
+        p.add(job(j, registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+
+    def timed(fetch: float, rate: float) -> pol.ReportWindow:
+        return replace(window(2, rate, fetch=fetch), run_delay_s=(0.0,) * 2)
+
+    now = 2.5
+    for _ in range(3):
+        p.report("a", timed(0.2, 300.0), now)
+        now += 2.0
+    p.jobs["b"].directed += 3  # the neighbour moved
+    slower = p.report("a", timed(0.4, 150.0), now)
+    assert not any(e.kind == "restarted" for e in slower.events)
+    learnt = p.jobs["a"].model.observations
+    assert slower.learned and learnt[-1].fetch_s == 0.4  # the reference now
+    for _ in range(10):  # at the new split, twice again: a change, once a window is learnt
+        now += 2.0
+        again = p.report("a", timed(0.8, 75.0), now)
+        if again.learned:
+            break
+    assert [e.kind for e in again.events] == ["restarted"]

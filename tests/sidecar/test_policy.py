@@ -3,6 +3,7 @@ hysteresis."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -16,6 +17,7 @@ from dloader.sidecar.node_policy import (
     Budget,
     JobView,
     Measurements,
+    NodePolicy,
     Split,
     cpu_shares,
     curve_moved,
@@ -224,7 +226,7 @@ def test_training_process_cpu_counts_against_the_cores() -> None:
             JobView("io", 32, 1, model=io, main_cpu_per_sample=main_cpu),
             JobView("cpu", 32, 1, model=cpu, main_cpu_per_sample=main_cpu),
         ]
-        d = decide("adaptive", jobs, Budget(24, 2), hysteresis=0)
+        d = decide("adaptive", jobs, Budget(24, 2), hysteresis=0, hedge=1.0)  # no spares
         return {j: v.num_workers for j, v in d.items()}
 
     blind, aware = workers(0.0), workers(0.0003)
@@ -266,10 +268,46 @@ def test_workers_on_a_rising_curve_are_not_released() -> None:
     # The greedy stops adding workers to io at 19 (the next adds < min_gain); at 20 the job
     # is predicted 0.4% better than at 19: that is a loss, so the 20th worker stays (small
     # releases, decision after decision, would add up to a real loss).
+    # (without the spare workers of the hedge, which keep more)
     jobs = [JobView("io", 32, 20, model=fitted(IO_HEAVY))]
-    assert decide("adaptive", jobs, Budget(30, 2), hysteresis=0.5)["io"].num_workers == 20
-    lenient = decide("adaptive", jobs, Budget(30, 2), hysteresis=0.5, release_loss=0.005)
+    strict = decide("adaptive", jobs, Budget(30, 2), hysteresis=0.5, hedge=1.0)
+    assert strict["io"].num_workers == 20
+    lenient = decide("adaptive", jobs, Budget(30, 2), hysteresis=0.5, release_loss=0.005, hedge=1.0)
     assert lenient["io"].num_workers == 19
+
+
+def test_an_io_bound_job_keeps_the_workers_that_carry_a_slower_storage() -> None:
+    """Spare workers (``HEDGE_COST``): an I/O-bound job gets the workers that carry its
+    throughput were its storage 1.5x slower, a CPU-bound job none; the spares are kept once
+    held, and the worker budget and the memory room still bound them."""
+    io = fitted(IO_HEAVY)
+    alone = decide("adaptive", [JobView("io", 32, 1, model=io)], Budget(60, 2), hedge=1.0)
+    k = alone["io"].num_workers
+    hedged = decide("adaptive", [JobView("io", 32, 1, model=io)], Budget(60, 2))["io"]
+    h = hedged.num_workers
+    assert h == math.ceil(k * (1.5 * 0.008 + 0.0003) / 0.0083 - 1e-9) > k
+    # the storage 1.5x slower: the spares carry what the lean count carried before
+    slower = {**IO_HEAVY, "t_io": 1.5 * IO_HEAVY["t_io"]}
+    before = truth(k, 2, 32, **IO_HEAVY).samples_per_s
+    assert truth(h, 2, 32, **slower).samples_per_s >= 0.98 * before
+    assert truth(k, 2, 32, **slower).samples_per_s < 0.9 * before  # the lean count did not
+    # the hedge is kept, never released as workers that add nothing
+    kept = decide("adaptive", [JobView("io", 32, h, model=io)], Budget(60, 2))["io"]
+    assert kept.num_workers == h and kept.reason.startswith("kept")
+    # bounded by the budget and the memory room
+    assert (
+        decide("adaptive", [JobView("io", 32, 1, model=io)], Budget(k + 2, 2))["io"].num_workers
+        == k + 2
+    )
+    each = JobView("io", 32, 1, model=io, worker_memory_bytes=MiB)
+    room = decide("adaptive", [each], Budget(60, 2, memory_bytes=(k + 1) * MiB))["io"]
+    assert room.num_workers == k + 1
+    with pytest.raises(ValueError, match=r"spare=0\.5: expected within"):
+        NodePolicy("adaptive", Budget(60, 2), spare=0.5)
+    # CPU-bound workers: no spares
+    cpu = fitted(CPU_HEAVY)
+    lean = decide("adaptive", [JobView("c", 32, 1, model=cpu)], Budget(60, 2), hedge=1.0)
+    assert decide("adaptive", [JobView("c", 32, 1, model=cpu)], Budget(60, 2)) == lean
 
 
 MiB = 2**20

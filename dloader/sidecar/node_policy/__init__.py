@@ -37,7 +37,11 @@ by the job's accelerator limit (equivalently: minimise accelerator idle), subjec
 It allocates greedily: every job starts at its floor and the next worker goes to the job whose
 extra worker raises the node's objective (under that CPU sharing) the most, until none adds
 more than ``min_gain``; then single-worker moves between jobs (or removals) are made while they
-gain, since the shared cores couple the jobs. It is fast: jobs x workers predictions, and one
+gain, since the shared cores couple the jobs. An I/O-bound job (workers computing at most
+``HEDGE_BUSY`` of the time) then gets spare workers, as many as would carry its throughput were
+its storage ``HEDGE_COST`` times slower, where the budgets allow and the objective does not
+drop for them: a few thousandths of a core each buy the windows a slower storage would otherwise
+cost before the model sees it. It is fast: jobs x workers predictions, and one
 vectorised evaluation of the sharing model per step (all of a step's trial allocations at
 once): about 10 ms for 10 jobs and 64 workers. A model update calls for a new decision only
 once the job's curve has moved by ``CURVE_MOVE`` since the decision it runs under. A job with
@@ -72,6 +76,8 @@ same split (``MEASURE_CHANGED``: its costs, or a neighbour's, changed under it).
 from dloader.sidecar.node_policy.allocation import (
     CPU_BOUND_WORKER,
     CURVE_MOVE,
+    HEDGE_COST,
+    MAX_SPARE,
     curve_moved,
     decide,
     expected,
@@ -157,8 +163,10 @@ __all__ = [
     "EVENT_KINDS",
     "EWMA",
     "FIRST_WINDOW_S",
+    "HEDGE_COST",
     "MAIN_CPU_CHANGE",
     "MAX_MAIN_CPU_PER_SAMPLE",
+    "MAX_SPARE",
     "MAX_SPLITS",
     "MAX_UPKEEP_CORES",
     "MEASURE_CHANGED",

@@ -24,6 +24,9 @@ from dloader.sidecar.node_policy.views import (
 __all__ = [
     "CPU_BOUND_WORKER",
     "CURVE_MOVE",
+    "HEDGE_BUSY",
+    "HEDGE_COST",
+    "MAX_SPARE",
     "ModelledNode",
     "WorkerMemory",
     "cpu_bound",
@@ -47,6 +50,23 @@ small moves add up against that decision's curve until they pass this."""
 CPU_BOUND_WORKER = 0.5
 """Cores one worker of a job demands (as the model predicts), at or above which the job's
 workers are CPU-bound: on a full node, a probe first tries one of them less."""
+
+
+HEDGE_COST = 1.5
+"""An I/O-bound job is given the workers that would still carry its predicted throughput were
+each sample's storage wait this many times longer: such workers cost little (their upkeep,
+thousandths of a core each, and their memory, both counted in the objective), and when a
+storage wait rises they carry the job until the model has seen it (a window and its
+decision), where a job held at the fewest workers that carry it loses at once. A remote read
+1.5x slower is common (a busy storage node, a cold cache); one 2x slower is carried in part."""
+
+MAX_SPARE = 4.0
+"""The most a hedge may carry (a storage this many times slower): beyond it, spare workers
+cost more memory than a slow-down that large is worth waiting for."""
+
+HEDGE_BUSY = 0.1
+"""Workers that compute at most this share of each sample's time are I/O-bound for the hedge:
+more than that and spare workers would take cores, not only memory."""
 
 
 @dataclass(frozen=True)
@@ -286,9 +306,11 @@ def decide(
     min_gain: float = 0.005,
     hysteresis: float = 0.03,
     release_loss: float = 0.0005,
+    hedge: float = HEDGE_COST,
 ) -> dict[str, WorkerDecision]:
     """Worker counts for every job under ``policy`` (``"adaptive"`` or ``"even"``); under
     ``"guided"``, the most each job's own tuner may choose (the even split as ceilings).
+    ``hedge``: see ``HEDGE_COST`` (1: none, at most ``MAX_SPARE``).
 
     Raises:
         InvalidArgument: an unknown policy (a ``ValueError``).
@@ -393,6 +415,8 @@ def decide(
         if step is None or step[0] - objective_new < min_gain:
             break
         objective_new, alloc = step
+    alloc = _hedged(alloc, planned, node, slots, room, hedge, release_loss)
+    objective_new = float(node.objective(alloc[None])[0])
 
     current = np.minimum(node.row(held), node.length - 1)
     objective_old = float(node.objective(current[None])[0])
@@ -449,6 +473,43 @@ def decide(
             float(got[0, i] + got[0, n + i]),
             limited,
         )
+    return out
+
+
+def _hedged(
+    alloc: np.ndarray,
+    jobs: Sequence[JobView],
+    node: ModelledNode,
+    slots: int,
+    room: float,
+    hedge: float,
+    loss: float,
+) -> np.ndarray:
+    """``alloc`` with each I/O-bound job's hedge (``HEDGE_COST``) added, job by job, as far as
+    the worker budget and the memory room allow and while the node's predicted objective loses
+    at most ``loss`` (spare workers' upkeep on a node whose cores are all in use)."""
+    out = alloc.copy()
+    base = float(node.objective(out[None])[0])
+    for i, job in enumerate(jobs):
+        assert job.model is not None  # planned jobs have one
+        t_io, t_cpu = job.model.io_seconds_per_sample, job.model.cpu_seconds_per_sample
+        if hedge <= 1.0 or t_cpu > HEDGE_BUSY * (t_io + t_cpu):
+            continue
+        # k workers at a wait h times longer carry what k * (h t_io + t_cpu) / (t_io + t_cpu)
+        # carry now (the loader's rate is k over a sample's time while its cores suffice)
+        k = int(out[i])
+        carry = math.ceil(k * (hedge * t_io + t_cpu) / (t_io + t_cpu) - 1e-9)
+        extra = min(carry, int(node.length[i]) - 1) - k
+        extra = min(extra, slots - int(out.sum()))
+        while extra > 0:
+            trial = out.copy()
+            trial[i] += extra
+            if float(node.memory_of(trial[None])[0]) <= room:
+                value = float(node.objective(trial[None])[0])
+                if value >= base - loss:
+                    out, base = trial, value
+                break
+            extra -= 1
     return out
 
 

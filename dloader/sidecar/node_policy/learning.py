@@ -47,11 +47,12 @@ its costs changed (a pipeline slower or faster than all it did before)."""
 
 COST_CHANGE = 1.4
 """A steady window whose workers' time per sample (their CPU, plus their wait for storage where
-their wait for a CPU is measured) is this many times its model's, or this many times less,
-says the job's costs changed: its model restarts from that window at once, keeping its shape.
-A window's times per sample vary by a few per cent; a pipeline whose cost doubles moves them by
-100%. Where the timings cannot tell (none, or I/O with an unmeasured wait for a CPU, which
-contention inflates), ``DRIFT_WINDOWS`` surprising windows are the route."""
+their wait for a CPU is measured) is this many times that of the job's last window its model
+learnt from, or this many times less, at the same split of the node, says the job's costs
+changed: its model restarts from that window at once, keeping its shape. Two windows' times per
+sample at one split vary by a few per cent; a pipeline whose cost doubles moves them by 100%.
+Where the timings cannot tell (none, or I/O with an unmeasured wait for a CPU, which contention
+inflates), ``DRIFT_WINDOWS`` surprising windows are the route."""
 
 STEADY_AFTER = 10
 """Windows at one allocation after which the model takes only one in ``STEADY_EVERY``."""
@@ -176,29 +177,36 @@ def run_queue_wait(
     return min(share * worker_s_per_batch, room)
 
 
-def cost_change(model: LoaderModel, obs: LoaderObservation) -> float:
-    """``log(measured / modelled)`` of a window's worker time per sample against ``model``'s
-    costs (0: the window cannot tell: no timings, no workers, or a model with nothing fitted).
-    CPU time per sample alone where the workers' wait for a CPU is unknown (their wall time
-    then mixes storage with contention); CPU and storage time where it is known. Only at the
-    worker count the model last saw: a change of count may move the time per sample itself
-    (storage answering more requests at once, cores shared by more workers), which is the
-    curve, not a change of the job's costs."""
+def cost_change(before: LoaderObservation | None, obs: LoaderObservation) -> float:
+    """``log(now / before)`` of the workers' time per sample in window ``obs`` against the
+    job's window ``before`` (0: they cannot tell: no earlier window, no timings, no workers, or
+    another worker count). CPU time per sample alone where either window's wait for a CPU is
+    unknown (wall time then mixes storage with contention); CPU and storage time where both
+    are known. Measured against a measured window, not the model's fitted costs: on a real
+    pipeline the fit's ``t_io`` and ``t_cpu`` are whatever reproduces its throughput curve
+    best, and may sit far (2-7x, seen) from what its workers time. The caller compares windows
+    at the same split of the node only (cores shared by other workers move the time per sample
+    too); at the same count only, since a change of count moves it for the curve's own reasons
+    (storage answering more requests at once)."""
     if (
-        not model.observations
-        or model.observations[-1].num_workers != obs.num_workers
+        before is None
+        or before.num_workers != obs.num_workers
         or obs.num_workers == 0
-        or obs.cpu_s is None
-        or obs.fetch_s is None
+        or None in (obs.cpu_s, obs.fetch_s, before.cpu_s, before.fetch_s)
     ):
         return 0.0
-    b = obs.batch_size
-    t_cpu, t_io = model.cpu_seconds_per_sample, model.io_seconds_per_sample
-    if obs.cpu_wait_s is None:
-        measured, modelled = obs.cpu_s / b, t_cpu
-    else:
-        io = max(obs.fetch_s - obs.cpu_wait_s - obs.cpu_s, 0.0) / b
-        measured, modelled = obs.cpu_s / b + io, t_cpu + t_io
-    if not (measured > 0 and modelled > 0):
+    timed = obs.cpu_wait_s is not None and before.cpu_wait_s is not None
+    measured, then = _per_sample(obs, timed), _per_sample(before, timed)
+    if not (measured > 0 and then > 0):
         return 0.0
-    return math.log(measured / modelled)
+    return math.log(measured / then)
+
+
+def _per_sample(o: LoaderObservation, storage: bool) -> float:
+    """A window's worker CPU time per sample, plus (``storage``) its wait for storage."""
+    assert o.cpu_s is not None and o.fetch_s is not None
+    t = o.cpu_s / o.batch_size
+    if storage:
+        assert o.cpu_wait_s is not None
+        t += max(o.fetch_s - o.cpu_wait_s - o.cpu_s, 0.0) / o.batch_size
+    return t

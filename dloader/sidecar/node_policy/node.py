@@ -23,7 +23,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dloader.predictor import LoaderModel, LoaderObservation
-from dloader.sidecar.node_policy.allocation import curve_moved, decide, expected
+from dloader.sidecar.node_policy.allocation import (
+    HEDGE_COST,
+    MAX_SPARE,
+    curve_moved,
+    decide,
+    expected,
+)
 from dloader.sidecar.node_policy.learning import (
     COST_CHANGE,
     DRIFT_WINDOWS,
@@ -137,6 +143,8 @@ class PolicyJob:
     """Windows observed in a row at its current worker count."""
     drift: int = 0
     """Surprising windows in a row: > 0 faster than predicted, < 0 slower."""
+    learnt_at: Split | None = None
+    """The node's split when its model last learnt from a window (None: never)."""
     placed: bool = False
     """Its model has decided its worker count at least once."""
     worker_memory_bytes: float = 0.0
@@ -215,11 +223,16 @@ class Reported:
 class NodePolicy:
     """Every job's state, the node's measured truth, and the decision (:meth:`decide`)."""
 
-    def __init__(self, name: str, budget: Budget) -> None:
+    def __init__(self, name: str, budget: Budget, *, spare: float = HEDGE_COST) -> None:
         """``name``: a policy of :data:`~.views.POLICIES`; ``budget``: the node's worker and CPU
-        budgets (the memory budget comes with each decision: it moves with the node)."""
+        budgets (the memory budget comes with each decision: it moves with the node);
+        ``spare``: the storage slow-down an I/O-bound job's spare workers carry (1: none;
+        ``HEDGE_COST``)."""
+        if not (math.isfinite(spare) and 1.0 <= spare <= MAX_SPARE):
+            raise ValueError(f"spare={spare}: expected within [1, {MAX_SPARE:g}] (1: none)")
         self.name = name
         self.budget = budget
+        self.spare = spare
         self.jobs: dict[str, PolicyJob] = {}
         self.truth = MeasuredTruth()
         self.dirty = True
@@ -347,14 +360,18 @@ class NodePolicy:
         s.run_length = gate.run_length
         if not gate.observe:
             return Reported(False, False, tuple(notes), tuple(events))
-        change = cost_change(s.model, obs)  # against the costs fitted before this window
+        split = self.split()
+        seen = s.model.observations
+        # against the last window the model learnt from, at the same split of the node
+        change = cost_change(seen[-1] if seen and s.learnt_at == split else None, obs)
         moved = abs(change) > math.log(COST_CHANGE)
         s.model.update(obs, refit=gate.redecide_now and not moved)  # refit on news only
+        s.learnt_at = split
         why = ""
         if moved:
             why = (
                 f"its workers' time per sample {100 * math.expm1(change):+.0f}% from its "
-                "model's in one window"
+                "last window's at this split"
             )
             keep = 1
         elif self._note_drift(s, gate.surprise):
@@ -433,7 +450,7 @@ class NodePolicy:
             return out
         views = [self._view(s) for s in states]
         budget = replace(self.budget, memory_bytes=memory_bytes)
-        decisions = decide(self.name, views, budget)
+        decisions = decide(self.name, views, budget, hedge=self.spare)
         if self.name == "adaptive":
             decisions = self.truth.steer(
                 views, budget, decisions, self.split(), self._limits(), now, self.changed_at
