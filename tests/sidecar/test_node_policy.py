@@ -184,6 +184,25 @@ def test_the_cost_of_a_window_against_the_last_one() -> None:
     assert pol.cost_change(None, same) == 0.0  # nothing to compare with
 
 
+def test_a_surprise_with_unchanged_timings_is_learnt_not_restarted() -> None:
+    """Windows far below the model's prediction, in a row, whose workers' timings are as
+    before: the model was wrong (the window teaches it), the job's costs did not change."""
+    p = pol.NodePolicy("adaptive", BUDGET)
+    p.add(job("a", registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+
+    def timed(rate: float) -> pol.ReportWindow:
+        return replace(window(2, rate, fetch=0.2), run_delay_s=(0.0,) * 2)
+
+    now = 2.5
+    for _ in range(4):
+        p.report("a", timed(300.0), now)
+        now += 2.0
+    for _ in range(4 * pol.DRIFT_WINDOWS):
+        assert not any(e.kind == "restarted" for e in p.report("a", timed(120.0), now).events)
+        now += 2.0
+    assert len(p.jobs["a"].model.observations) > pol.DRIFT_WINDOWS
+
+
 def test_a_neighbours_new_count_is_not_a_cost_change() -> None:
     """The same job, the same count, twice the time per sample, but a neighbour's count changed
     between the windows (cores shared by more workers): no restart; the next window at the

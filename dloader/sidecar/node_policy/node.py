@@ -37,6 +37,7 @@ from dloader.sidecar.node_policy.learning import (
     learning_gate,
     run_queue_wait,
     steady_window,
+    timed,
 )
 from dloader.sidecar.node_policy.measured import MeasuredTruth, Split, show_split, split_of
 from dloader.sidecar.node_policy.sharing import cpu_sets
@@ -374,7 +375,7 @@ class NodePolicy:
                 "last window's at this split"
             )
             keep = 1
-        elif self._note_drift(s, gate.surprise):
+        elif not timed(obs) and self._note_drift(s, gate.surprise):
             why = (
                 f"{DRIFT_WINDOWS} windows in a row {'faster' if gate.surprise > 0 else 'slower'} "
                 f"than its model predicted (last: {100 * math.expm1(gate.surprise):.0f}%)"
