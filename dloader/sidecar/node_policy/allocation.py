@@ -415,8 +415,8 @@ def decide(
         if step is None or step[0] - objective_new < min_gain:
             break
         objective_new, alloc = step
-    alloc = _hedged(alloc, planned, node, slots, room, hedge, release_loss)
-    objective_new = float(node.objective(alloc[None])[0])
+    if hedge > 1.0:
+        alloc, objective_new = _hedged(alloc, planned, node, slots, room, hedge, release_loss)
 
     current = np.minimum(node.row(held), node.length - 1)
     objective_old = float(node.objective(current[None])[0])
@@ -484,16 +484,17 @@ def _hedged(
     room: float,
     hedge: float,
     loss: float,
-) -> np.ndarray:
+) -> tuple[np.ndarray, float]:
     """``alloc`` with each I/O-bound job's hedge (``HEDGE_COST``) added, job by job, as far as
     the worker budget and the memory room allow and while the node's predicted objective loses
-    at most ``loss`` (spare workers' upkeep on a node whose cores are all in use)."""
+    at most ``loss`` (spare workers' upkeep on a node whose cores are all in use); and its
+    objective."""
     out = alloc.copy()
     base = float(node.objective(out[None])[0])
     for i, job in enumerate(jobs):
         assert job.model is not None  # planned jobs have one
         t_io, t_cpu = job.model.io_seconds_per_sample, job.model.cpu_seconds_per_sample
-        if hedge <= 1.0 or t_cpu > HEDGE_BUSY * (t_io + t_cpu):
+        if t_cpu > HEDGE_BUSY * (t_io + t_cpu):
             continue
         # k workers at a wait h times longer carry what k * (h t_io + t_cpu) / (t_io + t_cpu)
         # carry now (the loader's rate is k over a sample's time while its cores suffice)
@@ -510,7 +511,7 @@ def _hedged(
                     out, base = trial, value
                 break
             extra -= 1
-    return out
+    return out, base
 
 
 def fits(jobs: Sequence[JobView], budget: Budget, counts: dict[str, int]) -> bool:

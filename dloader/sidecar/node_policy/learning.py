@@ -197,8 +197,8 @@ def cost_change(before: LoaderObservation | None, obs: LoaderObservation) -> flo
         or None in (obs.cpu_s, obs.fetch_s, before.cpu_s, before.fetch_s)
     ):
         return 0.0
-    timed = obs.cpu_wait_s is not None and before.cpu_wait_s is not None
-    measured, then = _per_sample(obs, timed), _per_sample(before, timed)
+    storage = obs.cpu_wait_s is not None and before.cpu_wait_s is not None
+    measured, then = _per_sample(obs, storage), _per_sample(before, storage)
     if not (measured > 0 and then > 0):
         return 0.0
     return math.log(measured / then)
