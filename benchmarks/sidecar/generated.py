@@ -328,14 +328,17 @@ def run_mix(
     steady = steady_blocks(mix, n, settle_s)
     scores = {"sidecar": np.array([block_scores(r, mix) for r in sidecar])}
     scores |= {arm: np.array([block_scores(r, mix) for r in rs]) for arm, rs in runs.items() if rs}
-    ratios: dict[str, dict[str, tuple[float, float, float]]] = {}
-    for arm in ARMS:
-        if arm in scores:
-            ratios[arm] = {"whole": ratio_ci(scores["sidecar"], scores[arm], rng)}
-            if steady.any():
-                ratios[arm]["steady"] = ratio_ci(
-                    scores["sidecar"][:, steady], scores[arm][:, steady], rng
-                )
+
+    def ratios_of(ours: np.ndarray) -> dict[str, dict[str, tuple[float, float, float]]]:
+        out: dict[str, dict[str, tuple[float, float, float]]] = {}
+        for arm in ARMS:
+            if arm in scores and scores[arm] is not ours:
+                out[arm] = {"whole": ratio_ci(ours, scores[arm], rng)}
+                if steady.any():
+                    out[arm]["steady"] = ratio_ci(ours[:, steady], scores[arm][:, steady], rng)
+        return out
+
+    ratios = ratios_of(scores["sidecar"])
     parsed = [read_run(p) for p in runs_at]
     errors: dict[str, list[float]] = {}
     for p, res in zip(parsed, sidecar, strict=True):
@@ -356,6 +359,8 @@ def run_mix(
         "steady_blocks": int(steady.sum()),
         "scores": {k: v.mean(axis=1).tolist() for k, v in scores.items()},
         "ratios": ratios,
+        # --policy guided: the adaptive arm against the others too (same runs, paired blocks)
+        "adaptive_ratios": ratios_of(scores["adaptive"]) if "adaptive" in scores else {},
         "first_s": [s for p in parsed for s in p["first"].values()],
         "placed_s": [s for p in parsed for s in p["placed"].values()],
         "prediction_error": {k: median(v) for k, v in errors.items()},
@@ -423,6 +428,9 @@ def generated(
         )
         done.append(r)
         print("  sidecar " + ", ".join(f"/ {a} {_ci(v['whole'])}" for a, v in r["ratios"].items()))
+        if r["adaptive_ratios"]:
+            shown = (f"/ {a} {_ci(v['whole'])}" for a, v in r["adaptive_ratios"].items())
+            print("  adaptive sidecar " + ", ".join(shown))
         # written after every mix: a long run stopped early keeps what it measured
         outs(f"{name}.json").write_text(
             json.dumps(
@@ -513,6 +521,14 @@ def report(done: list[dict[str, Any]]) -> str:
             values = [r["ratios"][arm][part][0] for r in done if part in r["ratios"].get(arm, {})]
             target = TARGETS.get(arm, "") if part == "steady" else ""
             lines.append(summary(f"sidecar / {arm} ({part})", values, target))
+    for arm in ("naive", "auto"):  # --policy guided: the adaptive arm as well
+        values = [
+            r["adaptive_ratios"][arm]["steady"][0]
+            for r in done
+            if "steady" in r.get("adaptive_ratios", {}).get(arm, {})
+        ]
+        if values:
+            lines.append(summary(f"adaptive sidecar / {arm} (steady)", values))
     dynamic = [
         r["ratios"]["ceiling"]["whole"][0]
         for r in done

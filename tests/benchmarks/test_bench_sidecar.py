@@ -170,6 +170,28 @@ def test_block_scores_align_jobs_in_scenario_time() -> None:
     assert generated.block_scores(results, mix, block=5.0) == pytest.approx([1.0, 2.0])
 
 
+def test_the_report_gives_the_adaptive_arm_of_a_guided_run_its_own_ratios() -> None:
+    """A guided run's mixes carry the adaptive arm's ratios too: the summary gives their median
+    and worst; a mix from an older part (no such ratios) is left out of them, not an error."""
+
+    def mix(name: str, sidecar: float, adaptive: float | None) -> dict[str, Any]:
+        r = {"whole": (sidecar, sidecar - 0.1, sidecar + 0.1)}
+        r["steady"] = r["whole"]
+        a = {"whole": (adaptive, 0.0, 2.0), "steady": (adaptive, 0.0, 2.0)}
+        return {
+            "mix": name, "dynamic": False, "changes": False, "jobs": 2, "static_split": {},
+            "prediction_error": {}, "first_s": [], "placed_s": [],
+            "ratios": {"auto": r},
+            **({"adaptive_ratios": {"auto": a}} if adaptive is not None else {}),
+        }  # fmt: skip
+
+    out = generated.report([mix("s/0", 0.9, 1.2), mix("s/1", 0.95, 0.98), mix("s/2", 1.0, None)])
+    assert "sidecar / auto (steady): median 0.950, worst 0.900 (n=3)" in out
+    assert "adaptive sidecar / auto (steady): median 1.090, worst 0.980 (n=2)" in out
+    assert "adaptive sidecar / naive" not in out
+    assert "adaptive sidecar" not in generated.report([mix("s/2", 1.0, None)])
+
+
 def test_held_split_and_the_cut_to_a_budget() -> None:
     results = {
         "a": _job(0.0, 1.0, [(1.0, 1, 4), (2.0, 1, 9), (3.0, 1, 9)]),
@@ -323,3 +345,6 @@ def test_bench_sidecar_contention_ablation_small(
     assert "--contention --ablation nice,spares --policy guided" in out
     assert "sidecar / auto_nice (steady): median" in out
     assert "sidecar / adaptive (steady): median" in out
+    # the adaptive arm against the others as well, from the same runs
+    assert set(mix["adaptive_ratios"]) == arms - {"adaptive"}
+    assert "adaptive sidecar / auto (steady): median" in out
