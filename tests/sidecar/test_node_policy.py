@@ -203,6 +203,22 @@ def test_a_surprise_with_unchanged_timings_is_learnt_not_restarted() -> None:
     assert len(p.jobs["a"].model.observations) > pol.DRIFT_WINDOWS
 
 
+def test_a_timed_window_breaks_a_row_of_surprises() -> None:
+    """Surprising windows without the wait for a CPU timed count towards a restart only in a
+    row: a timed window between them (whose timings say the costs did not change) breaks it."""
+    p = pol.NodePolicy("adaptive", BUDGET)
+    p.add(job("a", registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+    timed = replace(window(2, 120.0), run_delay_s=(0.0,) * 2)
+    now = 2.5
+    for _ in range(4):
+        p.report("a", window(2, 300.0), now)
+        now += 2.0
+    for _ in range(4):
+        for w in [window(2, 120.0)] * (pol.DRIFT_WINDOWS - 1) + [timed]:
+            assert not any(e.kind == "restarted" for e in p.report("a", w, now).events)
+            now += 2.0
+
+
 def test_a_neighbours_new_count_is_not_a_cost_change() -> None:
     """The same job, the same count, twice the time per sample, but a neighbour's count changed
     between the windows (cores shared by more workers): no restart; the next window at the

@@ -375,7 +375,7 @@ class NodePolicy:
                 "last window's at this split"
             )
             keep = 1
-        elif not timed(obs) and self._note_drift(s, gate.surprise):
+        elif self._note_drift(s, obs, gate.surprise):
             why = (
                 f"{DRIFT_WINDOWS} windows in a row {'faster' if gate.surprise > 0 else 'slower'} "
                 f"than its model predicted (last: {100 * math.expm1(gate.surprise):.0f}%)"
@@ -584,10 +584,12 @@ class NodePolicy:
             self.dirty = True
         return False
 
-    def _note_drift(self, s: PolicyJob, surprise: float) -> bool:
+    def _note_drift(self, s: PolicyJob, obs: LoaderObservation, surprise: float) -> bool:
         """Whether ``DRIFT_WINDOWS`` surprising windows came in a row, all one way (the job's
-        costs changed, where its workers' timings could not say it in one window)."""
-        way = (surprise > 0) - (surprise < 0)  # +1 faster, -1 slower, 0 as predicted
+        costs changed, where its workers' timings could not say it in one window). A window
+        with full timings (:func:`~.learning.timed`) breaks the row: they said no change."""
+        # +1 faster, -1 slower, 0 as predicted (or timed)
+        way = 0 if timed(obs) else (surprise > 0) - (surprise < 0)
         s.drift = s.drift + way if way * s.drift > 0 else way
         return abs(s.drift) >= DRIFT_WINDOWS
 
