@@ -165,23 +165,68 @@ def test_a_cost_change_is_followed_in_one_window() -> None:
     assert model.io_seconds_per_sample == pytest.approx(0.3 / 32)
 
 
-def test_the_cost_of_a_window_against_the_last_one() -> None:
+def test_the_cost_of_a_window_against_the_recent_ones() -> None:
     base = dict(num_workers=2, cores=2.0, batch_size=32, samples_per_s=300.0)
     base |= dict(idle_share=0.5, step_s=32 / 300)
     before = LoaderObservation(**base, fetch_s=0.2, cpu_s=0.1, cpu_wait_s=0.0)
     same = LoaderObservation(**base, fetch_s=0.2, cpu_s=0.1, cpu_wait_s=0.0)
-    assert pol.cost_change(before, same) == pytest.approx(0.0, abs=1e-6)
+    fixed = math.log(pol.COST_CHANGE)
+    assert pol.cost_change([before], same) == pytest.approx((0.0, fixed), abs=1e-6)
     slower = LoaderObservation(**base, fetch_s=0.5, cpu_s=0.1, cpu_wait_s=0.1)  # 0.1 s of it a wait
-    assert pol.cost_change(before, slower) == pytest.approx(math.log(2.0))  # 0.4 s, not 0.2
+    assert pol.cost_change([before], slower).change == pytest.approx(math.log(2.0))  # 0.4, not 0.2
+    assert pol.cost_change([before], slower).moved
     # the wait for a CPU unknown: the wall time cannot tell storage from contention; CPU can
     busy = LoaderObservation(**base, fetch_s=0.9, cpu_s=0.1)
-    assert pol.cost_change(before, busy) == pytest.approx(0.0, abs=1e-6)
+    assert pol.cost_change([before], busy).change == pytest.approx(0.0, abs=1e-6)
     heavier = LoaderObservation(**base, fetch_s=0.9, cpu_s=0.2)
-    assert pol.cost_change(before, heavier) == pytest.approx(math.log(2.0))
-    assert pol.cost_change(before, LoaderObservation(**base)) == 0.0  # no timings
+    assert pol.cost_change([before], heavier).change == pytest.approx(math.log(2.0))
+    assert pol.cost_change([before], LoaderObservation(**base)).change == 0.0  # no timings
     other = LoaderObservation(**{**base, "num_workers": 4}, fetch_s=0.5, cpu_s=0.2, cpu_wait_s=0)
-    assert pol.cost_change(before, other) == 0.0  # another count: its curve, not its costs
-    assert pol.cost_change(None, same) == 0.0  # nothing to compare with
+    assert pol.cost_change([before], other).change == 0.0  # another count: its curve, not costs
+    assert not pol.cost_change([], same).moved  # nothing to compare with
+
+
+def test_a_cost_change_is_judged_against_the_recent_windows_spread() -> None:
+    """Against the median of the recent windows, not the last one (an outlier there is not
+    the reference), and beyond their own spread: a pipeline whose windows' time per sample
+    varies by +-30% does not say a change at +45%; a steady one does, and both at 3x."""
+
+    def at(cpu: float) -> LoaderObservation:
+        return LoaderObservation(
+            num_workers=1, cores=2.0, batch_size=32, samples_per_s=300.0, idle_share=0.5,
+            step_s=32 / 300, fetch_s=cpu, cpu_s=cpu, cpu_wait_s=0.0,
+        )  # fmt: skip
+
+    steady = [at(0.1 * (1 + d)) for d in (0.0, 0.02, -0.02, 0.01, -0.01)]
+    noisy = [at(0.1 * (1 + d)) for d in (0.0, 0.3, -0.3, 0.25, -0.25)]
+    assert pol.cost_change(steady, at(0.145)).moved
+    assert not pol.cost_change(noisy, at(0.145)).moved
+    assert pol.cost_change(noisy, at(0.3)).moved and pol.cost_change(steady, at(0.3)).moved
+    # one outlier last: the median stands
+    assert pol.cost_change([*steady, at(0.2)], at(0.1)).change == pytest.approx(0.0, abs=0.02)
+
+
+def test_a_noisy_job_is_not_restarted_by_its_own_noise() -> None:
+    """Windows whose time per sample moves by +-35% around a steady level (packed text on a
+    crowded node), reported at one split: its model never restarts, and the split's
+    measurements are kept; a real change after them (2.6x) still restarts it."""
+    p = pol.NodePolicy("adaptive", BUDGET)
+    p.add(job("a", registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+
+    def timed(cpu: float) -> pol.ReportWindow:
+        return replace(window(2, 0.2 / cpu * 300.0, fetch=cpu, cpu=cpu), run_delay_s=(0.0,) * 2)
+
+    now = 2.5
+    for d in (0.0, 0.35, -0.3, 0.3, -0.25, 0.35, -0.3, 0.3, -0.35, 0.3) * 2:
+        events = p.report("a", timed(0.2 * (1 + d)), now).events
+        assert not events, d  # neither a restart nor a "changed" of the measured splits
+        now += 2.0
+    for _ in range(10):  # twice the usual level: a change, once a window is learnt
+        again = p.report("a", timed(0.2 * 2.6), now)
+        now += 2.0
+        if again.learned:
+            break
+    assert "restarted" in [e.kind for e in again.events]
 
 
 def test_a_surprise_with_unchanged_timings_is_learnt_not_restarted() -> None:

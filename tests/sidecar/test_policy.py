@@ -429,6 +429,21 @@ def test_a_window_unlike_before_at_a_split_forgets_every_measurement() -> None:
     assert m.samples[here]["a"] == [55.0, 57.0]
 
 
+def test_a_noisy_jobs_window_says_a_change_only_past_its_own_spread() -> None:
+    """Packed text on a crowded node measured 240-450 samples/s in the windows of one split:
+    a window 39% below their mean is its noise, not a change; half of a steady level is."""
+    m = Measurements()
+    here = split_of({"a": 1})
+    for value in (448.0, 345.0):
+        assert not m.add(here, "a", value, now=0.0)
+    assert not m.add(here, "a", 242.0, now=1.0)  # 39% below the mean: within 3 spreads
+    assert m.samples[here]["a"] == [448.0, 345.0, 242.0]
+    steady = split_of({"b": 1})
+    for value in (100.0, 104.0, 97.0):
+        assert not m.add(steady, "b", value, now=2.0)
+    assert m.add(steady, "b", 50.0, now=3.0)  # its cost doubled
+
+
 def measured(scores: dict[Split, float], now: float = 0.0) -> Measurements:
     """Each split measured at ``scores`` (every job at limit 1: its share of the score)."""
     m = Measurements()

@@ -70,7 +70,8 @@ and the trainers' wait for a core, which the model's sharing does not see). A pr
 if it measures better (such a lighter one: if it measures no worse; a tie goes to fewer
 threads); each that does not doubles the wait before the next. Measurements are forgotten after
 ``MEASURE_STALE_S`` (costs change), and all at once when a job measures unlike before at the
-same split (``MEASURE_CHANGED``: its costs, or a neighbour's, changed under it).
+same split beyond their usual spread (``MEASURE_CHANGED``, ``CHANGE_Z``: its costs, or a
+neighbour's, changed under it).
 """
 
 from dloader.sidecar.node_policy.allocation import (
@@ -85,7 +86,9 @@ from dloader.sidecar.node_policy.allocation import (
     heavier,
 )
 from dloader.sidecar.node_policy.learning import (
+    CHANGE_Z,
     COST_CHANGE,
+    COST_HISTORY,
     DRIFT_WINDOWS,
     FIRST_WINDOW_S,
     MIN_WINDOW_S,
@@ -93,6 +96,7 @@ from dloader.sidecar.node_policy.learning import (
     STEADY_AFTER,
     STEADY_EVERY,
     SURPRISE,
+    CostChange,
     Learning,
     cost_change,
     learning_gate,
@@ -155,8 +159,10 @@ from dloader.sidecar.node_policy.views import (
 )
 
 __all__ = [
+    "CHANGE_Z",
     "CORES_STEP",
     "COST_CHANGE",
+    "COST_HISTORY",
     "CPU_BOUND_WORKER",
     "CURVE_MOVE",
     "DRIFT_WINDOWS",
@@ -193,6 +199,7 @@ __all__ = [
     "TARGET_CHANGE",
     "Budget",
     "Candidate",
+    "CostChange",
     "Decided",
     "JobView",
     "Learning",

@@ -6,11 +6,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 from dloader.predictor import LoaderModel, LoaderObservation
 
 __all__ = [
+    "CHANGE_Z",
     "COST_CHANGE",
+    "COST_HISTORY",
     "DRIFT_WINDOWS",
     "FIRST_WINDOW_S",
     "MIN_WINDOW_S",
@@ -18,6 +23,7 @@ __all__ = [
     "STEADY_AFTER",
     "STEADY_EVERY",
     "SURPRISE",
+    "CostChange",
     "Learning",
     "cost_change",
     "learning_gate",
@@ -49,12 +55,26 @@ workers did not fully time (:func:`timed`): the timings say a change of costs in
 
 COST_CHANGE = 1.4
 """A steady window whose workers' time per sample (their CPU, plus their wait for storage where
-their wait for a CPU is measured) is this many times that of the job's last window its model
-learnt from, or this many times less, at the same split of the node, says the job's costs
-changed: its model restarts from that window at once, keeping its shape. Two windows' times per
-sample at one split vary by a few per cent; a pipeline whose cost doubles moves them by 100%.
+their wait for a CPU is measured) is this many times the typical one (the median) of the job's
+recent windows its model learnt from at the same split of the node, or this many times less,
+and beyond ``CHANGE_Z`` times their spread, says the job's costs changed: its model restarts
+from that window at once, keeping its shape. Two windows' times per sample at one split of a
+steady pipeline vary by a few per cent; a pipeline whose cost doubles moves them by 100%.
 Where the timings cannot tell (none, or I/O with an unmeasured wait for a CPU, which contention
 inflates), ``DRIFT_WINDOWS`` surprising windows are the route."""
+
+CHANGE_Z = 3.0
+"""Standard deviations of a job's own recent windows (their time per sample, or their
+throughput at one split) a window must lie from their centre, beyond the fixed share, to say
+that something changed. Some pipelines vary far more than a few per cent between 1-s windows
+with nothing changed: packed text, whose samples' cost has a heavy tail (a 4,000-word document
+in one sample), measured 240-450 samples/s in the windows of one split on a crowded 2-core
+node, and its workers' time per sample moved by -37% and +40% in two windows; a fixed 40%
+restarted its model four times in 120 s on noise alone. With a single earlier window there is
+no spread: the fixed share alone decides."""
+
+COST_HISTORY = 8
+"""Recent windows at the job's split the cost comparison looks at (:func:`cost_change`)."""
 
 STEADY_AFTER = 10
 """Windows at one allocation after which the model takes only one in ``STEADY_EVERY``."""
@@ -179,29 +199,45 @@ def run_queue_wait(
     return min(share * worker_s_per_batch, room)
 
 
-def cost_change(before: LoaderObservation | None, obs: LoaderObservation) -> float:
-    """``log(now / before)`` of the workers' time per sample in window ``obs`` against the
-    job's window ``before`` (0: they cannot tell: no earlier window, no timings, no workers, or
-    another worker count). CPU time per sample alone where either window's wait for a CPU is
-    unknown (wall time then mixes storage with contention); CPU and storage time where both
-    are known. Measured against a measured window, not the model's fitted costs: on a real
-    pipeline the fit's ``t_io`` and ``t_cpu`` are whatever reproduces its throughput curve
-    best, and may sit far (2-7x, seen) from what its workers time. The caller compares windows
-    at the same split of the node only (cores shared by other workers move the time per sample
-    too); at the same count only, since a change of count moves it for the curve's own reasons
-    (storage answering more requests at once)."""
-    if (
-        before is None
-        or before.num_workers != obs.num_workers
-        or obs.num_workers == 0
-        or None in (obs.cpu_s, obs.fetch_s, before.cpu_s, before.fetch_s)
-    ):
-        return 0.0
-    storage = obs.cpu_wait_s is not None and before.cpu_wait_s is not None
-    measured, then = _per_sample(obs, storage), _per_sample(before, storage)
-    if not (measured > 0 and then > 0):
-        return 0.0
-    return math.log(measured / then)
+class CostChange(NamedTuple):
+    """A window's time per sample against the job's recent windows (:func:`cost_change`)."""
+
+    change: float
+    """``log(now / typical)`` (0: they cannot tell)."""
+    threshold: float
+    """How far ``change`` must go to say the costs changed: ``log(COST_CHANGE)``, or
+    ``CHANGE_Z`` times the spread of the recent windows' log time per sample if that is wider."""
+
+    @property
+    def moved(self) -> bool:
+        return abs(self.change) > self.threshold
+
+
+def cost_change(before: Sequence[LoaderObservation], obs: LoaderObservation) -> CostChange:
+    """The workers' time per sample in window ``obs`` against the median of the job's recent
+    windows ``before`` at the same worker count (others are skipped; no change where none
+    compares, or ``obs`` has no timings or no workers). CPU time per sample alone where any of
+    those windows' wait for a CPU is unknown (wall time then mixes storage with contention);
+    CPU and storage time where all are known. Measured against measured windows, not the model's
+    fitted costs: on a real pipeline the fit's ``t_io`` and ``t_cpu`` are whatever reproduces its
+    throughput curve best, and may sit far (2-7x, seen) from what its workers time. The caller
+    passes windows at the same split of the node only (cores shared by other workers move the
+    time per sample too); at the same count only, since a change of count moves it for the
+    curve's own reasons (storage answering more requests at once)."""
+    fixed = math.log(COST_CHANGE)
+    same = [
+        b for b in before if b.num_workers == obs.num_workers and None not in (b.cpu_s, b.fetch_s)
+    ]
+    if not same or obs.num_workers == 0 or None in (obs.cpu_s, obs.fetch_s):
+        return CostChange(0.0, fixed)
+    storage = obs.cpu_wait_s is not None and all(b.cpu_wait_s is not None for b in same)
+    measured = _per_sample(obs, storage)
+    then = [t for t in (_per_sample(b, storage) for b in same) if t > 0]
+    if not (measured > 0 and then):
+        return CostChange(0.0, fixed)
+    logs = np.log(then)
+    spread = float(np.std(logs, ddof=1)) if len(logs) >= 2 else 0.0
+    return CostChange(math.log(measured) - float(np.median(logs)), max(fixed, CHANGE_Z * spread))
 
 
 def timed(obs: LoaderObservation) -> bool:

@@ -17,6 +17,7 @@ from dloader.sidecar.node_policy.allocation import (
     modelled,
     row_sums,
 )
+from dloader.sidecar.node_policy.learning import CHANGE_Z
 from dloader.sidecar.node_policy.views import Budget, JobView, WorkerDecision, bounds
 
 __all__ = [
@@ -62,9 +63,11 @@ MEASURE_STALE_S = 90.0
 
 MEASURE_CHANGED = 0.25
 """A steady window of a job this far (as a share) from the mean of what it measured before at
-the same split says the node changed under that split (a pipeline's cost, a neighbour's): every
-split's measurements are forgotten at once, since each was taken under the old costs (a window
-of the jobs here varies by a few per cent; a pipeline whose cost doubles moves by 40-50%)."""
+the same split, and ``CHANGE_Z`` times those windows' spread, says the node changed under that
+split (a pipeline's cost, a neighbour's): every split's measurements are forgotten at once,
+since each was taken under the old costs (a window of most jobs varies by a few per cent; a
+pipeline whose cost doubles moves by 40-50%; one whose windows vary more says a change only
+past their own spread)."""
 
 PROBE_AFTER_S = 5.0
 """Steady this long at a measured split: try the untried neighbour the model ranks best (a
@@ -127,13 +130,14 @@ class Measurements:
 
     def add(self, split: Split, job_id: str, samples_per_s: float, now: float) -> bool:
         """One steady window of ``job_id`` at ``split``. True when it says the node changed
-        (``MEASURE_CHANGED``): everything measured before is forgotten, and this window starts
-        anew."""
+        (``MEASURE_CHANGED``, ``CHANGE_Z``): everything measured before is forgotten, and this
+        window starts anew."""
         per = self.samples.setdefault(split, {})
         values = per.setdefault(job_id, [])
         if len(values) >= MEASURE_WINDOWS:
             before = sum(values) / len(values)
-            if before > 0 and abs(samples_per_s / before - 1) > MEASURE_CHANGED:
+            spread = CHANGE_Z * float(np.std(values, ddof=1)) / before if before > 0 else 0.0
+            if before > 0 and abs(samples_per_s / before - 1) > max(MEASURE_CHANGED, spread):
                 self.samples, self.last = {split: {job_id: [samples_per_s]}}, {split: now}
                 return True
         values.append(samples_per_s)

@@ -31,7 +31,7 @@ from dloader.sidecar.node_policy.allocation import (
     expected,
 )
 from dloader.sidecar.node_policy.learning import (
-    COST_CHANGE,
+    COST_HISTORY,
     DRIFT_WINDOWS,
     cost_change,
     learning_gate,
@@ -146,6 +146,9 @@ class PolicyJob:
     """Surprising windows in a row: > 0 faster than predicted, < 0 slower."""
     learnt_at: Split | None = None
     """The node's split when its model last learnt from a window (None: never)."""
+    recent: list[LoaderObservation] = field(default_factory=list)
+    """The last windows (``COST_HISTORY``) its model learnt from at ``learnt_at``, since its
+    costs last changed: what a new window's time per sample is compared with."""
     placed: bool = False
     """Its model has decided its worker count at least once."""
     worker_memory_bytes: float = 0.0
@@ -362,17 +365,17 @@ class NodePolicy:
         if not gate.observe:
             return Reported(False, False, tuple(notes), tuple(events))
         split = self.split()
-        seen = s.model.observations
-        # against the last window the model learnt from, at the same split of the node
-        change = cost_change(seen[-1] if seen and s.learnt_at == split else None, obs)
-        moved = abs(change) > math.log(COST_CHANGE)
+        # against the recent windows the model learnt from, at the same split of the node
+        recent = s.recent if s.learnt_at == split else []
+        cost = cost_change(recent, obs)
+        moved = cost.moved
         s.model.update(obs, refit=gate.redecide_now and not moved)  # refit on news only
-        s.learnt_at = split
+        s.learnt_at, s.recent = split, [*recent, obs][-COST_HISTORY:]
         why = ""
         if moved:
             why = (
-                f"its workers' time per sample {100 * math.expm1(change):+.0f}% from its "
-                "last window's at this split"
+                f"its workers' time per sample {100 * math.expm1(cost.change):+.0f}% from its "
+                f"recent windows' at this split (beyond {100 * math.expm1(cost.threshold):.0f}%)"
             )
             keep = 1
         elif self._note_drift(s, obs, gate.surprise):
@@ -383,7 +386,7 @@ class NodePolicy:
             keep = DRIFT_WINDOWS
         if why:
             s.model.keep_recent(keep, keep_shape=True)
-            s.drift = 0
+            s.drift, s.recent = 0, [obs]
             self.truth.forget()
             self.dirty = True
             notes.append(
