@@ -118,8 +118,9 @@ def ratio_ci(
 def read_run(folder: Path) -> dict[str, Any]:
     """From the state file of an adaptive sidecar's run in ``folder``, per job label: seconds
     from registering to its first directed count (``first``) and to its model's placement
-    (``placed``); and the model's expectations at each change of the node's split: ``(time,
-    {label: samples/s})``."""
+    (``placed``), and when that first count was directed (``first_at``, the clock's time); and
+    the model's expectations at each change of the node's split: ``(time, {label:
+    samples/s})``."""
     rec = read_records(folder)
     names = rec.names
     registered = {name: at for _, name, at in rec.registered}
@@ -139,7 +140,21 @@ def read_run(folder: Path) -> dict[str, Any]:
             expects.setdefault(at, {})[label] = e.samples_per_s
     for label, x in placed.items():  # placed at the count it came with: no directive for it
         first[label] = min(first.get(label, math.inf), x)
-    return {"first": first, "placed": placed, "expects": sorted(expects.items())}
+    first_at = {label: registered[label] + x for label, x in first.items()}
+    out = {"first": first, "first_at": first_at, "placed": placed}
+    return out | {"expects": sorted(expects.items())}
+
+
+def after_first_batch(first_at: dict[str, float], results: dict[str, Any]) -> list[float]:
+    """Seconds from each job's first batch to its first directed count (the issue's measure:
+    the first split in effect within 2 s of a job's first batch; a job registers only once its
+    loader iterates, and its agent's helper process takes a while to start)."""
+    out = []
+    for label, at in first_at.items():
+        r = results.get(label)
+        if r and r["timeline"]:
+            out.append(at - (r["started"] + r["timeline"][0][0]))
+    return out
 
 
 def prediction_errors(
@@ -363,6 +378,11 @@ def run_mix(
         "adaptive_ratios": ratios_of(scores["adaptive"]) if "adaptive" in scores else {},
         "first_s": [s for p in parsed for s in p["first"].values()],
         "placed_s": [s for p in parsed for s in p["placed"].values()],
+        "first_batch_s": [
+            s
+            for p, res in zip(parsed, sidecar, strict=True)
+            for s in after_first_batch(p["first_at"], res)
+        ],
         "prediction_error": {k: median(v) for k, v in errors.items()},
     }
 
@@ -540,12 +560,17 @@ def report(done: list[dict[str, Any]]) -> str:
         )
     first = [s for r in done for s in r["first_s"]]
     placed = [s for r in done for s in r["placed_s"]]
-    for name, xs in (("first placement", first), ("placed by its model", placed)):
+    batch = [s for r in done for s in r.get("first_batch_s", [])]  # older results lack it
+    for name, xs, target in (
+        ("first placement after registering", first, ""),
+        ("placed by its model after registering", placed, ""),
+        ("first placement after the job's first batch", batch, " (target: p95 <= 2 s)"),
+    ):
         if xs:
             p50, p95 = np.percentile(xs, [50, 95])
             lines.append(
-                f"{name} after registering: p50 {p50:.1f} s, p95 {p95:.1f} s, max {max(xs):.1f} s "
-                f"(n={len(xs)})" + (" (target: p95 <= 2 s)" if name == "first placement" else "")
+                f"{name}: p50 {p50:.1f} s, p95 {p95:.1f} s, max {max(xs):.1f} s (n={len(xs)})"
+                + target
             )
     errors = [e for r in done for e in r["prediction_error"].values()]
     if errors:

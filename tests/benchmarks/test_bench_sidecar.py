@@ -258,6 +258,11 @@ def test_the_records_give_placements_and_each_splits_expectations(tmp_path: Path
     parsed = generated.read_run(run)
     assert parsed["first"] == pytest.approx({"j1": 0.8, "j2": 0.5})
     assert parsed["placed"] == pytest.approx({"j1": 0.8, "j2": 2.1})
+    # from each job's first batch: j1's came 0.3 s after it registered, j2's 0.2 s before
+    batches = {"j1": _job(t - 1.0, 100.0, [(1.3, 8, 4)]), "j2": _job(t, 50.0, [(-0.2, 8, 4)])}
+    assert sorted(generated.after_first_batch(parsed["first_at"], batches)) == pytest.approx(
+        [0.5, 0.7]
+    )
     t0 = parsed["expects"][0][0]
     assert [v for _, v in parsed["expects"]] == [{"j1": 100, "j2": 50}, {"j1": 120, "j2": 40}]
     # j1 measured 80/s from 2 s to 6 s (predicted 100: 25% off), then 120/s from 8 s to the
@@ -314,6 +319,7 @@ def test_bench_sidecar_generated_small(tmp_path: Path, capsys: pytest.CaptureFix
     assert "seed 7 (reproduce: --generated 1 --gen-seed 7 --length 12)" in out
     assert "sidecar / auto (steady): median" in out and "(target: median >= 1.05" in out
     assert "first placement after registering" in out
+    assert "first placement after the job's first batch" in out and mix["first_batch_s"]
     combined = tmp_path / "combined"
     part = tmp_path / "bench_sidecar_generated.json"
     assert bench_sidecar.main(["--combine", str(part), "--out-dir", str(combined)]) == 0
