@@ -81,6 +81,7 @@ __all__ = [
     "candidate_counts",
     "optimize",
     "place",
+    "throughput_grid",
 ]
 
 #: Seconds a change of a job's GPU count costs (checkpoint, restart, resume), when not stated.
@@ -294,7 +295,9 @@ def _utility(u: np.ndarray, power: float) -> np.ndarray:
     return np.log(u) if power == 0 else u**power / power
 
 
-def _grids(jobs: Sequence[OptimizerJob], gpus: np.ndarray, batches: np.ndarray) -> np.ndarray:
+def throughput_grid(
+    jobs: Sequence[OptimizerJob], gpus: np.ndarray, batches: np.ndarray
+) -> np.ndarray:
     """``out[j, i, m]``: job j's predicted samples/s on ``gpus[j, i]`` at ``batches[j, m]``.
 
     Throughput functions with an ``evaluate_many`` (:data:`ThroughputFn`) are evaluated together,
@@ -345,7 +348,7 @@ def _tables(
         if objective == "goodput" and job.efficiency is not None:
             eff[i, :n] = job.efficiency(batches[i, :n])
         eff[i, n:] = 0.0  # padding: never the best batch
-    grid = _grids(jobs, gpus, batches)
+    grid = throughput_grid(jobs, gpus, batches)
     grid = np.where(np.isfinite(grid) & (grid > 0), grid, 0.0)
     for i, job in enumerate(jobs):
         if job.feed is not None:

@@ -24,6 +24,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from dloader.errors import PredictorError
 
 __all__ = ["MAX_INPUT_POINTS", "InputModel"]
@@ -96,6 +98,14 @@ class InputModel:
                 return prev_r + (r - prev_r) * (cores - prev_c) / (c - prev_c)
             prev_c, prev_r = c, r
         return cores * self.samples_per_core
+
+    def rates(self, cores: np.ndarray) -> np.ndarray:
+        """:meth:`rate` of every entry of ``cores`` at once."""
+        c = np.asarray(cores, dtype=float)
+        xs = np.array([0.0, *(p[0] for p in self.points)])
+        ys = np.array([0.0, *(p[1] for p in self.points)])
+        inside = np.interp(c, xs, ys)
+        return np.where(c <= 0, 0.0, np.where(c <= xs[-1], inside, c * self.samples_per_core))
 
     def cores_for(self, samples_per_s: float) -> float:
         """The fewest cores that deliver ``samples_per_s`` (``inf`` for ``inf``)."""

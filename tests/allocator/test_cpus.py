@@ -84,6 +84,16 @@ def test_a_nodes_cores_go_first_to_what_each_job_needs() -> None:
     assert cores["alone"] == (0.0, 12.0)  # need unknown: all it can get (idle GPUs' cores too)
     assert proportional_cores(placements, cluster)["light"] == (6.0, 0.0)
     assert divide_cores(placements, {}, {}, Cluster((4, 4))) == {}
+    # a job on two nodes: its need split by its GPUs on each; weights where the cores run short
+    wide = {"a": (2, 2), "b": (2, 0), "c": (0, 2)}
+    cores = divide_cores(wide, {"a": 8.0, "b": 30.0, "c": 1.0}, {"b": 3.0}, cluster)
+    # node 0: a needs 4, b 15 of 12: water-filled by GPUs x weight (a 2, b 6): a 3, b 9;
+    # node 1: a 4 and c 1 fit, the 7 left split by their GPUs
+    assert cores["a"] == pytest.approx((3.0, 7.5)) and cores["b"] == pytest.approx((9.0, 0.0))
+    assert cores["c"] == pytest.approx((0.0, 4.5))
+    short = divide_cores(wide, {"a": 40.0, "b": 30.0}, {"b": 3.0}, cluster)
+    assert short["a"][0] == pytest.approx(3.0) and short["b"][0] == pytest.approx(9.0)
+    assert divide_cores({}, {}, {}, cluster) == {}
 
 
 def test_the_dp_values_a_count_at_what_its_cores_feed() -> None:

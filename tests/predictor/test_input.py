@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from dloader.predictor import MAX_INPUT_POINTS, InputModel, PredictorError
@@ -20,6 +21,13 @@ def test_piecewise_linear_through_the_origin_and_linear_beyond() -> None:
     assert m.cores_for(0) == 0.0
     assert m.cores_for(math.inf) == math.inf
     assert m.samples_per_core == pytest.approx(80.0)
+
+
+def test_rates_of_many_core_counts_at_once_are_each_rate() -> None:
+    m = InputModel(((1.0, 100.0), (3.0, 240.0)))
+    cores = np.array([-1.0, 0.0, 0.5, 1.0, 2.0, 3.0, 6.0, 40.0])
+    assert m.rates(cores).tolist() == pytest.approx([m.rate(float(c)) for c in cores])
+    assert m.rates(np.array([[0.5, 6.0]])).shape == (1, 2)
 
 
 def test_of_sorts_keeps_the_newest_per_count_and_never_falls() -> None:

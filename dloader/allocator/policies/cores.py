@@ -102,25 +102,40 @@ def divide_cores(
     if cluster.cpus is None:
         return {}
     jobs = list(placements)
-    out = {j: [0.0] * len(cluster.nodes) for j in jobs}
-    for n, cores in enumerate(cluster.cpus):
-        here = [j for j in jobs if placements[j][n] > 0]
-        if not here:
-            continue
-        demand = np.array(
-            [need.get(j, math.inf) * placements[j][n] / max(sum(placements[j]), 1) for j in here]
-        )
-        demand = np.where(np.isfinite(demand), demand, cores)
-        w = np.array([weights.get(j, 1.0) * placements[j][n] for j in here])
+    if not jobs:
+        return {}
+    gpus = np.array([placements[j] for j in jobs], dtype=float).reshape(len(jobs), -1)
+    # each job's need per GPU (inf: as much as it can get) and its weight
+    per_gpu = np.array([need.get(j, math.inf) for j in jobs]) / np.maximum(gpus.sum(axis=1), 1)
+    weight = np.array([weights.get(j, 1.0) for j in jobs])
+    out = np.zeros_like(gpus)
+    nodes, rows = np.nonzero(gpus.T)  # node by node, its jobs in the placements' order
+    cut = np.flatnonzero(np.diff(nodes)) + 1
+    groups = zip(nodes[np.r_[0, cut]], np.split(rows, cut), strict=True) if len(nodes) else ()
+    for n, here in groups:
+        cores = cluster.cpus[int(n)]
+        g = gpus[here, n]
+        demand = per_gpu[here] * g
+        demand = np.where(np.isfinite(demand), demand, cores)  # inf: as much as it can get
+        w = weight[here] * g
         got = water_fill(demand, w, cores)
         # cores still free (every job here has what it needs): the rest goes the same way, so
         # that a pipeline the model underrates may still use it
         spare = cores - float(got.sum())
         if spare > 1e-9:
             got = got + spare * w / w.sum()
-        for j, c in zip(here, got, strict=True):
-            out[j][n] = float(c)
-    return {j: tuple(v) for j, v in out.items()}
+        out[here, n] = got
+    return {j: tuple(row) for j, row in zip(jobs, out.tolist(), strict=True)}
+    gpus = np.array([placements[j] for j in jobs], dtype=float).reshape(len(jobs), -1)
+    # each job's need per GPU (inf: as much as it can get), its weight
+    per_gpu = np.array([need.get(j, math.inf) for j in jobs]) / np.maximum(gpus.sum(axis=1), 1)
+    weight = np.array([weights.get(j, 1.0) for j in jobs])
+    out = np.zeros_like(gpus)
+    nodes, rows = np.nonzero(gpus.T)  # node by node, its jobs in the placements' order
+    starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]]) if len(nodes) else []
+    for here in np.split(rows, starts[1:]) if len(nodes) else []:
+        n = int(nodes[np.searchsorted(rows, here[0])]) if False else None  # placeholder
+    return {}
 
 
 def divide_pool(
@@ -150,7 +165,7 @@ def fed_table(
     ``gpus``, one column per batch size) capped at what ``k * cores_per_gpu`` cores feed."""
 
     def feed(gpus: np.ndarray, table: np.ndarray) -> np.ndarray:
-        cap = np.array([model.rate(float(k) * cores_per_gpu) for k in gpus])
+        cap = model.rates(np.asarray(gpus, dtype=float) * cores_per_gpu)
         return np.minimum(table, cap[:, None])
 
     return feed

@@ -19,6 +19,7 @@ from dloader.allocator.optimizer import (
     Plan,
     optimize,
     place,
+    throughput_grid,
 )
 from dloader.allocator.policies.cores import (
     divide_cores,
@@ -29,7 +30,7 @@ from dloader.allocator.policies.cores import (
 from dloader.allocator.policies.state import ClusterDecision, JobState, held_placements
 from dloader.allocator.policies.throughput import batch_grid, throughput_fn
 from dloader.errors import AllocatorError
-from dloader.predictor import ScalingModel
+from dloader.predictor import InputModel, ScalingModel
 
 __all__ = [
     "LAS_RESTART_BUDGET",
@@ -194,22 +195,28 @@ class DpPolicy:
         local = sum(cluster.cpus) / cluster.capacity
         pooled = cluster.pool_efficiency * cluster.pool / cluster.capacity
         rho = {j.job_id: local + (pooled if j.remote_max > 0 else 0.0) for j in jobs}
-        decision = self._decide(jobs, cluster, rho)
-        tables = {
-            j.job_id: (j.input, self._batch_table(j, cluster, sum(decision.placements[j.job_id])))
-            for j in jobs
+        specs = [self.spec(j, cluster) for j in jobs]
+        decision = self._decide(jobs, cluster, rho, specs)
+        fed = [
+            (j.job_id, j.input, s)
+            for j, s in zip(jobs, specs, strict=True)
             if j.input is not None and j.job_id in decision.placements
-        }
+        ]
+        gpus = [sum(decision.placements[job_id]) for job_id, _, _ in fed]
+        tables = dict(
+            zip((f[0] for f in fed), self._batch_tables([s for *_, s in fed], gpus), strict=True)
+        )
         need = {
             job_id: model.cores_for(float(x[int(np.argmax(x * eff))]))
-            for job_id, (model, (_, x, eff)) in tables.items()
+            for (job_id, model, _), (_, x, eff) in zip(fed, tables.values(), strict=True)
         }
         weights = {j.job_id: j.priority for j in jobs}
         cores = divide_cores(decision.placements, need, weights, cluster)
         short = {job_id: n - sum(cores[job_id]) for job_id, n in need.items()}
         remote = divide_pool(short, {j.job_id: j.remote_max for j in jobs}, weights, cluster)
         sizes, reasons = dict(decision.batch_sizes), dict(decision.reasons)
-        for job_id, (model, (batches, x, eff)) in tables.items():
+        for job_id, model, _ in fed:
+            batches, x, eff = tables[job_id]
             pool = remote.get(job_id, 0.0)
             got = sum(cores[job_id]) + cluster.pool_efficiency * pool
             best = int(batches[int(np.argmax(np.minimum(x, model.rate(got)) * eff))])
@@ -220,49 +227,60 @@ class DpPolicy:
                 sizes[job_id] = best
         return replace(decision, batch_sizes=sizes, reasons=reasons, cores=cores, remote=remote)
 
-    def _batch_table(
-        self, job: JobState, cluster: Cluster, gpus: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For ``job`` on ``gpus`` GPUs (compact): the batch sizes it may run, the samples/s
-        its GPUs compute at each, and each one's statistical efficiency (1s without one)."""
-        spec = self.spec(job, cluster)
-        batches = np.asarray(spec.batch_sizes, dtype=float)
-        x = spec.throughput(np.full(len(batches), float(gpus)), batches)
-        x = np.where(np.isfinite(x) & (x > 0), x, 0.0)
-        eff = np.ones(len(batches))
-        if self.objective == "goodput" and spec.efficiency is not None:
-            eff = np.asarray(spec.efficiency(batches), dtype=float)
-        return batches, x, eff
+    def _batch_tables(
+        self, specs: Sequence[OptimizerJob], gpus: Sequence[int]
+    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """For each job (``specs``) on its ``gpus`` GPUs (compact), all at once: the batch
+        sizes it may run, the samples/s its GPUs compute at each, and each one's statistical
+        efficiency (1s without one)."""
+        if not specs:
+            return []
+        width = max(len(s.batch_sizes) for s in specs)
+        # padded with each job's last batch size (cut off again below)
+        batches = np.array([[*s.batch_sizes] + [s.batch_sizes[-1]] * (width - len(s.batch_sizes))
+                            for s in specs], dtype=float)  # fmt: skip
+        k = np.asarray(gpus, dtype=float)[:, None]
+        grid = throughput_grid(specs, k, batches)[:, 0, :]
+        grid = np.where(np.isfinite(grid) & (grid > 0), grid, 0.0)
+        out = []
+        for s, b, x in zip(specs, batches, grid, strict=True):
+            n = len(s.batch_sizes)
+            eff = np.ones(n)
+            if self.objective == "goodput" and s.efficiency is not None:
+                eff = np.asarray(s.efficiency(b[:n]), dtype=float)
+            out.append((b[:n], x[:n], eff))
+        return out
 
     def _needs(
         self,
-        jobs: Sequence[JobState],
-        cluster: Cluster,
+        specs: Mapping[str, OptimizerJob],
+        inputs: Mapping[str, InputModel],
         placements: Mapping[str, Sequence[int]],
         batches: Mapping[str, int],
     ) -> dict[str, float]:
-        """The cores each placed job with a known input needs to feed its GPUs at its batch."""
-        out = {}
-        for j in jobs:
-            if j.input is None or j.job_id not in placements:
-                continue
-            fn = throughput_fn(
-                self.model(j), cluster.gpus_per_node, j.local_bsz_range, accumulate=self.accumulate
-            )
-            k, b = float(sum(placements[j.job_id])), float(batches[j.job_id])
-            x = float(np.nan_to_num(fn(np.array([k]), np.array([b])), nan=0.0)[0])
-            out[j.job_id] = j.input.cores_for(max(x, 0.0))
-        return out
+        """The cores each placed job with a known input (``inputs``) needs to feed its GPUs at
+        its batch."""
+        ids = [k for k in placements if k in inputs]
+        if not ids:
+            return {}
+        k = np.array([[float(sum(placements[i]))] for i in ids])
+        b = np.array([[float(batches[i])] for i in ids])
+        x = np.nan_to_num(throughput_grid([specs[i] for i in ids], k, b)[:, 0, 0], nan=0.0)
+        return {i: inputs[i].cores_for(max(float(v), 0.0)) for i, v in zip(ids, x, strict=True)}
 
     def _decide(
         self,
         jobs: Sequence[JobState],
         cluster: Cluster,
         rho: Mapping[str, float] | None = None,
+        specs: list[OptimizerJob] | None = None,
     ) -> ClusterDecision:
         """The decision, each job with a known input valued at what ``rho[job]`` cores per GPU
-        feed (None: CPU-blind)."""
-        specs = [self.spec(j, cluster) for j in jobs]
+        feed (None: CPU-blind); ``specs``: the jobs' :meth:`spec` (None: made here)."""
+        if specs is None:
+            specs = [self.spec(j, cluster) for j in jobs]
+        plain = {s.job_id: s for s in specs}  # without the feed: the GPUs' own throughput
+        inputs = {j.job_id: j.input for j in jobs if j.input is not None}
         if rho is not None:
             specs = [
                 replace(s, feed=fed_table(j.input, rho[j.job_id])) if j.input else s
@@ -276,7 +294,7 @@ class DpPolicy:
                 return None
             counts = {k: (a.gpus,) for k, a in plan.assignments.items()}
             batches = {k: a.batch_size for k, a in plan.assignments.items()}
-            return self._needs(jobs, cluster, counts, batches)
+            return self._needs(plain, inputs, counts, batches)
 
         plan, placements = self._plan(specs, cluster, held, repack, needs)
         if self.placement_aware and len(jobs) * cluster.capacity <= REPLAN_MAX_SIZE:
