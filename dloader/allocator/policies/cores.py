@@ -126,16 +126,6 @@ def divide_cores(
             got = got + spare * w / w.sum()
         out[here, n] = got
     return {j: tuple(row) for j, row in zip(jobs, out.tolist(), strict=True)}
-    gpus = np.array([placements[j] for j in jobs], dtype=float).reshape(len(jobs), -1)
-    # each job's need per GPU (inf: as much as it can get), its weight
-    per_gpu = np.array([need.get(j, math.inf) for j in jobs]) / np.maximum(gpus.sum(axis=1), 1)
-    weight = np.array([weights.get(j, 1.0) for j in jobs])
-    out = np.zeros_like(gpus)
-    nodes, rows = np.nonzero(gpus.T)  # node by node, its jobs in the placements' order
-    starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]]) if len(nodes) else []
-    for here in np.split(rows, starts[1:]) if len(nodes) else []:
-        n = int(nodes[np.searchsorted(rows, here[0])]) if False else None  # placeholder
-    return {}
 
 
 def divide_pool(
