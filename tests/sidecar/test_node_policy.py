@@ -207,8 +207,9 @@ def test_a_cost_change_is_judged_against_the_recent_windows_spread() -> None:
 
 
 def test_a_noisy_job_is_not_restarted_by_its_own_noise() -> None:
-    """Windows whose time per sample moves by +-35% around a steady level (packed text on a
-    crowded node), reported at one split: its model never restarts, and the split's
+    """Windows whose time per sample moves by +-20-30% around a steady level (packed text on a
+    crowded node: 240-450 samples/s at one split), reported at one split: its model never
+    restarts (one window against the last, it would: 1.2x then 0.8x), and the split's
     measurements are kept; a real change after them (2.6x) still restarts it."""
     p = pol.NodePolicy("adaptive", BUDGET)
     p.add(job("a", registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
@@ -216,11 +217,14 @@ def test_a_noisy_job_is_not_restarted_by_its_own_noise() -> None:
     def timed(cpu: float) -> pol.ReportWindow:
         return replace(window(2, 0.2 / cpu * 300.0, fetch=cpu, cpu=cpu), run_delay_s=(0.0,) * 2)
 
-    now = 2.5
-    for d in (0.0, 0.35, -0.3, 0.3, -0.25, 0.35, -0.3, 0.3, -0.35, 0.3) * 2:
-        events = p.report("a", timed(0.2 * (1 + d)), now).events
-        assert not events, d  # neither a restart nor a "changed" of the measured splits
-        now += 2.0
+    now, learnt = 2.5, []
+    for d in (0.0, 0.2, -0.2, 0.3, -0.25, 0.3, -0.3, 0.25, -0.3, 0.3) * 2:
+        for _ in range(2):  # a 2-s window is taken every other report: both the same
+            done = p.report("a", timed(0.2 * (1 + d)), now)
+            assert not done.events, d  # neither a restart nor a "changed" of the measurements
+            learnt += [d] if done.learned else []
+            now += 2.0
+    assert len(learnt) >= 15 and min(learnt) < -0.2 < 0.2 < max(learnt)  # the swings were seen
     for _ in range(10):  # twice the usual level: a change, once a window is learnt
         again = p.report("a", timed(0.2 * 2.6), now)
         now += 2.0
