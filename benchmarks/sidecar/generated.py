@@ -141,8 +141,12 @@ def read_run(folder: Path) -> dict[str, Any]:
     for label, x in placed.items():  # placed at the count it came with: no directive for it
         first[label] = min(first.get(label, math.inf), x)
     first_at = {label: registered[label] + x for label, x in first.items()}
-    out = {"first": first, "first_at": first_at, "placed": placed}
-    return out | {"expects": sorted(expects.items())}
+    return {
+        "first": first,
+        "first_at": first_at,
+        "placed": placed,
+        "expects": sorted(expects.items()),
+    }
 
 
 def after_first_batch(first_at: dict[str, float], results: dict[str, Any]) -> list[float]:

@@ -80,6 +80,7 @@ __all__ = [
     "admit",
     "candidate_counts",
     "optimize",
+    "padded_batches",
     "place",
     "throughput_grid",
 ]
@@ -295,6 +296,16 @@ def _utility(u: np.ndarray, power: float) -> np.ndarray:
     return np.log(u) if power == 0 else u**power / power
 
 
+def padded_batches(jobs: Sequence[OptimizerJob]) -> np.ndarray:
+    """Each job's batch sizes, a row per job, padded to the longest by repeating its last."""
+    out = np.empty((len(jobs), max((len(j.batch_sizes) for j in jobs), default=0)))
+    for i, job in enumerate(jobs):
+        n = len(job.batch_sizes)
+        out[i, :n] = job.batch_sizes
+        out[i, n:] = job.batch_sizes[-1]
+    return out
+
+
 def throughput_grid(
     jobs: Sequence[OptimizerJob], gpus: np.ndarray, batches: np.ndarray
 ) -> np.ndarray:
@@ -333,18 +344,15 @@ def _tables(
         for j in jobs
     ]
     n_k = 1 + max(len(c) for c in counts)
-    n_b = max(len(j.batch_sizes) for j in jobs)
     # row 0 of each job: one GPU, the reference of its speedups
     gpus = np.empty((len(jobs), n_k))
     gpus[:, 0] = 1.0
-    batches = np.empty((len(jobs), n_b))
-    eff = np.ones((len(jobs), n_b))
+    batches = padded_batches(jobs)
+    eff = np.ones_like(batches)
     for i, (job, c) in enumerate(zip(jobs, counts, strict=True)):
         gpus[i, 1 : len(c) + 1] = c
         gpus[i, len(c) + 1 :] = c[-1]
         n = len(job.batch_sizes)
-        batches[i, :n] = job.batch_sizes
-        batches[i, n:] = job.batch_sizes[-1]
         if objective == "goodput" and job.efficiency is not None:
             eff[i, :n] = job.efficiency(batches[i, :n])
         eff[i, n:] = 0.0  # padding: never the best batch

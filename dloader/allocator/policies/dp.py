@@ -18,6 +18,7 @@ from dloader.allocator.optimizer import (
     OptimizerJob,
     Plan,
     optimize,
+    padded_batches,
     place,
     throughput_grid,
 )
@@ -203,20 +204,17 @@ class DpPolicy:
             if j.input is not None and j.job_id in decision.placements
         ]
         gpus = [sum(decision.placements[job_id]) for job_id, _, _ in fed]
-        tables = dict(
-            zip((f[0] for f in fed), self._batch_tables([s for *_, s in fed], gpus), strict=True)
-        )
+        tables = self._batch_tables([s for *_, s in fed], gpus)  # in the order of ``fed``
         need = {
             job_id: model.cores_for(float(x[int(np.argmax(x * eff))]))
-            for (job_id, model, _), (_, x, eff) in zip(fed, tables.values(), strict=True)
+            for (job_id, model, _), (_, x, eff) in zip(fed, tables, strict=True)
         }
         weights = {j.job_id: j.priority for j in jobs}
         cores = divide_cores(decision.placements, need, weights, cluster)
         short = {job_id: n - sum(cores[job_id]) for job_id, n in need.items()}
         remote = divide_pool(short, {j.job_id: j.remote_max for j in jobs}, weights, cluster)
         sizes, reasons = dict(decision.batch_sizes), dict(decision.reasons)
-        for job_id, model, _ in fed:
-            batches, x, eff = tables[job_id]
+        for (job_id, model, _), (batches, x, eff) in zip(fed, tables, strict=True):
             pool = remote.get(job_id, 0.0)
             got = sum(cores[job_id]) + cluster.pool_efficiency * pool
             best = int(batches[int(np.argmax(np.minimum(x, model.rate(got)) * eff))])
@@ -235,10 +233,7 @@ class DpPolicy:
         efficiency (1s without one)."""
         if not specs:
             return []
-        width = max(len(s.batch_sizes) for s in specs)
-        # padded with each job's last batch size (cut off again below)
-        batches = np.array([[*s.batch_sizes] + [s.batch_sizes[-1]] * (width - len(s.batch_sizes))
-                            for s in specs], dtype=float)  # fmt: skip
+        batches = padded_batches(specs)  # the padding is cut off again below
         k = np.asarray(gpus, dtype=float)[:, None]
         grid = throughput_grid(specs, k, batches)[:, 0, :]
         grid = np.where(np.isfinite(grid) & (grid > 0), grid, 0.0)
@@ -279,7 +274,7 @@ class DpPolicy:
         feed (None: CPU-blind); ``specs``: the jobs' :meth:`spec` (None: made here)."""
         if specs is None:
             specs = [self.spec(j, cluster) for j in jobs]
-        plain = {s.job_id: s for s in specs}  # without the feed: the GPUs' own throughput
+        by_id = {s.job_id: s for s in specs}  # their throughput (a feed applies to tables only)
         inputs = {j.job_id: j.input for j in jobs if j.input is not None}
         if rho is not None:
             specs = [
@@ -294,7 +289,7 @@ class DpPolicy:
                 return None
             counts = {k: (a.gpus,) for k, a in plan.assignments.items()}
             batches = {k: a.batch_size for k, a in plan.assignments.items()}
-            return self._needs(plain, inputs, counts, batches)
+            return self._needs(by_id, inputs, counts, batches)
 
         plan, placements = self._plan(specs, cluster, held, repack, needs)
         if self.placement_aware and len(jobs) * cluster.capacity <= REPLAN_MAX_SIZE:
