@@ -93,24 +93,6 @@ def test_a_job_restarted_to_its_budget_is_not_preempted_again(apps) -> None:
         assert ("long" in d.waiting) is preempted, restarts
 
 
-def test_a_spare_gpu_goes_to_the_less_served_job(apps) -> None:
-    """Three GPUs, two like jobs admitted: one has had 20,000 GPU-seconds and holds two GPUs,
-    one is new and holds one. Unweighted, the spare GPU stays where it is (a tie keeps the
-    current counts); ``goodput-dp`` weighs the served job's speedup down (by its service
-    weight, 0.21 here) and moves the GPU to the new job."""
-    cluster = Cluster.uniform(1, 3)
-    long = replace(_job(apps, "long", 0.0, 20_000.0, True), max_gpus=2, placement=(2,))
-    new = replace(_job(apps, "new", 100.0, 0.0, True), max_gpus=2)
-    weighted, flat = make_policy("goodput-dp"), make_policy("goodput-dp-unweighted")
-    assert isinstance(weighted, DpPolicy) and isinstance(flat, DpPolicy)
-    assert weighted.service_weight(long) == pytest.approx((1 + 20_000 / 900) ** -0.5)
-    assert weighted.service_weight(new) == 1.0 == flat.service_weight(long)
-    assert flat.decide([long, new], cluster).placements == {"long": (2,), "new": (1,)}
-    assert weighted.decide([long, new], cluster).placements == {"long": (1,), "new": (2,)}
-    with pytest.raises(AllocatorError, match="service_weight_gpu_s=0"):
-        DpPolicy("x", objective="goodput", fixed_batch=False, service_weight_gpu_s=0)
-
-
 def test_fifo_keeps_the_arrival_order_and_bad_settings_are_refused(apps) -> None:
     assert [make_policy(n).admission for n in ("goodput-dp", "goodput-dp-fifo")] == [  # type: ignore[attr-defined]
         "las",
