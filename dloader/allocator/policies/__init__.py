@@ -12,15 +12,11 @@
   and batch size (:mod:`.cores`): a job's throughput is the lesser of what its GPUs compute and
   what its input pipeline feeds on its cores.
   When not every job can have its fewest GPUs, the less served go first (two queues by
-  attained GPU-seconds, with hysteresis and a restart budget: :meth:`.DpPolicy.line`); among
-  the admitted, each job's log speedup is weighed down as its attained service grows
-  (:meth:`.DpPolicy.service_weight`), so spare GPUs lean to the less served.
+  attained GPU-seconds, with hysteresis and a restart budget: :meth:`.DpPolicy.line`).
 * ``goodput-dp-fifo``: ``goodput-dp`` admitting first come, first served (before #48).
 * ``goodput-dp-parametric``: ``goodput-dp`` deciding on the parametric scaling model alone, as
   before #48 (``goodput-dp`` corrects it per node count where the job has measured steps:
   :attr:`dloader.predictor.ScalingModel.node_factors`).
-* ``goodput-dp-unweighted``: ``goodput-dp`` valuing every admitted job by its priority alone
-  (before the service weight).
 * ``goodput-dp-cpu-blind``: ``goodput-dp`` deciding as if every pipeline fed any number of
   GPUs; a node's cores go to its jobs in proportion to their GPUs there (the GPU-proportional
   baseline).
@@ -56,12 +52,7 @@ weigh a restart by the job's age and restart count as Pollux does (``restart_mod
 from __future__ import annotations
 
 from dloader.allocator.optimizer import DEFAULT_HORIZON_S
-from dloader.allocator.policies.dp import (
-    REPLAN_MAX_SIZE,
-    SERVICE_WEIGHT_GPU_S,
-    DpPolicy,
-    RestartModel,
-)
+from dloader.allocator.policies.dp import REPLAN_MAX_SIZE, DpPolicy, RestartModel
 from dloader.allocator.policies.pollux import PolluxPolicy
 from dloader.allocator.policies.state import ClusterDecision, JobState, Policy
 from dloader.allocator.policies.static import StaticPolicy
@@ -101,7 +92,6 @@ POLICIES = (
     "goodput-dp-fifo",
     "goodput-dp-parametric",
     "goodput-dp-cpu-blind",
-    "goodput-dp-unweighted",
     "pollux",
     "synergy",
     "synergy-fifo",
@@ -122,7 +112,7 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
         return SynergyPolicy("las")
     if name == "synergy-fifo":
         return SynergyPolicy("fifo")
-    if name.startswith("goodput-dp") and name in POLICIES:
+    if name in ("goodput-dp", "goodput-dp-fifo", "goodput-dp-parametric", "goodput-dp-cpu-blind"):
         return DpPolicy(
             name,
             objective="goodput",
@@ -133,6 +123,5 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
             cpu_aware=name != "goodput-dp-cpu-blind",
             admission="fifo" if name == "goodput-dp-fifo" else "las",
             per_node_model=name != "goodput-dp-parametric",
-            service_weight_gpu_s=None if name == "goodput-dp-unweighted" else SERVICE_WEIGHT_GPU_S,
         )
     raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES)}")

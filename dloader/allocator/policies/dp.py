@@ -37,7 +37,6 @@ __all__ = [
     "LAS_RESTART_BUDGET",
     "LAS_THRESHOLD_GPU_S",
     "REPLAN_MAX_SIZE",
-    "SERVICE_WEIGHT_GPU_S",
     "Admission",
     "DpPolicy",
     "RestartModel",
@@ -54,13 +53,6 @@ Admission = Literal["fifo", "las"]
 #: to be preempted once more.
 LAS_THRESHOLD_GPU_S = 900.0
 LAS_RESTART_BUDGET = 0.1
-#: ``goodput-dp`` weighs each job's log speedup by ``(1 + attained / SERVICE_WEIGHT_GPU_S) **
-#: -0.5`` (attained GPU-seconds): among the admitted jobs, GPUs beyond their fewest lean to the
-#: less served, who are likelier to finish soon where job sizes are heavy-tailed (as Philly's
-#: are), a soft form of the least-attained-service line. The scale and the power were chosen on
-#: 12 workloads and checked on held-out draws (docs/allocator.md).
-SERVICE_WEIGHT_GPU_S = 900.0
-SERVICE_WEIGHT_POWER = 0.5
 
 
 class DpPolicy:
@@ -83,15 +75,12 @@ class DpPolicy:
         las_threshold_gpu_s: float = LAS_THRESHOLD_GPU_S,
         restart_budget: float = LAS_RESTART_BUDGET,
         per_node_model: bool = True,
-        service_weight_gpu_s: float | None = None,
     ) -> None:
         """``cpu_aware``: with a cluster of limited cores, decide GPUs, batch sizes and cores
         together (:mod:`.cores`); else a node's cores go to its jobs in proportion to their
         GPUs there. ``admission``: which jobs hold the GPUs when not all can get their fewest
         (:meth:`line`). ``per_node_model``: trust a job's scaling model's corrections per node
-        count (False: its parametric model alone). ``service_weight_gpu_s``: weigh each job's
-        value by its attained service on that scale (:data:`SERVICE_WEIGHT_GPU_S`; None: every
-        job by its priority alone)."""
+        count (False: its parametric model alone)."""
         if restart_model not in ("age", "horizon"):
             raise AllocatorError(f"restart_model={restart_model!r}: expected 'age' or 'horizon'")
         if admission not in ("fifo", "las"):
@@ -101,11 +90,6 @@ class DpPolicy:
                 f"las_threshold_gpu_s={las_threshold_gpu_s}, restart_budget={restart_budget}: "
                 "expected > 0 and >= 0"
             )
-        if service_weight_gpu_s is not None and not service_weight_gpu_s > 0:
-            raise AllocatorError(
-                f"service_weight_gpu_s={service_weight_gpu_s}: expected GPU-seconds > 0 or None"
-            )
-        self.service_weight_gpu_s = service_weight_gpu_s
         self.per_node_model = per_node_model
         self.admission: Admission = admission
         self.las_threshold_gpu_s = las_threshold_gpu_s
@@ -152,18 +136,12 @@ class DpPolicy:
             min_gpus=least,
             max_gpus=top,
             efficiency=noise.efficiency if noise is not None else None,  # type: ignore[arg-type]
-            priority=job.priority * self.service_weight(job),
+            priority=job.priority,
             current_gpus=job.gpus,
             current_batch=job.batch_size,
             restart_s=job.restart_s,
             restart_factor=self.restart_factor(job),
         )
-
-    def service_weight(self, job: JobState) -> float:
-        """The factor on ``job``'s value from its attained service (1 without weighting)."""
-        if self.service_weight_gpu_s is None:
-            return 1.0
-        return (1.0 + job.attained_gpu_s / self.service_weight_gpu_s) ** -SERVICE_WEIGHT_POWER
 
     def model(self, job: JobState) -> ScalingModel:
         """The scaling model this policy decides ``job`` on."""
