@@ -55,9 +55,16 @@ def wait_for(what: str, check, timeout: float = 90.0, procs=()) -> None:
         if check():
             return
         for p in procs:
-            assert p.poll() is None or p.returncode == 0, f"{p.args[:3]} exited {p.returncode}"
+            assert p.poll() is None or p.returncode == 0, exit_report(p)
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def exit_report(p: subprocess.Popen) -> str:
+    """What a process that should still run said before it exited (its log's tail)."""
+    path = getattr(p, "log_path", None)
+    tail = path.read_text()[-4000:] if path is not None and path.exists() else "(no log)"
+    return f"{p.args[:3]} exited {p.returncode}; its log ends:\n{tail}"
 
 
 def allocator_cmd(socket: Path, state: Path) -> list[str]:
@@ -85,6 +92,7 @@ class Processes:
         log = open(self.folder / f"{name}.log", "w")  # noqa: SIM115 (closed in __exit__)
         self.logs.append(log)
         p = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        p.log_path = Path(log.name)  # type: ignore[attr-defined]  (for exit_report)
         self.procs.append(p)
         return p
 
