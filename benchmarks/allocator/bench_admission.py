@@ -42,7 +42,7 @@ from dloader.allocator.policies import DpPolicy, make_policy
 from dloader.allocator.simulator import Simulator
 from dloader.allocator.traces import jitter_arrivals
 
-PEERS = ("pollux", "goodput-dp-parametric", "goodput-dp-cpu-blind")
+PEERS = ("pollux", "goodput-dp-parametric", "goodput-dp-extrapolated", "goodput-dp-cpu-blind")
 METRICS = (("avg_jct_s", "avg JCT"), ("p99_jct_s", "p99 JCT"), ("makespan_s", "makespan"))
 BOOTSTRAP = 4000
 

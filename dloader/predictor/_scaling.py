@@ -24,6 +24,16 @@ keeps, for each node count it has points at, the median ratio of measured to pre
 time; predictions at that count are scaled by it, linearly between measured counts, and left
 to the parametric model outside them (:attr:`ScalingModel.parametric` is the model without).
 
+**No sync growth beyond what was measured.** A model learned online
+(:meth:`ScalingModel.fit_observed`) keeps the largest replica counts it measured, on one node
+and across nodes (``sync_replicas``); beyond them its synchronisation time stays what it is
+there, rather than following the fitted slope. Two early points at 2 and 3 replicas fix
+``beta_r`` from one noisy difference, and its line extrapolated to 64 replicas told a job that
+scales well that 8 GPUs are slower than 4: it never tried (see docs/allocator.md). Held flat,
+the prediction is optimistic where nothing was measured (as Pollux's priors are), and the
+allocator's cap (at most twice the GPUs measured) bounds how far that optimism reaches before
+a measurement corrects it.
+
 No I/O here: inputs are plain values (:mod:`.pollux` reads the Pollux traces).
 """
 
@@ -49,6 +59,7 @@ NODE_FACTOR_RANGE = (0.5, 2.0)
 ratio beyond is clipped: the measurement, not the model, is then the suspect)."""
 MAX_NODE_FACTORS = 64
 """Node counts a model keeps corrections for (a payload with more is refused)."""
+MAX_REPLICAS = 1 << 20
 
 
 def placement_shape(placement: str | Sequence[int]) -> tuple[int, int]:
@@ -156,6 +167,14 @@ def _log_step_gradient(
     return out
 
 
+def _sync_bound(points: Sequence[ScalingPoint]) -> tuple[int, int]:
+    """The largest replica counts measured on one node and across nodes (the latter: the
+    former where no point spans nodes), at least 2 (where a sync time exists at all)."""
+    intra = max((p.replicas for p in points if p.nodes == 1), default=1)
+    inter = max((p.replicas for p in points if p.nodes > 1), default=0) or intra
+    return max(intra, 2), max(inter, 2)
+
+
 def _factor_table(factors: Mapping[int, float]) -> np.ndarray | None:
     """``table[n]``: the step-time factor at ``n`` nodes (linear between the measured counts,
     1 outside them and at the last index, which every larger count reads); None if none."""
@@ -175,15 +194,19 @@ class _StepTimes:
 
     _p: np.ndarray
     _f: np.ndarray | None = None
+    _r: np.ndarray | None = None
+    """The replica counts the sync terms stop growing at: ``[on one node, across nodes]``
+    (a stack's with the model axis second, as ``_p``'s); None: no bound."""
 
     def step_times(
         self, nodes: np.ndarray, replicas: np.ndarray, local_bsz: np.ndarray
     ) -> np.ndarray:
         """Seconds per step, vectorised over the inputs."""
         n = np.asarray(nodes, dtype=float)
-        out = _step(
-            self._p, n, np.asarray(replicas, dtype=float), np.asarray(local_bsz, dtype=float)
-        )
+        r = np.asarray(replicas, dtype=float)
+        if self._r is not None:  # replicas only enter the sync terms
+            r = np.minimum(r, np.where(n <= 1, self._r[0], self._r[1]))
+        out = _step(self._p, n, r, np.asarray(local_bsz, dtype=float))
         if self._f is None:
             return out
         index = np.clip(n, 0, self._f.shape[-1] - 1).astype(np.int64)
@@ -215,7 +238,24 @@ class ScalingModel(_StepTimes):
         *,
         num_points: int = 0,
         node_factors: Mapping[int, float] | None = None,
+        sync_replicas: tuple[int, int] | None = None,
     ) -> None:
+        """``sync_replicas``: ``(on one node, across nodes)``, the replica counts beyond which
+        the sync time is held, not extrapolated (None: the fitted lines everywhere)."""
+        if sync_replicas is not None:
+            if not (
+                isinstance(sync_replicas, tuple)
+                and len(sync_replicas) == 2
+                and all(
+                    isinstance(r, (int, np.integer)) and 2 <= r <= MAX_REPLICAS
+                    for r in sync_replicas
+                )
+            ):
+                raise PredictorError(
+                    f"sync_replicas={shown(sync_replicas)}: expected two replica counts "
+                    f"(on one node, across nodes) in [2, {MAX_REPLICAS}]"
+                )
+            sync_replicas = (int(sync_replicas[0]), int(sync_replicas[1]))
         factors = dict(sorted((node_factors or {}).items()))
         lo, hi = NODE_FACTOR_RANGE
         if len(factors) > MAX_NODE_FACTORS:
@@ -232,13 +272,25 @@ class ScalingModel(_StepTimes):
         self.num_points = num_points
         self.node_factors: dict[int, float] = {int(n): float(f) for n, f in factors.items()}
         """Per node count measured: what the parametric step time is multiplied by there."""
+        self.sync_replicas = sync_replicas
         self._p = params.as_array()  # hot path: the allocator evaluates it for every job
         self._f = _factor_table(self.node_factors)
+        self._r = None if sync_replicas is None else np.array(sync_replicas, dtype=float)
 
     @property
     def parametric(self) -> ScalingModel:
-        """The model without its per node count corrections (Pollux's model)."""
+        """The model without its per node count corrections."""
         if not self.node_factors:
+            return self
+        return ScalingModel(
+            self.params, num_points=self.num_points, sync_replicas=self.sync_replicas
+        )
+
+    @property
+    def extrapolated(self) -> ScalingModel:
+        """Pollux's model: the fitted lines alone, everywhere (no per node count corrections,
+        no bound on the sync terms)."""
+        if not self.node_factors and self.sync_replicas is None:
             return self
         return ScalingModel(self.params, num_points=self.num_points)
 
@@ -260,7 +312,12 @@ class ScalingModel(_StepTimes):
         }
         if len(factors) > MAX_NODE_FACTORS:  # the nearest counts matter most: keep the fewest
             factors = dict(sorted(factors.items())[:MAX_NODE_FACTORS])
-        return ScalingModel(self.params, num_points=self.num_points, node_factors=factors)
+        return ScalingModel(
+            self.params,
+            num_points=self.num_points,
+            node_factors=factors,
+            sync_replicas=self.sync_replicas,
+        )
 
     @classmethod
     def fit(
@@ -335,9 +392,10 @@ class ScalingModel(_StepTimes):
         the job is tried there and measured: one local batch size seen, the compute time is
         split evenly between the fixed and the per-sample part; no point on several GPUs,
         synchronisation costs nothing; no point on several nodes, the network terms are 1.1x
-        the intra-node ones. The allocator pairs it with a cap (at most twice the GPUs seen).
-        At each node count it has points at, the model is corrected to them
-        (:meth:`with_node_factors`).
+        the intra-node ones. Beyond the replica counts measured (on one node, across nodes)
+        the sync time is held, not extrapolated (``sync_replicas``). The allocator pairs it
+        with a cap (at most twice the GPUs seen). At each node count it has points at, the
+        model is corrected to them (:meth:`with_node_factors`).
         """
         if not points:
             raise PredictorError("ScalingModel.fit_observed needs >= 1 point")
@@ -362,7 +420,8 @@ class ScalingModel(_StepTimes):
                 alpha_r=max(params.alpha_r, 1.1 * params.alpha_n),
                 beta_r=max(params.beta_r, 1.1 * params.beta_n),
             )
-        return cls(params, num_points=len(points)).with_node_factors(points)
+        bound = _sync_bound(points)
+        return cls(params, num_points=len(points), sync_replicas=bound).with_node_factors(points)
 
     def step_time(self, nodes: int, replicas: int, local_bsz: float) -> float:
         """Predicted seconds per step."""
@@ -382,6 +441,7 @@ class ScalingModel(_StepTimes):
             "params": asdict(self.params),
             "num_points": self.num_points,
             "node_factors": {str(n): f for n, f in self.node_factors.items()},
+            "sync_replicas": list(self.sync_replicas) if self.sync_replicas else None,
         }
 
     @classmethod
@@ -405,11 +465,18 @@ class ScalingModel(_StepTimes):
                 f"scaling model node_factors={shown(factors)}: expected node counts "
                 "mapped to numbers"
             ) from None
+        bound = payload.get("sync_replicas")
+        if bound is not None and not (isinstance(bound, list) and len(bound) == 2):
+            raise PredictorError(
+                f"scaling model sync_replicas={shown(bound)}: expected null or two replica "
+                "counts (on one node, across nodes)"
+            )
         try:
             return cls(
                 ScalingParams(**{k: float(v) for k, v in params.items()}),
                 num_points=int(num_points),  # type: ignore[call-overload]
                 node_factors=by_nodes,
+                sync_replicas=None if bound is None else (bound[0], bound[1]),
             )
         except (TypeError, ValueError) as exc:
             raise PredictorError(
@@ -438,3 +505,6 @@ class ScalingStack(_StepTimes):
             for row, t in zip(self._f, tables, strict=True):
                 if t is not None:
                     row[: len(t)] = t
+        if any(m._r is not None for m in models):  # (2, models): unbounded ones at infinity
+            r = np.stack([m._r if m._r is not None else np.full(2, np.inf) for m in models], 1)
+            self._r = r.reshape(r.shape + (1,) * extra_dims)

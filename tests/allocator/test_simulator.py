@@ -278,3 +278,27 @@ def test_a_model_that_never_spanned_nodes_is_not_trusted_on_a_spread_placement()
     assert decide(None) == (1, 1)  # the oracle's model is trusted: spread
     assert decide(2) == (1, 1)  # it has measured a step across nodes
     assert sum(decide(1)) == 1  # only one node seen: one GPU, on one node
+
+
+def test_a_job_alone_tries_more_gpus_than_its_early_network_slope_allows():
+    """A job measured on up to 4 GPUs (on one node) and on 2-3 across nodes, where that one
+    difference puts the network cost at 0.4 s a replica: its fitted line says 8 GPUs over 2
+    nodes are slower than 4 on one, so the policy kept it on 4 with the cluster idle (yolov3 in
+    a Philly draw, for 3.5 h). Its sync time is held beyond what it measured: it gets 8."""
+    from dloader.predictor import ScalingModel, ScalingParams, ScalingPoint
+
+    steep = ScalingModel(ScalingParams(0.0, 0.04, 0.15, 0.08, 0.58, 0.40, 1.0))
+    early = [(1, 1, 16), (1, 2, 16), (1, 4, 32), (2, 2, 16), (2, 3, 16)]
+    points = [ScalingPoint(n, r, b, steep.step_time(n, r, b)) for n, r, b in early]
+    job = JobState(
+        "yolo", 0, ScalingModel.fit_observed(points), 4, 128, (16, 256), (8, 64),
+        placement=(4, 0, 0, 0), batch_size=128, age_s=3600.0, restarts=1, explored_gpus=4,
+        explored_nodes=2,
+    )  # fmt: skip
+    decision = make_policy("goodput-dp").decide([job], Cluster.uniform(4, 4))
+    assert sorted(decision.placements["yolo"]) == [0, 0, 4, 4]
+    # on the fitted lines (as before; Pollux's model too: its peer stays faithful to it)
+    before = make_policy("goodput-dp-extrapolated").decide([job], Cluster.uniform(4, 4))
+    assert before.placements["yolo"] == (4, 0, 0, 0)
+    pollux = job.model.extrapolated
+    assert pollux.sync_replicas is None and not pollux.node_factors

@@ -246,3 +246,54 @@ def test_node_factors_correct_a_node_count_the_line_misses() -> None:
     # an older payload (no factors) still reads
     del payload["node_factors"]
     assert not ScalingModel.from_dict(payload).node_factors
+
+
+# the early points of a job that scales well, where two placements across nodes (2 and 3
+# replicas) put the network slope at 0.4 s a replica (yolov3 in a Philly draw: the line
+# extrapolated to 8 replicas said 8 GPUs over 2 nodes were slower than 4 on one)
+STEEP = ScalingParams(0.0, 0.04, 0.15, 0.08, 0.58, 0.40, 1.0)
+EARLY = [(1, 1, 16), (1, 2, 16), (1, 4, 32), (2, 2, 16), (2, 3, 16)]
+
+
+def test_an_online_model_holds_the_sync_time_beyond_the_replicas_it_measured() -> None:
+    points = synthetic(STEEP, EARLY)
+    learned = ScalingModel.fit_observed(points)
+    assert learned.sync_replicas == (4, 3)
+    # within what was measured, the fitted lines
+    for n, r, b in EARLY:
+        assert learned.step_time(n, r, b) == pytest.approx(
+            ScalingModel(STEEP).step_time(n, r, b), 1e-3
+        )
+    # beyond: the sync time at the largest count measured (across nodes: 3; on one node: 4)
+    assert learned.step_time(2, 8, 32) == pytest.approx(learned.step_time(2, 3, 32), 1e-9)
+    assert learned.step_time(4, 16, 32) == pytest.approx(learned.step_time(2, 3, 32), 0.01)
+    assert learned.step_time(1, 8, 32) == pytest.approx(learned.step_time(1, 4, 32), 1e-9)
+    # so 8 GPUs over 2 nodes are worth trying; the extrapolated lines (Pollux's) say no
+    assert learned.throughput(2, 8, 32) > 1.3 * learned.throughput(1, 4, 32)
+    pollux = learned.extrapolated
+    assert pollux.sync_replicas is None and not pollux.node_factors
+    assert pollux.throughput(2, 8, 32) < learned.throughput(1, 4, 32)
+    assert learned.parametric.sync_replicas == (4, 3)  # without the node corrections only
+    # no point across nodes: held at the one-node count (the network prior is 1.1x that)
+    one_node = ScalingModel.fit_observed(points[:3])
+    assert one_node.sync_replicas == (4, 4)
+    # a stack holds each model's own bound (and none for a model without)
+    stack = ScalingStack([learned, ScalingModel(STEEP), learned])
+    nodes = np.array([2.0, 2.0, 1.0])[:, None, None]
+    got = stack.step_times(nodes, np.full((3, 1, 1), 8.0), np.full((3, 1, 1), 32.0))
+    assert got[:, 0, 0] == pytest.approx(
+        [learned.step_time(2, 8, 32), ScalingModel(STEEP).step_time(2, 8, 32),
+         learned.step_time(1, 8, 32)]
+    )  # fmt: skip
+
+
+def test_the_sync_bound_is_serialised_and_bad_ones_are_named() -> None:
+    learned = ScalingModel.fit_observed(synthetic(STEEP, EARLY))
+    again = ScalingModel.from_dict(json.loads(json.dumps(learned.to_dict())))
+    assert again.sync_replicas == (4, 3)
+    assert again.step_time(2, 8, 32) == learned.step_time(2, 8, 32)
+    payload = learned.to_dict()
+    assert ScalingModel.from_dict({**payload, "sync_replicas": None}).sync_replicas is None
+    for bad in ([1, 3], [4], "4,3", [4, 2.5], [4, 1 << 30]):
+        with pytest.raises(PredictorError, match="sync_replicas="):
+            ScalingModel.from_dict({**payload, "sync_replicas": bad})

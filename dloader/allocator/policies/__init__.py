@@ -17,6 +17,9 @@
 * ``goodput-dp-parametric``: ``goodput-dp`` deciding on the parametric scaling model alone, as
   before #48 (``goodput-dp`` corrects it per node count where the job has measured steps:
   :attr:`dloader.predictor.ScalingModel.node_factors`).
+* ``goodput-dp-extrapolated``: ``goodput-dp`` deciding on its models' fitted sync lines beyond
+  the replica counts they measured, as before #48's bound
+  (:attr:`dloader.predictor.ScalingModel.sync_replicas`).
 * ``goodput-dp-cpu-blind``: ``goodput-dp`` deciding as if every pipeline fed any number of
   GPUs; a node's cores go to its jobs in proportion to their GPUs there (the GPU-proportional
   baseline).
@@ -91,6 +94,7 @@ POLICIES = (
     "goodput-dp",
     "goodput-dp-fifo",
     "goodput-dp-parametric",
+    "goodput-dp-extrapolated",
     "goodput-dp-cpu-blind",
     "pollux",
     "synergy",
@@ -112,7 +116,13 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
         return SynergyPolicy("las")
     if name == "synergy-fifo":
         return SynergyPolicy("fifo")
-    if name in ("goodput-dp", "goodput-dp-fifo", "goodput-dp-parametric", "goodput-dp-cpu-blind"):
+    if name in (
+        "goodput-dp",
+        "goodput-dp-fifo",
+        "goodput-dp-parametric",
+        "goodput-dp-extrapolated",
+        "goodput-dp-cpu-blind",
+    ):
         return DpPolicy(
             name,
             objective="goodput",
@@ -123,5 +133,6 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
             cpu_aware=name != "goodput-dp-cpu-blind",
             admission="fifo" if name == "goodput-dp-fifo" else "las",
             per_node_model=name != "goodput-dp-parametric",
+            bounded_sync=name != "goodput-dp-extrapolated",
         )
     raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES)}")

@@ -75,12 +75,14 @@ class DpPolicy:
         las_threshold_gpu_s: float = LAS_THRESHOLD_GPU_S,
         restart_budget: float = LAS_RESTART_BUDGET,
         per_node_model: bool = True,
+        bounded_sync: bool = True,
     ) -> None:
         """``cpu_aware``: with a cluster of limited cores, decide GPUs, batch sizes and cores
         together (:mod:`.cores`); else a node's cores go to its jobs in proportion to their
         GPUs there. ``admission``: which jobs hold the GPUs when not all can get their fewest
         (:meth:`line`). ``per_node_model``: trust a job's scaling model's corrections per node
-        count (False: its parametric model alone)."""
+        count (False: its parametric model alone). ``bounded_sync``: trust its bound on the
+        sync terms beyond the replicas measured (False: the fitted lines everywhere)."""
         if restart_model not in ("age", "horizon"):
             raise AllocatorError(f"restart_model={restart_model!r}: expected 'age' or 'horizon'")
         if admission not in ("fifo", "las"):
@@ -91,6 +93,7 @@ class DpPolicy:
                 "expected > 0 and >= 0"
             )
         self.per_node_model = per_node_model
+        self.bounded_sync = bounded_sync
         self.admission: Admission = admission
         self.las_threshold_gpu_s = las_threshold_gpu_s
         self.restart_budget = restart_budget
@@ -145,7 +148,12 @@ class DpPolicy:
 
     def model(self, job: JobState) -> ScalingModel:
         """The scaling model this policy decides ``job`` on."""
-        return job.model if self.per_node_model else job.model.parametric
+        model = job.model if self.per_node_model else job.model.parametric
+        if self.bounded_sync or model.sync_replicas is None:
+            return model
+        return ScalingModel(
+            model.params, num_points=model.num_points, node_factors=model.node_factors
+        )
 
     def restart_factor(self, job: JobState) -> float | None:
         """The share of its speedup a job keeps when its placement changes.

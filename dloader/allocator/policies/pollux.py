@@ -146,9 +146,10 @@ class PolluxPolicy:
         if not jobs:
             return ClusterDecision({}, {}, {}, ())
         # The least-served jobs first (then the oldest): repair gives them a node's GPUs first.
-        # Pollux's model is the parametric one (no per node count corrections: those are ours).
+        # Pollux's model is the fitted lines alone (no per node count corrections and no bound
+        # on the sync terms' growth: those are ours).
         jobs = sorted(
-            (replace(j, model=j.model.parametric) for j in jobs),
+            (replace(j, model=j.model.extrapolated) for j in jobs),
             key=lambda j: (j.attained_gpu_s, j.arrival),
         )
         specs = [self._view.spec(j, cluster) for j in jobs]
