@@ -60,6 +60,7 @@ ratio beyond is clipped: the measurement, not the model, is then the suspect).""
 MAX_NODE_FACTORS = 64
 """Node counts a model keeps corrections for (a payload with more is refused)."""
 MAX_REPLICAS = 1 << 20
+"""The largest replica count a sync bound (``ScalingModel.sync_replicas``) may name."""
 
 
 def placement_shape(placement: str | Sequence[int]) -> tuple[int, int]:
