@@ -116,13 +116,7 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
         return SynergyPolicy("las")
     if name == "synergy-fifo":
         return SynergyPolicy("fifo")
-    if name in (
-        "goodput-dp",
-        "goodput-dp-fifo",
-        "goodput-dp-parametric",
-        "goodput-dp-extrapolated",
-        "goodput-dp-cpu-blind",
-    ):
+    if name.startswith("goodput-dp") and name in POLICIES:
         return DpPolicy(
             name,
             objective="goodput",
