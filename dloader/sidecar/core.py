@@ -340,9 +340,10 @@ class NodeCore:
             limits.max_workers,
             initial_workers=reg.num_workers,
             registered_at=now,
-            # Nothing changed for it: it runs at its own count, so its first report's window
-            # (from its first batch, after registration) teaches the model at once.
-            directive_at=now - pol.SETTLE_S,
+            # Nothing changed for it: it has run at its own count since its loader started, so
+            # its first report's window (from its first batch, before or after registering)
+            # teaches the model at once.
+            directive_at=-math.inf,
         )
         job = Job(
             rec,

@@ -866,6 +866,28 @@ def test_a_new_job_is_placed_from_half_a_second_and_a_known_one_needs_a_second(
     assert len(job.model.observations) == 1  # a known job: a second at least
 
 
+def test_a_job_registered_after_its_first_batches_is_placed_by_its_first_report(
+    tmp_path: Path,
+) -> None:
+    """On a busy node a job's agent may register a second or two after the loader's first
+    batch: its first report's window then began before it registered. Nothing changed for it
+    in that window (it ran at its own count), so that report places it. It waited until its
+    window was shorter than the time since registering (p95 5 s from the first batch)."""
+    node = FakeNode(0.0)
+    core = node_core(tmp_path, PolicySettings("adaptive", 8, 2, 1.0), node)
+    job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    node.now += 0.25
+    core.report(job, _short(2, 300.0, 1.5))  # 1.25 s of batches before it registered
+    assert len(job.model.observations) == 1
+    core.decide()
+    assert job.state.placed
+    assert job.directive.num_workers != 2  # its model moved it (300/s: far from its limit)
+    # a change it was directed to still settles before a window counts
+    node.now += 0.25
+    core.report(job, _short(job.directive.num_workers, 300.0, 1.5))
+    assert len(job.model.observations) == 1
+
+
 def test_a_job_that_comes_back_is_placed_at_once_from_its_last_model(tmp_path: Path) -> None:
     """The model of the last ended job of the same name and owner is the new one's start: it
     is placed at registration. Another name starts afresh."""
