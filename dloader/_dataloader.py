@@ -87,8 +87,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             (default: any positive size).
         stats_window_s: length of the "recent" window of :meth:`stats`, seconds.
         sidecar: the node sidecar to cooperate with (``unix:///path.sock`` or ``host:port``;
-            default: ``$DLOADER_SIDECAR``, else none). A background agent registers the job at
-            the first ``iter()``, reports every second and applies the sidecar's directives.
+            default: ``$DLOADER_SIDECAR``, else none). A background agent registers the job as
+            the loader is created, reports every second and applies the sidecar's directives.
             If the sidecar is absent or dies, training goes on unchanged.
         job_name: the job's name at the sidecar (default: ``$DLOADER_JOB_NAME`` or the
             script name and PID).
@@ -213,6 +213,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """The worker-count tuner of ``num_workers="auto"`` (None: not tuning)."""
         if auto:
             self._start_auto(max(min_workers, 1))
+        if self.sidecar_agent is not None:
+            # registered now: its helper process starts while the job sets up, not after its
+            # first batch (a second on a busy node, which the job's first placement waited for)
+            self.sidecar_agent.start()
 
     def _start_auto(self, minimum: int) -> None:
         if self.sidecar_agent is not None:

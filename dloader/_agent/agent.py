@@ -1,13 +1,16 @@
 """The sidecar agent: a background thread that connects a loader to the node sidecar.
 
-It registers the job, streams the loader's telemetry (one report per second; four a second for
-its first three seconds), and applies the sidecar's directives (worker count, batch size, CPU
-set) through the loader's own thread-safe knobs. The gRPC connection itself lives in a helper
-process (:mod:`dloader._agent.helper`), because gRPC does not survive the ``fork()`` that starts
-loader workers (they crashed with SIGSEGV in tests). Training never waits for the agent: if the
+It registers the job when the loader is created (its helper process takes a second to start on
+a busy node: started then, it is ready by the first batch), streams the loader's telemetry (one
+report per second; four a second for the first three seconds after its first batch), and
+applies the sidecar's directives (worker count, batch size, CPU set) through the loader's own
+thread-safe knobs. The gRPC connection itself lives in a helper process
+(:mod:`dloader._agent.helper`), because gRPC does not survive the ``fork()`` that starts loader
+workers (they crashed with SIGSEGV in tests). Training never waits for the agent: if the
 sidecar is absent or dies, the loader keeps its last configuration and the agent reconnects with
 exponential backoff (resuming the same job after a sidecar restart, or registering again if the
-sidecar forgot it).
+sidecar forgot it). A process forked from the loader's runs an agent of its own when it
+iterates (a job of its own).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -36,7 +40,8 @@ __all__ = ["SidecarAgent"]
 log = logging.getLogger(__name__)
 
 EARLY_REPORTS = 12
-"""Reports sent at ``EARLY_INTERVAL_S`` after connecting (then one per report interval)."""
+"""Reports sent at ``EARLY_INTERVAL_S`` from the loader's first batch (then one per report
+interval): the sidecar places a job from its first half second of batches."""
 EARLY_INTERVAL_S = 0.25
 
 
@@ -68,7 +73,7 @@ class SidecarAgent:
         self._job_key = env.job_key()  # a bad value is an error here, at the loader's start
         self._controls = controls  # they hold the loader weakly: the agent never keeps it alive
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dloader-sidecar-agent", daemon=True)
+        self._thread = self._new_thread()
         self._proc: subprocess.Popen[str] | None = None
         self.job_id: str | None = None
         self._cpus: list[int] = []
@@ -76,15 +81,26 @@ class SidecarAgent:
         self.connected = threading.Event()
         self.last_error: str | None = None
 
+    def _new_thread(self) -> threading.Thread:
+        self._pid = os.getpid()
+        return threading.Thread(target=self._run, name="dloader-sidecar-agent", daemon=True)
+
     def start(self) -> None:
-        """Starts the background thread (idempotent)."""
-        if not self._thread.is_alive() and not self._stop.is_set():
+        """Starts the background thread (idempotent). In a process forked from the one that
+        started it, a fresh thread with its own helper: a job per process, as registered."""
+        if self._pid != os.getpid():
+            self._proc, self.job_id = None, None  # the parent's helper and job
+            self.connected.clear()
+            self._thread = self._new_thread()
+        if self._thread.ident is None and not self._stop.is_set():  # never started
             self._thread.start()
 
     def stop(self, timeout: float = 3.0) -> None:
-        """Stops reporting; the helper deregisters the job and exits."""
+        """Stops reporting; the helper deregisters the job and exits (waits up to ``timeout``
+        seconds for that)."""
         self._stop.set()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     # ------------------------------------------------------------------ the loop
 
@@ -155,7 +171,8 @@ class SidecarAgent:
 
     def _report_until_done(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdin is not None
-        sent = 0
+        early = 0  # reports sent since the loader's first batch
+        sent_at = -math.inf
         while not self._stop.is_set() and proc.poll() is None:
             s = self._controls.stats()
             if s is None:  # the loader is gone
@@ -163,16 +180,24 @@ class SidecarAgent:
                 return
             self._enforce_cpus(s.workers)
             self._enforce_nice(s.workers)
-            report = JobReport.from_stats(s, time.time())
-            try:
-                proc.stdin.write(json.dumps({"op": "report", "report": report.to_json()}) + "\n")
-            except (BrokenPipeError, ValueError):
-                return
-            sent += 1
-            # at first four times a second: the sidecar places a job from its first half second
-            early = sent < EARLY_REPORTS
+            # Four reports a second from the first batch: the sidecar places a job from its
+            # first half second of batches. Before it (the job still setting up), one report
+            # per interval says it is alive, and the loop looks for that batch as often.
+            waiting = s.batches == 0
+            now = time.monotonic()
+            if not waiting or now - sent_at >= self._report_interval_s:
+                report = JobReport.from_stats(s, time.time())
+                try:
+                    proc.stdin.write(
+                        json.dumps({"op": "report", "report": report.to_json()}) + "\n"
+                    )
+                except (BrokenPipeError, ValueError):
+                    return
+                sent_at, early = now, early + (not waiting)
             self._stop.wait(
-                min(self._report_interval_s, EARLY_INTERVAL_S) if early else self._report_interval_s
+                min(self._report_interval_s, EARLY_INTERVAL_S)
+                if waiting or early <= EARLY_REPORTS
+                else self._report_interval_s
             )
 
     def _read(self, proc: subprocess.Popen[str]) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import queue
 import sys
 import threading
@@ -50,8 +51,14 @@ class Helper:
 
     def emit(self, msg: dict[str, Any]) -> None:
         with self.out_lock:
-            sys.stdout.write(json.dumps(msg) + "\n")
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(json.dumps(msg) + "\n")
+                sys.stdout.flush()
+            except (BrokenPipeError, ValueError):  # the agent is gone: deregister and exit
+                self.stop.set()
+                # what is left in the buffer goes nowhere, not into a traceback at exit
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
     def status(self, connected: bool, error: str | None = None) -> None:
         key = (connected, self.job_id, error)

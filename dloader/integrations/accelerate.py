@@ -223,6 +223,8 @@ def prepare_data_loader(
         **kwargs,
     )
     _install_skip_dispatch()
+    if loader.sidecar_agent is not None:
+        loader.sidecar_agent.stop(timeout=0)  # its job is the prepared loader's now
     return prepared
 
 
@@ -234,7 +236,7 @@ def _loader_kwargs(loader: DataLoader[Any]) -> dict[str, Any]:
         **{name: getattr(loader, name) for name in _DLOADER_ARGS},
     }
     kwargs["stats_window_s"] = loader.stats_window_s
-    agent = loader.sidecar_agent  # not started: it starts at the first iter()
+    agent = loader.sidecar_agent
     if agent is not None:
         kwargs.update(sidecar=agent.target, job_name=agent.name)
     return kwargs

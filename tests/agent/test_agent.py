@@ -86,6 +86,56 @@ def test_loader_registers_reports_and_follows_directives(sidecar: Sidecar) -> No
     assert wait_for(lambda: not sidecar.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs)
 
 
+def test_a_loader_registers_when_created_before_its_first_batch(sidecar: Sidecar) -> None:
+    """The agent's helper process starts with the loader, not at its first ``iter()``: on a
+    busy node it took a second or two, and the job's first placement waited for it."""
+    loader = dloader.DataLoader(
+        D.Range(64),
+        batch_size=8,
+        num_workers=1,
+        sidecar=f"unix://{sidecar.socket}",
+        job_name="early",
+        multiprocessing_context=FORK_SAFE,
+    )
+    agent = loader.sidecar_agent
+    assert agent is not None
+    assert wait_for(lambda: agent.job_id is not None)
+    jobs = sidecar.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs
+    assert [j.name for j in jobs] == ["early"]
+    assert [int(i) for b in loader for i in b] == list(range(64))  # iterating starts nothing new
+    assert agent.job_id == jobs[0].job_id
+    agent.stop()
+    assert wait_for(lambda: not sidecar.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs)
+
+
+def test_a_loader_created_before_a_fork_iterates_in_the_child(sidecar: Sidecar) -> None:
+    """The agent starts with the loader; a process forked after that (``ddp_fork``, a
+    notebook launcher) and iterating the loader runs its own agent, a job of its own."""
+    code = f"""
+import os, sys, time
+import dloader
+loader = dloader.DataLoader(range(40), batch_size=8, sidecar="unix://{sidecar.socket}",
+                            job_name="parent")
+pid = os.fork()
+if pid == 0:
+    loader.sidecar_agent.name = "child"
+    got = [int(i) for b in loader for i in b]
+    deadline = time.monotonic() + 10
+    while loader.sidecar_agent.job_id is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ok = got == list(range(40)) and loader.sidecar_agent.job_id is not None
+    loader.sidecar_agent.stop()
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+loader.sidecar_agent.stop()
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 def test_training_is_unaffected_without_a_sidecar(tmp_path: Path) -> None:
     loader = dloader.DataLoader(
         D.Range(200), batch_size=10, num_workers=1, sidecar=f"unix://{tmp_path}/nobody-here.sock"

@@ -146,6 +146,7 @@ def test_a_tuned_loader_is_on_the_peer_board_while_it_runs(
         dloader.DataLoader(D.Range(10), num_workers="auto")
 
 
+@pytest.mark.integration  # the sidecar agent starts its helper with the loader
 def test_a_sidecar_decides_instead() -> None:
     loader = dloader.DataLoader(
         D.Range(10), batch_size=2, num_workers="auto", sidecar="unix:///nonexistent.sock"
@@ -154,6 +155,7 @@ def test_a_sidecar_decides_instead() -> None:
     assert loader.stats().tuner == ""
 
 
+@pytest.mark.integration  # the sidecar agent starts its helper with the loader
 def test_the_sidecars_guided_policy_starts_the_tuner_within_a_ceiling_and_stops_it() -> None:
     from dloader._dataloader import _Controls
 
