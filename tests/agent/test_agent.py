@@ -120,7 +120,7 @@ pid = os.fork()
 if pid == 0:
     loader.sidecar_agent.name = "child"
     got = [int(i) for b in loader for i in b]
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while loader.sidecar_agent.job_id is None and time.monotonic() < deadline:
         time.sleep(0.05)
     ok = got == list(range(40)) and loader.sidecar_agent.job_id is not None
