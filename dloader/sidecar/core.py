@@ -339,11 +339,7 @@ class NodeCore:
             limits.min_workers,
             limits.max_workers,
             initial_workers=reg.num_workers,
-            registered_at=now,
-            # Nothing changed for it: it has run at its own count since its loader started, so
-            # its first report's window (from its first batch, before or after registering)
-            # teaches the model at once.
-            directive_at=-math.inf,
+            registered_at=now,  # its count never changed: its first report teaches its model
         )
         job = Job(
             rec,

@@ -122,8 +122,9 @@ class PolicyJob:
     """The count the job registered with, or the allocator's target fed (exploration starts
     there)."""
     registered_at: float = 0.0
-    directive_at: float = 0.0
-    """When its worker count last changed."""
+    directive_at: float = -math.inf
+    """When its worker count last changed (never: it runs at the count it came with, since its
+    loader started, so a window from its first batch counts, before or after it registered)."""
     reports: int = 0
     rate: float | None = None
     """Samples/s of its last report (None: no report yet)."""
