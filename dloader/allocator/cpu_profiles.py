@@ -23,8 +23,13 @@ that row's rate per core (a loader with more cores runs more workers, each as fa
   times the cores for the same share (an H100 is about 3x a V100 on ResNet-50 training; the
   project's own H100 run needed 14 loader workers for ResNet-18 on JPEGs, ~1.5x the profile's 9).
 
-Because the curve is in samples/s, a job on ``k`` GPUs, or at a larger batch (a GPU computes
-more samples/s at a larger local batch), needs proportionally more cores.
+The curve is one GPU's pipeline: each GPU of a job has its own loader (one per rank), so ``k``
+GPUs on ``c`` cores of a node are fed ``k * R(c / k)`` there
+(:func:`dloader.allocator.policies.cores.feed_rate`). Synergy's 2- and 4-GPU tables
+(``simulator/models/<model>_2.py``, ``_4.py`` in its repository) give the same speed at the same
+cores per GPU as its 1-GPU ones wherever the pipeline binds (checked in the tests). Because the
+curve is in samples/s, a job at a larger batch (a GPU computes more samples/s at a larger local
+batch) needs proportionally more cores.
 
 **Which profile for which application** (:data:`APP_PROFILES`): the same network where Synergy
 profiled it, else the closest in what its input costs:
@@ -163,8 +168,8 @@ def read_cpu_profiles(path: str | Path = PACKAGED_CPU_PROFILES) -> dict[str, Cpu
 
 
 def input_truth(app: AppTrace, profile: CpuProfile, gpu_speed: float = 1.0) -> InputModel:
-    """The samples/s ``app``'s input pipeline delivers on ``c`` cores (the simulator's ground
-    truth): ``X_ref * share(c / gpu_speed)`` (see the module docstring)."""
+    """The samples/s one GPU's input pipeline of ``app`` delivers on ``c`` cores (the
+    simulator's ground truth): ``X_ref * share(c / gpu_speed)`` (see the module docstring)."""
     if not (math.isfinite(gpu_speed) and gpu_speed > 0):
         raise AllocatorError(f"gpu_speed={gpu_speed!r}: expected a finite number > 0")
     lo, hi = app.local_bsz_range

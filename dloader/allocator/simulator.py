@@ -9,10 +9,12 @@ the target. Jobs submitted between two decisions wait for the next.
 
 With CPUs (``Cluster.cpus``), each job's input pipeline delivers at most what its cores on each
 node feed (:mod:`dloader.allocator.cpu_profiles`: Synergy's profiles): a step takes its GPU time
-divided by the share of its GPUs' samples the slowest-fed node delivers. A policy that divides no
-cores (``ClusterDecision.cores`` empty) gets the GPU-proportional division. Online, a job's input
-model is what a node sidecar would know by then: the samples/s its pipeline delivers at each
-core count it ran at (a sidecar measures the CPU time per sample of the loader's workers),
+divided by the share of its GPUs' samples the slowest-fed node delivers, each GPU's loader on its
+share of the job's cores there (:func:`~dloader.allocator.policies.cores.feed_rate`, as in
+Synergy's 2- and 4-GPU tables; checked in the tests). A policy that divides no cores
+(``ClusterDecision.cores`` empty) gets the GPU-proportional division. Online, a job's input model
+is what a node sidecar would know by then: the samples/s one GPU's pipeline delivers at each core
+count per GPU it ran at (a sidecar measures the CPU time per sample of the loader's workers),
 extrapolated linearly elsewhere.
 
 Deterministic: the same workload, traces and settings give the same result.
@@ -38,7 +40,7 @@ from dloader.allocator.cpu_profiles import (
 )
 from dloader.allocator.optimizer import DEFAULT_RESTART_S, POOL_COST_S_PER_MB, Cluster
 from dloader.allocator.policies import ClusterDecision, JobState, Policy
-from dloader.allocator.policies.cores import proportional_cores
+from dloader.allocator.policies.cores import feed_cores, feed_rate, proportional_cores
 from dloader.allocator.traces import AppTrace, WorkloadJob, placement_key
 from dloader.errors import AllocatorError
 from dloader.predictor import (
@@ -95,7 +97,7 @@ class _SimJob:
     input_s: float = 0.0
     """Seconds lost waiting for input (running time times the share not fed)."""
     fed_seen: dict[float, float] = field(default_factory=dict)
-    """Online learning: samples/s its pipeline delivered, by core count."""
+    """Online learning: samples/s one GPU's pipeline delivered, by cores per GPU."""
     remote: float = 0.0
     """Cores of the cluster's CPU pool its remote loader workers hold."""
     remote_seconds: float = 0.0
@@ -336,8 +338,10 @@ class Simulator:
         truth = self.inputs.get(job.spec.application)
         if truth is not None:
             for g, c in zip(job.placement, job.cores, strict=True):
-                cores = round(self._effective(job, truth, g, c), 2)
-                if g > 0 and cores > 0:  # what the node's sidecar measured, the newest kept
+                if g <= 0:
+                    continue
+                cores = round(self._effective(job, truth, g, c) / g, 2)  # each GPU's loader's
+                if cores > 0:  # what the node's sidecar measured, the newest kept
                     job.fed_seen.pop(cores, None)
                     job.fed_seen[cores] = truth.rate(cores)
             while len(job.fed_seen) > MAX_INPUT_POINTS:
@@ -356,8 +360,8 @@ class Simulator:
             for g, c in zip(job.placement, job.cores, strict=True)
             if g > 0
         ]
-        fed = min(min(truth.rate(c) * k / (g * wanted) for g, c in parts), 1.0)
-        used = sum(min(c, truth.cores_for(wanted * fed * g / k)) for g, c in parts)
+        fed = min(min(feed_rate(truth, g, c) * k / (g * wanted) for g, c in parts), 1.0)
+        used = sum(min(c, feed_cores(truth, g, wanted * fed * g / k)) for g, c in parts)
         return fed, used
 
     def _effective(self, job: _SimJob, truth: InputModel, gpus: int, cores: float) -> float:
@@ -368,7 +372,7 @@ class Simulator:
         if not job.remote or not job.gpus:
             return cores
         pooled = self.cluster.pool_efficiency * job.remote * gpus / job.gpus
-        moved = truth.rate(cores + pooled) - truth.rate(cores)  # samples/s from the pool
+        moved = feed_rate(truth, gpus, cores + pooled) - feed_rate(truth, gpus, cores)
         mb = SAMPLE_MB.get(job.spec.application, 0.0)
         return max(cores - moved * mb * POOL_COST_S_PER_MB, 0.0) + pooled
 

@@ -2,9 +2,9 @@
 
 It registers the node with its GPUs and the cores its loaders may use (``--cpu-budget``),
 reports every period which GPUs the allocator may use, how fast the node's allocator-managed
-jobs run and what their input pipelines deliver on ``c`` cores (each job's loader model here:
-:func:`input_curve`), and watches the allocations of this node: when a job's global batch size
-changes, every loader of that job on this node (tied to it by its key, ``DLOADER_JOB_KEY``,
+jobs run and what one GPU's input pipeline of each delivers on ``c`` cores (its loaders' models
+here: :func:`input_curve`), and watches the allocations of this node: when a job's global batch
+size changes, every loader of that job on this node (tied to it by its key, ``DLOADER_JOB_KEY``,
 never by its name) is directed to the allocation's local batch size, as the allocator gave it,
 which the job's agent applies with ``loader.set_batch_size``; the job's cores on this node
 become the node's prior for it (:meth:`NodeCore.set_cpu_targets`). GPU-count changes are for
@@ -220,10 +220,11 @@ class AllocatorLink:
 
 
 def input_curve(models: list[LoaderModel], cores: float, workers: int) -> InputCurve:
-    """What one job's loaders on this node (one per rank, ``models``) deliver together on ``c``
-    cores, each rank on ``c / ranks`` with its share of the node's ``workers``: at
-    :data:`MAX_INPUT_POINTS` core counts from 1/8 of a core to the node's ``cores`` (empty while
-    a loader has no model yet)."""
+    """What one of a job's loaders on this node (one per rank, ``models``) delivers on ``c``
+    cores, the mean over its ranks, each with its share of the node's ``workers`` (the allocator
+    counts a job's pipeline per GPU: ``k`` GPUs on ``c`` cores are fed ``k`` times the curve at
+    ``c / k``): at :data:`MAX_INPUT_POINTS` core counts from 1/8 of a core to the node's
+    ``cores`` (empty while a loader has no model yet)."""
     ranks = len(models)
     if not ranks or not all(m.observations for m in models) or cores <= 0:
         return ()
@@ -233,7 +234,7 @@ def input_curve(models: list[LoaderModel], cores: float, workers: int) -> InputC
     out: list[tuple[float, float]] = []
     try:
         for c in sorted(set(steps)):
-            rate = sum(m.input_rate(c / ranks, share) for m in models)
+            rate = sum(m.input_rate(c, share) for m in models) / ranks
             if out and rate < out[-1][1]:
                 rate = out[-1][1]  # a curve never falls as cores grow
             if rate >= MIN_INPUT_RATE and (not out or c > out[-1][0]):

@@ -1,14 +1,18 @@
 """CPU cores for the jobs' input pipelines: in the GPU decision, in the placement, on each node.
 
 **The resource model.** A job on ``k`` GPUs at global batch ``b`` computes at most
-``X(k, b)`` samples/s (its scaling model); its input pipeline delivers ``R(c)`` samples/s on
-``c`` cores (its :class:`~dloader.predictor.InputModel`). It runs at ``min(X, R(c))``. A node's
+``X(k, b)`` samples/s (its scaling model); each of its GPUs has its own loader (one per rank),
+and one GPU's pipeline delivers ``R(u)`` samples/s on ``u`` cores (its
+:class:`~dloader.predictor.InputModel`, one GPU's as Synergy profiles it), so its ``k`` GPUs on
+``c`` cores are fed ``k * R(c / k)`` (:func:`feed_rate`; Synergy's 2- and 4-GPU tables give the
+same speed per GPU at the same cores per GPU as its 1-GPU ones). It runs at
+``min(X, k * R(c / k))``. A node's
 cores are one more per-node resource beside its GPUs (:attr:`Cluster.cpus`; None: unlimited,
 and every decision is the CPU-blind one), and they serve only the jobs with GPUs on that node:
 a job reaches more cores only by holding GPUs on more nodes.
 
 **One decision over GPUs, batch sizes and cores.** The DP values a job at ``k`` GPUs and batch
-``b`` at what its pipeline can feed there, ``min(X(k, b), R(k * rho))`` (:func:`fed_table`),
+``b`` at what its pipeline can feed there, ``min(X(k, b), k * R(rho))`` (:func:`fed_table`),
 where ``rho`` is the cores per GPU the job can count on: the cluster's cores per GPU (one pass;
 the division below then gives a CPU-hungry job beside CPU-light ones more than that share, and
 its batch is refitted to the cores it got). So a GPU that the job's
@@ -51,9 +55,23 @@ __all__ = [
     "divide_cores",
     "divide_pool",
     "fed_table",
+    "feed_cores",
+    "feed_rate",
     "proportional_cores",
     "water_fill",
 ]
+
+
+def feed_rate(model: InputModel, gpus: float, cores: float) -> float:
+    """Samples/s a job's loaders feed its ``gpus`` GPUs on ``cores`` cores, each GPU's on its
+    share: ``gpus * R(cores / gpus)`` (``model``: one GPU's pipeline; 0 without GPUs)."""
+    return gpus * model.rate(cores / gpus) if gpus > 0 else 0.0
+
+
+def feed_cores(model: InputModel, gpus: float, rate: float) -> float:
+    """The cores a job's loaders need to feed its ``gpus`` GPUs ``rate`` samples/s together (the
+    inverse of :func:`feed_rate`; 0 without GPUs)."""
+    return gpus * model.cores_for(rate / gpus) if gpus > 0 else 0.0
 
 
 def proportional_cores(
@@ -152,10 +170,12 @@ def fed_table(
     model: InputModel, cores_per_gpu: float
 ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     """The DP's view of a job's pipeline: ``table`` (samples/s, one row per GPU count in
-    ``gpus``, one column per batch size) capped at what ``k * cores_per_gpu`` cores feed."""
+    ``gpus``, one column per batch size) capped at what ``k`` GPUs with ``cores_per_gpu``
+    cores each are fed (:func:`feed_rate`)."""
+    per_gpu = model.rate(cores_per_gpu)
 
     def feed(gpus: np.ndarray, table: np.ndarray) -> np.ndarray:
-        cap = model.rates(np.asarray(gpus, dtype=float) * cores_per_gpu)
+        cap = np.asarray(gpus, dtype=float) * per_gpu
         return np.minimum(table, cap[:, None])
 
     return feed

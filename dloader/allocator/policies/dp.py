@@ -26,6 +26,8 @@ from dloader.allocator.policies.cores import (
     divide_cores,
     divide_pool,
     fed_table,
+    feed_cores,
+    feed_rate,
     proportional_cores,
 )
 from dloader.allocator.policies.state import ClusterDecision, JobState, held_placements
@@ -214,18 +216,18 @@ class DpPolicy:
         gpus = [sum(decision.placements[job_id]) for job_id, _, _ in fed]
         tables = self._batch_tables([s for *_, s in fed], gpus)  # in the order of ``fed``
         need = {
-            job_id: model.cores_for(float(x[int(np.argmax(x * eff))]))
-            for (job_id, model, _), (_, x, eff) in zip(fed, tables, strict=True)
+            job_id: feed_cores(model, k, float(x[int(np.argmax(x * eff))]))
+            for (job_id, model, _), k, (_, x, eff) in zip(fed, gpus, tables, strict=True)
         }
         weights = {j.job_id: j.priority for j in jobs}
         cores = divide_cores(decision.placements, need, weights, cluster)
         short = {job_id: n - sum(cores[job_id]) for job_id, n in need.items()}
         remote = divide_pool(short, {j.job_id: j.remote_max for j in jobs}, weights, cluster)
         sizes, reasons = dict(decision.batch_sizes), dict(decision.reasons)
-        for (job_id, model, _), (batches, x, eff) in zip(fed, tables, strict=True):
+        for (job_id, model, _), k, (batches, x, eff) in zip(fed, gpus, tables, strict=True):
             pool = remote.get(job_id, 0.0)
             got = sum(cores[job_id]) + cluster.pool_efficiency * pool
-            best = int(batches[int(np.argmax(np.minimum(x, model.rate(got)) * eff))])
+            best = int(batches[int(np.argmax(np.minimum(x, feed_rate(model, k, got)) * eff))])
             if pool:
                 reasons[job_id] += f"; {pool:.1f} pool cores"
             if best != sizes[job_id]:
@@ -269,7 +271,10 @@ class DpPolicy:
         k = np.array([[float(sum(placements[i]))] for i in ids])
         b = np.array([[float(batches[i])] for i in ids])
         x = np.nan_to_num(throughput_grid([specs[i] for i in ids], k, b)[:, 0, 0], nan=0.0)
-        return {i: inputs[i].cores_for(max(float(v), 0.0)) for i, v in zip(ids, x, strict=True)}
+        return {
+            i: feed_cores(inputs[i], float(n[0]), max(float(v), 0.0))
+            for i, n, v in zip(ids, k, x, strict=True)
+        }
 
     def _decide(
         self,

@@ -106,7 +106,7 @@ class SynergyPolicy:
         fn = throughput_fn(job.model, cluster.gpus_per_node, job.local_bsz_range)
         x = fn(np.array([float(k)]), np.array([float(job.requested_batch)]))
         rate = float(np.nan_to_num(x, nan=0.0)[0])
-        return job.input.cores_for(rate) / k if rate > 0 else None
+        return job.input.cores_for(rate / k) if rate > 0 else None  # one GPU's pipeline
 
     def _tune(
         self, admitted: list[tuple[JobState, int]], cluster: Cluster
