@@ -12,19 +12,29 @@ Each application's input pipeline follows Synergy's measured profile of the clos
 * ``synergy``: Synergy-TUNE (fixed GPUs as requested, LAS order, cores by profiled need);
 * ``pollux``: Pollux's policy, cores in proportion to GPUs.
 
+Beside them, with limited cores, ``goodput-dp@pooled``: the pooled same-cores bound, the same
+cores without node boundaries, divided at every decision by each job's true need
+(``Simulator(pooled_cores=True)``, goodput-dp's GPUs and batch sizes). ``reach`` is how much of
+the way from ``goodput-dp-cpu-blind`` to that bound goodput-dp went, on average JCT:
+``(blind - dp) / (blind - pooled)`` per workload (its jitters' sums).
+
 Scenarios: Pollux workloads 1-4 at 2, 3 and 6 cores per GPU and unlimited (where the policy was
 tuned); ``--philly N`` workloads of 160 jobs drawn from the Philly trace with new seeds (a new
 base seed per run unless ``--seed``, printed) at 3 cores per GPU and unlimited; one CPU-hungry
-mix (workload 1 with each CPU-light ncf job made a cifar10 job of the same size).
+mix (workload 1 with each CPU-light ncf job made a cifar10 job of the same size). Each workload
+runs ``--jitter-seeds K`` times with every arrival moved by up to ``--jitter-s`` seconds
+(:func:`dloader.allocator.traces.jitter_arrivals`); each ratio is given as its median over the
+runs with a 95% interval from resampling workloads with their jitters, and the worst workload.
 ``--validate``: ``synergy`` against the same scheduler with GPU-proportional cores (Synergy's own
 comparison) on Synergy's cluster shape (16 servers of 8 GPUs and 24 cores), Philly draws.
 
-    python -m benchmarks.allocator.bench_cpu                   # ~1.5 h on 2 cores
+    python -m benchmarks.allocator.bench_cpu                   # ~2 h on 2 cores
     python -m benchmarks.allocator.bench_cpu --workloads 2 --cores-per-gpu 3 --philly 2 \\
         --policies goodput-dp,goodput-dp-cpu-blind --no-mix    # a few minutes
 
-Prints one table per group (average and p99 JCT, makespan, GPU and CPU utilisation per policy)
-and the ratios of goodput-dp's average JCT to each peer's with their median and worst, writes
+Prints one table per group (average and p99 JCT, makespan, GPU and CPU utilisation per policy,
+the mean over jitters), the ratios of goodput-dp's to each peer's with their intervals, and the
+reach, writes
 ``bench_cpu.json`` and ``bench_cpu.png`` (the ratios per scenario).
 """
 
@@ -41,8 +51,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from benchmarks._common import add_out_dir, machine, outputs, table
 from benchmarks.allocator import plots
+from benchmarks.allocator.bench_admission import interval
 from dloader.allocator import Cluster
 from dloader.allocator.policies import Policy, SynergyPolicy, make_policy
 from dloader.allocator.simulator import Simulator
@@ -51,6 +64,7 @@ from dloader.allocator.traces import (
     PACKAGED_TRACES,
     AppTrace,
     WorkloadJob,
+    jitter_arrivals,
     load_apps,
     packaged_workload,
     read_philly,
@@ -58,6 +72,9 @@ from dloader.allocator.traces import (
 )
 
 POLICIES = ("goodput-dp", "goodput-dp-cpu-blind", "synergy", "pollux")
+#: The pooled same-cores bound (see the module docstring).
+POOLED = "goodput-dp@pooled"
+BLIND = "goodput-dp-cpu-blind"
 
 Scenario = tuple[str, float]
 """(workload label, cores per GPU; inf: unlimited)"""
@@ -105,16 +122,31 @@ def policy(name: str, generations: int) -> Policy:
 
 
 def simulate(
-    label: str, cores_per_gpu: float, name: str, generations: int, gpu_speed: float
-) -> tuple[Scenario, str, dict[str, Any], float]:
+    scenario: Scenario,
+    jitter: int,
+    name: str,
+    generations: int,
+    gpu_speed: float,
+    jitter_s: float,
+) -> tuple[Scenario, int, str, dict[str, Any], float]:
+    label, cores_per_gpu = scenario
     nodes, per_node = (16, 8) if label.startswith("synergy") else (16, 4)
     cpus = None if math.isinf(cores_per_gpu) else cores_per_gpu * per_node
     cluster = Cluster.uniform(nodes, per_node, cpus)
     jobs, apps = workload(label, nodes * per_node)
+    jobs = jitter_arrivals(jobs, seed=jitter, seconds=jitter_s)
     began = time.perf_counter()
-    sim = Simulator(jobs, apps, policy(name, generations), cluster, gpu_speed=gpu_speed)
+    pooled = name == POOLED
+    sim = Simulator(
+        jobs,
+        apps,
+        policy("goodput-dp" if pooled else name, generations),
+        cluster,
+        gpu_speed=gpu_speed,
+        pooled_cores=pooled,
+    )
     summary = sim.run().summary()
-    return (label, cores_per_gpu), name, summary, time.perf_counter() - began
+    return scenario, jitter, name, summary, time.perf_counter() - began
 
 
 def _numbers(text: str, what: str, p: argparse.ArgumentParser) -> list[float]:
@@ -141,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", default=",".join(POLICIES), help="(default: %(default)s)")
     p.add_argument("--gpu-speed", type=float, default=1.0, help="GPU speed over the V100")
     p.add_argument("--generations", type=int, default=100, help="pollux's genetic search")
+    p.add_argument("--jitter-seeds", type=int, default=3, help="runs per workload (default 3)")
+    p.add_argument("--jitter-s", type=float, default=30.0, help="arrival shift bound (30 s)")
+    p.add_argument("--no-bound", action="store_true", help="skip the pooled same-cores bound")
     p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     add_out_dir(p)
     args = p.parse_args(argv)
@@ -155,8 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in args.policies.split(",") if n]
     if not names or any(n not in POLICIES for n in names) or names[0] != "goodput-dp":
         p.error(f"--policies={args.policies!r}: goodput-dp first, then any of {POLICIES[1:]}")
-    if args.philly < 0 or args.processes < 1:
-        p.error(f"--philly={args.philly} must be >= 0 and --processes={args.processes} >= 1")
+    if args.philly < 0 or args.processes < 1 or args.jitter_seeds < 1:
+        p.error(
+            f"--philly={args.philly} must be >= 0, --processes={args.processes} and "
+            f"--jitter-seeds={args.jitter_seeds} >= 1"
+        )
+    if not (0 <= args.jitter_s < 3600):
+        p.error(f"--jitter-s={args.jitter_s}: expected seconds in [0, 3600)")
     seed = random.randrange(1, 1 << 30) if args.seed is None else args.seed
     outs = outputs(args.out_dir)
     print(f"machine: {machine()}", flush=True)
@@ -170,53 +210,83 @@ def main(argv: list[str] | None = None) -> int:
         ]
     if not args.no_mix:
         groups["CPU-hungry mix, 3 cores/GPU"] = [("mix", 3.0)]
-    tasks = [(s, n) for g in groups.values() for s in g for n in names]
+
+    def arms(s: Scenario) -> list[str]:
+        return names + ([] if args.no_bound or math.isinf(s[1]) else [POOLED])
+
+    jitters = range(args.jitter_seeds)
+    tasks = [(s, k, n) for g in groups.values() for s in g for k in jitters for n in arms(s)]
     if args.validate:
         validation = [(f"synergy-{seed}", 3.0), (f"synergy-{seed + 1}", 3.0)]
-        tasks += [(s, n) for s in validation for n in ("synergy", "synergy-proportional")]
-    runs: dict[tuple[Scenario, str], dict[str, Any]] = {}
+        tasks += [(s, 0, n) for s in validation for n in ("synergy", "synergy-proportional")]
+    print(
+        f"{len(tasks)} runs: {args.jitter_seeds} jitter(s) of +-{args.jitter_s:g} s per "
+        f"workload, {args.processes} process(es)",
+        flush=True,
+    )
+    runs: dict[tuple[Scenario, int, str], dict[str, Any]] = {}
     with ProcessPoolExecutor(args.processes) as pool:
-        futures = [pool.submit(simulate, *s, n, args.generations, args.gpu_speed) for s, n in tasks]
+        futures = [
+            pool.submit(simulate, s, k, n, args.generations, args.gpu_speed, args.jitter_s)
+            for s, k, n in tasks
+        ]
         for i, f in enumerate(futures):
-            scenario, name, summary, secs = f.result()
-            runs[scenario, name] = summary
-            print(f"  [{i + 1}/{len(tasks)}] {scenario} {name}: {secs:.0f} s", file=sys.stderr)
+            scenario, k, name, summary, secs = f.result()
+            runs[scenario, k, name] = summary
+            print(f"  [{i + 1}/{len(tasks)}] {scenario} {k} {name}: {secs:.0f} s", file=sys.stderr)
+
+    def mean(s: Scenario, n: str, key: str) -> float:
+        return float(np.mean([runs[s, k, n][key] for k in jitters]))
+
+    rng = np.random.default_rng(0)
     ratios: dict[str, dict[str, list[float]]] = {}
+    reach: dict[str, dict[str, Any]] = {}
     for title, scenarios in groups.items():
         rows = []
         for s in scenarios:
-            for n in names:
-                r = runs[s, n]
+            for n in arms(s):
+                cpu = mean(s, n, "cpu_utilisation")
                 rows.append(
-                    [
-                        s[0],
-                        n,
-                        r["avg_jct_s"] / 3600,
-                        r["p99_jct_s"] / 3600,
-                        r["makespan_s"] / 3600,
-                        r["gpu_utilisation"],
-                        "-" if math.isnan(r["cpu_utilisation"]) else r["cpu_utilisation"],
-                    ]
+                    [s[0], n]
+                    + [mean(s, n, k) / 3600 for k in ("avg_jct_s", "p99_jct_s", "makespan_s")]
+                    + [mean(s, n, "gpu_utilisation"), "-" if math.isnan(cpu) else cpu]
                 )
         print(f"## {title}")
         cols = ["workload", "policy", "avg JCT h", "p99 JCT h", "makespan h", "GPU util"]
         print(table([*cols, "CPU util"], rows))
         ratio_rows = []
         for peer in names[1:]:
-            mine = ratios.setdefault(title, {}).setdefault(peer, [])
             for key in ("avg_jct_s", "p99_jct_s", "makespan_s"):
-                values = [runs[s, "goodput-dp"][key] / runs[s, peer][key] for s in scenarios]
+                by_workload = {
+                    s[0]: [runs[s, k, "goodput-dp"][key] / runs[s, k, peer][key] for k in jitters]
+                    for s in scenarios
+                }
                 if key == "avg_jct_s":
-                    mine.extend(values)
+                    ratios.setdefault(title, {})[peer] = [
+                        v for vs in by_workload.values() for v in vs
+                    ]
+                med, lo, hi, worst = interval(by_workload, rng)
                 ratio_rows.append(
-                    [peer, key.removesuffix("_s"), _median(values), max(values), min(values)]
+                    [peer, key.removesuffix("_s"), med, f"[{lo:.3f}, {hi:.3f}]", worst]
                 )
-        print(table(["goodput-dp / peer", "measure", "median", "worst", "best"], ratio_rows))
+        print(
+            table(["goodput-dp / peer", "measure", "median", "95% interval", "worst"], ratio_rows)
+        )
+        if BLIND in names and all(POOLED in arms(s) for s in scenarios):
+            reach[title] = _reach(runs, scenarios, jitters, rng)
+            r = reach[title]
+            print(
+                f"reach from {BLIND} to the pooled bound (avg JCT): median {r['median']:.2f} "
+                f"[{r['lo']:.2f}, {r['hi']:.2f}], worst {r['worst']:.2f}; bound / blind "
+                f"median {r['headroom']:.3f} (per workload: "
+                + ", ".join(f"{w} {v:.2f}" for w, v in r["by_workload"].items())
+                + ")"
+            )
         print()
     if args.validate:
         rows = []
         for s in validation:
-            tuned, fair = runs[s, "synergy"], runs[s, "synergy-proportional"]
+            tuned, fair = runs[s, 0, "synergy"], runs[s, 0, "synergy-proportional"]
             rows.append(
                 [
                     s[0],
@@ -236,11 +306,14 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "seed": seed,
         "gpu_speed": args.gpu_speed,
+        "jitter_seeds": args.jitter_seeds,
+        "jitter_s": args.jitter_s,
         "runs": [
-            {"workload": s[0], "cores_per_gpu": s[1], "policy": n, **r}
-            for (s, n), r in runs.items()
+            {**r, "workload": s[0], "cores_per_gpu": s[1], "jitter": k, "policy": n}
+            for (s, k, n), r in runs.items()
         ],
         "ratios": ratios,
+        "reach": reach,
     }
     outs("bench_cpu.json").write_text(json.dumps(payload, indent=1, default=float))
     plots.cpu_ratios(ratios, outs("bench_cpu.png"))
@@ -248,10 +321,42 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+def _reach(
+    runs: dict[tuple[Scenario, int, str], dict[str, Any]],
+    scenarios: list[Scenario],
+    jitters: range,
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    """How much of the way from the CPU-blind policy to the pooled bound goodput-dp went on
+    average JCT, per workload (its jitters' gaps summed): median, 95% interval, worst, and the
+    bound's average JCT over blind's (the headroom; a workload without any is left out)."""
+    by_workload, headroom = {}, []
+    for s in scenarios:
+        blind = sum(runs[s, k, BLIND]["avg_jct_s"] for k in jitters)
+        dp = sum(runs[s, k, "goodput-dp"]["avg_jct_s"] for k in jitters)
+        bound = sum(runs[s, k, POOLED]["avg_jct_s"] for k in jitters)
+        headroom.append(bound / blind)
+        if blind - bound > 1e-3 * blind:
+            by_workload[s[0]] = (blind - dp) / (blind - bound)
+    if not by_workload:
+        nan = float("nan")
+        return {
+            "median": nan,
+            "lo": nan,
+            "hi": nan,
+            "worst": nan,
+            "by_workload": {},
+            "headroom": float(np.median(headroom)),
+        }
+    med, lo, hi, _ = interval({w: [v] for w, v in by_workload.items()}, rng)
+    return {
+        "median": med,
+        "lo": lo,
+        "hi": hi,
+        "worst": min(by_workload.values()),
+        "by_workload": by_workload,
+        "headroom": float(np.median(headroom)),
+    }
 
 
 if __name__ == "__main__":

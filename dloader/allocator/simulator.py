@@ -40,7 +40,12 @@ from dloader.allocator.cpu_profiles import (
 )
 from dloader.allocator.optimizer import DEFAULT_RESTART_S, POOL_COST_S_PER_MB, Cluster
 from dloader.allocator.policies import ClusterDecision, JobState, Policy
-from dloader.allocator.policies.cores import feed_cores, feed_rate, proportional_cores
+from dloader.allocator.policies.cores import (
+    feed_cores,
+    feed_rate,
+    proportional_cores,
+    water_fill,
+)
 from dloader.allocator.traces import AppTrace, WorkloadJob, placement_key
 from dloader.errors import AllocatorError
 from dloader.predictor import (
@@ -245,6 +250,12 @@ class Simulator:
             applications; another application uses the profile of its own name).
         gpu_speed: with ``cluster.cpus``: the simulated GPUs' speed over the profiled V100's
             (a GPU ``s`` times faster needs ``s`` times the cores).
+        pooled_cores: with ``cluster.cpus``: a reference, not a cluster that exists: the
+            policy's GPUs and batch sizes, but the cluster's cores one pool without node
+            boundaries, divided at every decision by each running job's true need (what its
+            GPUs compute at its batch, :func:`~dloader.allocator.policies.cores.feed_cores`),
+            water-filled by GPUs where the pool is short, the spare by GPUs (the pooled
+            same-cores bound: what a perfect division of the same cores could feed).
     """
 
     def __init__(
@@ -259,12 +270,18 @@ class Simulator:
         learning: Learning = "online",
         cpu_profiles: dict[str, CpuProfile] | None = None,
         gpu_speed: float = 1.0,
+        pooled_cores: bool = False,
     ) -> None:
         if not interval_s > 0 or restart_s < 0:
             raise AllocatorError(f"{interval_s=} must be > 0 and {restart_s=} >= 0")
         if learning not in LEARNING:
             raise AllocatorError(f"learning={learning!r}: expected one of {', '.join(LEARNING)}")
         self.learning = learning
+        if pooled_cores and (cluster.cpus is None or cluster.pool > 0):
+            raise AllocatorError(
+                "pooled_cores needs a cluster with cores per node (cpus) and no CPU pool"
+            )
+        self.pooled_cores = pooled_cores
         missing = sorted({j.application for j in workload} - set(apps))
         if missing:
             raise AllocatorError(f"workload uses application(s) {missing} without traces")
@@ -512,6 +529,30 @@ class Simulator:
             if new and b != j.batch:
                 j.batch_changes += 1
                 j.batch = b
+        if self.pooled_cores:
+            self._pool_cores([j for j in active if j.placement])
+
+    def _pool_cores(self, placed: list[_SimJob]) -> None:
+        """``pooled_cores``: the cluster's cores divided across ``placed`` by true need (see
+        :class:`Simulator`), each job's split over its nodes by its GPUs there."""
+        if not placed:
+            return
+        need = np.array(
+            [
+                feed_cores(
+                    self.inputs[j.spec.application],
+                    j.gpus,
+                    j.batch / j.app.iteration_time(j.placement, j.batch),
+                )
+                for j in placed
+            ]
+        )
+        gpus = np.array([float(j.gpus) for j in placed])
+        total = float(sum(self.cluster.cpus or ()))
+        got = water_fill(need, gpus, total)
+        got += max(total - float(got.sum()), 0.0) * gpus / gpus.sum()
+        for j, c in zip(placed, got.tolist(), strict=True):
+            j.cores = tuple(c * g / j.gpus for g in j.placement)
 
     @staticmethod
     def _record(j: _SimJob) -> SimJobResult:

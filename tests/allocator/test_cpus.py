@@ -314,6 +314,49 @@ def test_the_simulator_feeds_a_multi_gpu_job_as_synergys_multi_gpu_tables(
         assert share / base == pytest.approx(table[u] / table[1], rel=0.02), (model, gpus, u)
 
 
+class _Apart:
+    """Each job alone on its own node (job ``i`` on node ``i``), all its GPUs, cores left to
+    the simulator (CPU-blind: the GPU-proportional division)."""
+
+    name = "apart"
+
+    def decide(self, jobs, cluster):
+        placements = {}
+        for i, j in enumerate(jobs):
+            row = [0] * len(cluster.nodes)
+            row[i] = cluster.nodes[i]
+            placements[j.job_id] = tuple(row)
+        return ClusterDecision(
+            placements,
+            {j.job_id: j.requested_batch for j in jobs},
+            {j.job_id: "apart" for j in jobs},
+            (),
+        )
+
+
+def test_pooled_cores_feed_a_hungry_job_from_a_light_neighbours_node(apps) -> None:
+    """The pooled same-cores reference: the same cores, no node boundaries, divided by need."""
+    jobs = [
+        WorkloadJob("cifar10-0", 0.0, "cifar10", 4, 2048),  # hungry (res18's profile)
+        WorkloadJob("ncf-1", 0.0, "ncf", 4, 4096),  # light (flat profile)
+    ]
+    cluster = Cluster.uniform(2, 4, 4.0)
+
+    def run(pooled: bool):
+        sim = Simulator(jobs, apps, _Apart(), cluster, learning="oracle", pooled_cores=pooled)
+        return {j.name: j for j in sim.run().jobs}
+
+    nodes, pooled = run(False), run(True)
+    hungry, light = "cifar10-0", "ncf-1"
+    assert pooled[hungry].jct_s < nodes[hungry].jct_s * 0.8  # the light node's spare cores
+    assert pooled[hungry].input_s < nodes[hungry].input_s
+    assert pooled[light].input_s == pytest.approx(nodes[light].input_s, abs=1.0)  # still fed
+    both = max(j.end_s for j in pooled.values())
+    assert sum(j.cpu_seconds for j in pooled.values()) <= 8.0 * both * (1 + 1e-6)
+    with pytest.raises(AllocatorError, match="pooled_cores"):
+        Simulator(jobs, apps, _Apart(), Cluster.uniform(2, 4), pooled_cores=True)
+
+
 def test_feeding_k_gpus_is_k_loaders_each_on_its_share() -> None:
     one_gpu = InputModel(((1.0, 100.0), (4.0, 250.0)))
     assert feed_rate(one_gpu, 2, 2.0) == pytest.approx(2 * 100.0)

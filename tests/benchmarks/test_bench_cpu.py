@@ -1,6 +1,7 @@
 """benchmarks/allocator/bench_cpu.py at a small size: the policies run side by side with CPUs,
-the tables with ratios (median, worst) and the Synergy validation print, the JSON and the plot
-are written; bad arguments name the value."""
+the pooled same-cores bound beside them, the tables with ratios (median, interval, worst), the
+reach and the Synergy validation print, the JSON and the plot are written; bad arguments name
+the value."""
 
 from __future__ import annotations
 
@@ -19,25 +20,29 @@ def test_bench_cpu_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     argv = [
         "--workloads", "3", "--cores-per-gpu", "3", "--philly", "1",
         "--philly-cores-per-gpu", "3", "--policies", "goodput-dp,goodput-dp-cpu-blind,synergy",
-        "--no-mix", "--validate", "--seed", "5", "--processes", "2",
+        "--no-mix", "--validate", "--seed", "5", "--processes", "2", "--jitter-seeds", "1",
     ]  # fmt: skip
     assert bench_cpu.main([*argv, "--out-dir", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "bench_cpu.json").read_text())
     assert data["seed"] == 5
     runs = {(r["workload"], r["policy"]): r for r in data["runs"]}
-    for policy in ("goodput-dp", "goodput-dp-cpu-blind", "synergy"):
+    for policy in ("goodput-dp", "goodput-dp-cpu-blind", "synergy", "goodput-dp@pooled"):
         for label in ("pollux-3", "philly-5"):
             r = runs[label, policy]
             assert r["jobs_completed"] == r["jobs"] == 160
             assert 0 < r["cpu_utilisation"] <= 1
+            assert r["jitter"] == 0
     assert ("synergy-5", "synergy-proportional") in runs
     assert set(data["ratios"]["Pollux workloads, 3 cores/GPU"]) == {
         "goodput-dp-cpu-blind",
         "synergy",
     }
+    reach = data["reach"]["Pollux workloads, 3 cores/GPU"]
+    assert 0 < reach["headroom"] < 1  # the pooled cores feed more than each node's own
     assert (tmp_path / "bench_cpu.png").stat().st_size > 0
     out = capsys.readouterr().out
-    assert "seeds 5..5" in out and "median" in out and "Synergy-TUNE against" in out
+    assert "seeds 5..5" in out and "95% interval" in out and "Synergy-TUNE against" in out
+    assert "reach from goodput-dp-cpu-blind to the pooled bound" in out
 
 
 def test_bad_arguments_name_the_value(capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,6 +50,8 @@ def test_bad_arguments_name_the_value(capsys: pytest.CaptureFixture[str]) -> Non
         (["--workloads", "7"], "--workloads='7'"),
         (["--cores-per-gpu", "0"], "--cores-per-gpu='0'"),
         (["--policies", "pollux"], "goodput-dp first"),
+        (["--jitter-seeds", "0"], "--jitter-seeds=0"),
+        (["--jitter-s", "-1"], "--jitter-s=-1"),
     ):
         with pytest.raises(SystemExit):
             bench_cpu.main(argv)
