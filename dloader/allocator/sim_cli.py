@@ -131,6 +131,19 @@ def parser() -> argparse.ArgumentParser:
         help="what a pool core feeds as a share of what a core on the job's node feeds "
         f"(default {POOL_EFFICIENCY}: measured by benchmarks/loader/bench_remote.py)",
     )
+    p.add_argument(
+        "--pooled-cores",
+        action="store_true",
+        help="with --cpus-per-node: the pooled same-cores bound, not a real cluster: each "
+        "policy's GPUs and batches, but all the nodes' cores one pool divided by each job's "
+        "true need (what a perfect division of the same cores could feed)",
+    )
+    p.add_argument(
+        "--input-prior",
+        action="store_true",
+        help="with --cpus-per-node, online: a job that has not run yet brings the input curve "
+        "its application's earlier jobs measured (as a JobSpec.input_curve from an earlier run)",
+    )
     p.add_argument("--interval", type=finite, default=60.0, help="seconds between decisions")
     p.add_argument(
         "--restart-delay",
@@ -337,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     learning=args.learning,
                     cpu_profiles=profiles,
                     gpu_speed=args.gpu_speed,
+                    pooled_cores=args.pooled_cores,
+                    input_prior=args.input_prior,
                 )
                 max_s = None if args.max_hours is None else args.max_hours * 3600
                 result = _run(sim, name + tag, len(jobs), args.quiet, max_s)

@@ -256,6 +256,10 @@ class Simulator:
             GPUs compute at its batch, :func:`~dloader.allocator.policies.cores.feed_cores`),
             water-filled by GPUs where the pool is short, the spare by GPUs (the pooled
             same-cores bound: what a perfect division of the same cores could feed).
+        input_prior: online, with ``cluster.cpus``: a job that has not run yet brings the input
+            curve its application's earlier jobs measured (``JobSpec.input_curve``: an
+            earlier run's), so that its first decision already sees what its cores feed;
+            without it (the default) its input is unknown until it has run.
     """
 
     def __init__(
@@ -271,6 +275,7 @@ class Simulator:
         cpu_profiles: dict[str, CpuProfile] | None = None,
         gpu_speed: float = 1.0,
         pooled_cores: bool = False,
+        input_prior: bool = False,
     ) -> None:
         if not interval_s > 0 or restart_s < 0:
             raise AllocatorError(f"{interval_s=} must be > 0 and {restart_s=} >= 0")
@@ -279,9 +284,14 @@ class Simulator:
         self.learning = learning
         if pooled_cores and (cluster.cpus is None or cluster.pool > 0):
             raise AllocatorError(
-                "pooled_cores needs a cluster with cores per node (cpus) and no CPU pool"
+                "pooled cores (--pooled-cores) need cores per node (--cpus-per-node) and no "
+                "CPU pool (--cpu-pool-nodes)"
             )
         self.pooled_cores = pooled_cores
+        self.input_prior = input_prior
+        #: Per application, what its jobs' sidecars measured (one GPU's pipeline, by cores per
+        #: GPU, the newest kept): with ``input_prior``, a new job's curve brought at submission.
+        self._app_seen: dict[str, dict[float, float]] = {}
         missing = sorted({j.application for j in workload} - set(apps))
         if missing:
             raise AllocatorError(f"workload uses application(s) {missing} without traces")
@@ -322,7 +332,8 @@ class Simulator:
         if truth is None:
             known = None
         elif online:  # the core counts it ran at, as a sidecar measured them
-            known = InputModel.of(job.fed_seen.items()) if job.fed_seen else None
+            seen = job.fed_seen or (self._app_seen.get(app.name) if self.input_prior else None)
+            known = InputModel.of(seen.items()) if seen else None
         else:
             known = truth
         return JobState(
@@ -359,10 +370,12 @@ class Simulator:
                     continue
                 cores = round(self._effective(job, truth, g, c) / g, 2)  # each GPU's loader's
                 if cores > 0:  # what the node's sidecar measured, the newest kept
-                    job.fed_seen.pop(cores, None)
-                    job.fed_seen[cores] = truth.rate(cores)
-            while len(job.fed_seen) > MAX_INPUT_POINTS:
-                del job.fed_seen[next(iter(job.fed_seen))]
+                    for seen in (job.fed_seen, self._app_seen.setdefault(job.app.name, {})):
+                        seen.pop(cores, None)
+                        seen[cores] = truth.rate(cores)
+            for seen in (job.fed_seen, self._app_seen[job.app.name]):
+                while len(seen) > MAX_INPUT_POINTS:
+                    del seen[next(iter(seen))]
 
     def _feed(self, job: _SimJob, gpu_step: float) -> tuple[float, float]:
         """(the share of its GPUs' samples/s its pipeline feeds, the cores it uses) at

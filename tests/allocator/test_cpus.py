@@ -184,6 +184,37 @@ def test_online_a_jobs_input_is_what_it_ran_at(apps, workload) -> None:
             assert r == pytest.approx(truth.rate(c), rel=1e-6)
 
 
+def test_with_a_prior_a_new_job_brings_what_its_applications_jobs_measured(
+    apps, workload
+) -> None:
+    first: dict[str, tuple[InputModel | None, bool]] = {}
+    ran: set[str] = set()
+
+    class Spy:
+        name = "spy"
+
+        def __init__(self) -> None:
+            self.inner = make_policy("goodput-dp")
+
+        def decide(self, jobs, cluster):
+            for j in jobs:  # its input at its first decision; had its application run yet?
+                app = j.job_id.split("-")[0]
+                first.setdefault(j.job_id, (j.input, app in ran))
+                if j.placement:
+                    ran.add(app)
+            return self.inner.decide(jobs, cluster)
+
+    cluster = Cluster.uniform(3, 4, 6.0)
+    sim = Simulator(workload, apps, Spy(), cluster, input_prior=True)
+    sim.run()
+    later = [(job_id, m) for job_id, (m, before) in first.items() if before]
+    assert later and all(m is not None for _, m in later)
+    for job_id, m in later:  # the truth at core counts per GPU its application ran at
+        truth = sim.inputs[job_id.split("-")[0]]
+        assert all(r == pytest.approx(truth.rate(c), rel=1e-6) for c, r in m.points)
+    assert any(m is None for m, before in first.values() if not before)  # the very first
+
+
 def test_synergy_places_a_hungry_job_beside_a_light_one_and_never_below_its_share() -> None:
     cluster = Cluster((2, 2), (6.0, 6.0))  # 3 cores per GPU
     light = InputModel.linear(1e6)
@@ -353,7 +384,7 @@ def test_pooled_cores_feed_a_hungry_job_from_a_light_neighbours_node(apps) -> No
     assert pooled[light].input_s == pytest.approx(nodes[light].input_s, abs=1.0)  # still fed
     both = max(j.end_s for j in pooled.values())
     assert sum(j.cpu_seconds for j in pooled.values()) <= 8.0 * both * (1 + 1e-6)
-    with pytest.raises(AllocatorError, match="pooled_cores"):
+    with pytest.raises(AllocatorError, match="pooled cores"):
         Simulator(jobs, apps, _Apart(), Cluster.uniform(2, 4), pooled_cores=True)
 
 
@@ -418,6 +449,11 @@ def test_sim_cli_takes_cpus_and_reports_cpu_use(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         main([*base, "--cpus-per-node", "0", "--out", str(out)])
     assert "--cpus-per-node" in capsys.readouterr().err
+    bound = [*base, "--cpus-per-node", "6", "--policy", "goodput-dp", "--quiet", "--out", str(out)]
+    assert main([*bound, "--pooled-cores", "--input-prior"]) == 0
+    assert json.loads(out.read_text())["jobs_completed"] > 0
+    assert main([*base, "--pooled-cores", "--out", str(out), "--quiet"]) != 0
+    assert "--pooled-cores" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- a CPU pool (#47)
