@@ -184,9 +184,7 @@ def test_online_a_jobs_input_is_what_it_ran_at(apps, workload) -> None:
             assert r == pytest.approx(truth.rate(c), rel=1e-6)
 
 
-def test_with_a_prior_a_new_job_brings_what_its_applications_jobs_measured(
-    apps, workload
-) -> None:
+def test_with_a_prior_a_new_job_brings_what_its_applications_jobs_measured(apps, workload) -> None:
     first: dict[str, tuple[InputModel | None, bool]] = {}
     ran: set[str] = set()
 

@@ -36,6 +36,7 @@ def test_bench_cpu_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert set(data["ratios"]["Pollux workloads, 3 cores/GPU"]) == {
         "goodput-dp-cpu-blind",
         "synergy",
+        "goodput-dp@pooled",  # how far from the bound
     }
     reach = data["reach"]["Pollux workloads, 3 cores/GPU"]
     assert 0 < reach["headroom"] < 1  # the pooled cores feed more than each node's own
