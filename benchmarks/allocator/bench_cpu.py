@@ -34,9 +34,8 @@ comparison) on Synergy's cluster shape (16 servers of 8 GPUs and 24 cores), Phil
 
 Prints one table per group (average and p99 JCT, makespan, GPU and CPU utilisation per policy,
 the mean over jitters), the ratios of goodput-dp's to each peer's (and to the bound's) with their
-intervals, and the
-reach, writes
-``bench_cpu.json`` and ``bench_cpu.png`` (the ratios per scenario).
+intervals, and the reach, writes ``bench_cpu.json`` and ``bench_cpu.png`` (the ratios per
+scenario).
 """
 
 from __future__ import annotations
