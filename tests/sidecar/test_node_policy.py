@@ -294,3 +294,27 @@ def test_a_neighbours_new_count_is_not_a_cost_change() -> None:
         if again.learned:
             break
     assert [e.kind for e in again.events] == ["restarted"]
+
+
+def test_a_loader_never_iterated_holds_no_workers_in_the_budget() -> None:
+    """A job whose loader was created but never iterated (the agent registers it at creation)
+    has no worker processes and no batch yet: its count is not reserved against the node's
+    workers until they run; once they do, it counts again."""
+    idle_tree = pol.TreeSample(0.0, 0.01)  # walked: its training process, no loader workers
+    p = pol.NodePolicy("adaptive", BUDGET)
+    p.add(job("io", registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+    p.add(job("idle", workers=6, registered_at=0.0), 0.0, idle_tree)
+    p.decide(0.0)
+    p.report("io", window(2, 100.0, fetch=0.6, cpu=0.02), 3.0)
+    p.report("idle", window(6, 0.0), 3.0)  # a report before its first batch: nothing measured
+    p.decide(4.0)
+    io, idle = p.jobs["io"].decision, p.jobs["idle"].decision
+    assert io is not None and idle is not None
+    assert io.num_workers == BUDGET.workers  # I/O-bound: the whole budget, none held for idle
+    assert "not started" in idle.reason
+    # its workers start: the next decision counts them again
+    p.tree("idle", pol.TreeSample(0.5, 0.01, has_workers=True), 5.0)
+    assert p.dirty
+    p.decide(5.0)
+    io = p.jobs["io"].decision
+    assert io is not None and io.num_workers + p.jobs["idle"].directed <= BUDGET.workers

@@ -326,8 +326,21 @@ def decide(
     planned: list[JobView] = []
     memory = WorkerMemory.of(jobs)
     floors = _floors(jobs, budget, memory)
-    held = {j.job_id: j.current_workers for j in jobs}
+    held = {j.job_id: j.current_workers if j.started else 0 for j in jobs}
+    dormant = set()  # loaders never iterated: decided, their counts not held (JobView.started)
     for job in jobs:
+        if not job.started:
+            low, high = bounds(job, budget)
+            count = min(max(job.current_workers, low), high)
+            out[job.job_id] = WorkerDecision(
+                job.job_id,
+                count,
+                f"not started (no loader workers yet): its {count} workers are not held against "
+                "the node's budget until they run",
+                placed=False,
+            )
+            dormant.add(job.job_id)
+            continue
         low, high = bounds(job, budget)
         low = floors[job.job_id]
         if math.isfinite(budget.memory_bytes):  # others keep what they hold
@@ -365,10 +378,10 @@ def decide(
             continue
         planned.append(job)
 
-    used_workers = sum(d.num_workers for d in out.values())
-    slots = max(budget.workers - used_workers, 0)
+    counted = {j: d.num_workers for j, d in out.items() if j not in dormant}
+    slots = max(budget.workers - sum(counted.values()), 0)
     # the memory the planned jobs may share: what the decided (exploring) jobs do not take
-    room = budget.memory_bytes - memory.total({j: d.num_workers for j, d in out.items()})
+    room = budget.memory_bytes - memory.total(counted)
     if not planned:
         return out
     curves = {j.job_id: curve(j, budget, bounds(j, budget)[1]) for j in planned}

@@ -414,7 +414,10 @@ class NodePolicy:
         memory, its training process's CPU per sample, each worker's upkeep."""
         s = self.jobs[job_id]
         before, before_at = s.tree, s.tree_at
+        was_started = _started(s)
         s.tree, s.tree_at = tree, now
+        if _started(s) != was_started:  # its loader's workers came (or went before a batch)
+            self.dirty = True
         if before is not None and now > before_at:
             # the share of time the job's workers waited, runnable, for a CPU
             was, is_ = before.run_delay_s, tree.run_delay_s
@@ -529,6 +532,7 @@ class NodePolicy:
             s.worker_memory_bytes,
             s.worker_memory_bound,
             s.worker_upkeep_cores,
+            started=_started(s),
         )
 
     def _moved(self, s: PolicyJob, workers: int, now: float) -> None:
@@ -669,3 +673,15 @@ class NodePolicy:
                 s.cpus = got
                 reason = f"CPU set {list(got)}: its share {out.shares[s.job_id]:.2f} cores"
                 out.orders.append(Order(s.job_id, reason, {"cpus": got}))
+
+
+def _started(s: PolicyJob) -> bool:
+    """Whether ``s``'s loader runs (:attr:`JobView.started`): it has delivered a batch, or its
+    last tree walk found loader workers (not walked yet, or no workers asked for: assumed)."""
+    return (
+        bool(s.model.observations)
+        or bool(s.rate)
+        or s.workers == 0
+        or s.tree is None
+        or s.tree.has_workers
+    )

@@ -60,6 +60,10 @@ class JobView:
     worker_upkeep_cores: float = 0.0
     """Cores each of its workers takes beyond its samples' work (waking, sending batches,
     idling), measured: part of its CPU demand at every count (0: unknown)."""
+    started: bool = True
+    """Its loader runs: it has loader workers or has delivered a batch. False for a loader
+    created and never iterated (its agent registers it at creation): it holds no workers, so
+    its count is not reserved against the node's budget until they run."""
 
 
 @dataclass(frozen=True)
