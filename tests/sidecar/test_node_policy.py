@@ -312,9 +312,23 @@ def test_a_loader_never_iterated_holds_no_workers_in_the_budget() -> None:
     assert io is not None and idle is not None
     assert io.num_workers == BUDGET.workers  # I/O-bound: the whole budget, none held for idle
     assert "not started" in idle.reason
+    # the measurements steer the running jobs as if it were not there (it joins the split
+    # when it runs): the split and what steering sees leave it out
+    assert dict(p.split()) == {"io": p.jobs["io"].directed}
+    seen: list[set[str]] = []
+    steer = p.truth.steer
+
+    def spy(jobs, *args, **kw):
+        seen.append({j.job_id for j in jobs})
+        return steer(jobs, *args, **kw)
+
+    p.truth.steer = spy  # type: ignore[method-assign]
+    p.decide(4.5)
+    assert seen == [{"io"}]
     # its workers start: the next decision counts them again
     p.tree("idle", pol.TreeSample(0.5, 0.01, has_workers=True), 5.0)
     assert p.dirty
     p.decide(5.0)
     io = p.jobs["io"].decision
     assert io is not None and io.num_workers + p.jobs["idle"].directed <= BUDGET.workers
+    assert seen[-1] == {"io", "idle"} and dict(p.split()).keys() == {"io", "idle"}

@@ -460,9 +460,20 @@ class NodePolicy:
         budget = replace(self.budget, memory_bytes=memory_bytes)
         decisions = decide(self.name, views, budget, hedge=self.spare)
         if self.name == "adaptive":
-            decisions = self.truth.steer(
-                views, budget, decisions, self.split(), self._limits(), now, self.changed_at
+            # measurements steer the jobs that run: a loader never iterated holds nothing and
+            # would keep them all unsteered until it ran (a job that comes when it starts)
+            live = [v for v in views if v.started]
+            ids = {v.job_id for v in live}
+            steered = self.truth.steer(
+                live,
+                budget,
+                {j: d for j, d in decisions.items() if j in ids},
+                self.split(),
+                self._limits(),
+                now,
+                self.changed_at,
             )
+            decisions = {**decisions, **steered}
         if cpus or shares:
             self._divide_cpus(states, decisions, cpus, out)
         if self.guided:
@@ -510,8 +521,9 @@ class NodePolicy:
         return out
 
     def split(self) -> Split:
-        """The node's split: every job's directed worker count."""
-        return split_of({s.job_id: s.directed for s in self.jobs.values()})
+        """The node's split: every running job's directed worker count (a loader never
+        iterated holds none: it joins the split when its workers run)."""
+        return split_of({s.job_id: s.directed for s in self.jobs.values() if _started(s)})
 
     def view(self, job_id: str) -> JobView:
         """What the allocation sees of a job."""
