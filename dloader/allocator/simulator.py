@@ -373,7 +373,7 @@ class Simulator:
                     for seen in (job.fed_seen, self._app_seen.setdefault(job.app.name, {})):
                         seen.pop(cores, None)
                         seen[cores] = truth.rate(cores)
-            for seen in (job.fed_seen, self._app_seen[job.app.name]):
+            for seen in (job.fed_seen, self._app_seen.get(job.app.name, {})):
                 while len(seen) > MAX_INPUT_POINTS:
                     del seen[next(iter(seen))]
 

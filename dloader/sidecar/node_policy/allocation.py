@@ -329,8 +329,8 @@ def decide(
     held = {j.job_id: j.current_workers if j.started else 0 for j in jobs}
     dormant = set()  # loaders never iterated: decided, their counts not held (JobView.started)
     for job in jobs:
+        low, high = bounds(job, budget)
         if not job.started:
-            low, high = bounds(job, budget)
             count = min(max(job.current_workers, low), high)
             out[job.job_id] = WorkerDecision(
                 job.job_id,
@@ -341,7 +341,6 @@ def decide(
             )
             dormant.add(job.job_id)
             continue
-        low, high = bounds(job, budget)
         low = floors[job.job_id]
         if math.isfinite(budget.memory_bytes):  # others keep what they hold
             others = memory.total({**held, job.job_id: 0})
