@@ -28,7 +28,7 @@ runs with a 95% interval from resampling workloads with their jitters, and the w
 ``--validate``: ``synergy`` against the same scheduler with GPU-proportional cores (Synergy's own
 comparison) on Synergy's cluster shape (16 servers of 8 GPUs and 24 cores), Philly draws.
 
-    python -m benchmarks.allocator.bench_cpu                   # ~2 h on 2 cores
+    python -m benchmarks.allocator.bench_cpu                   # ~5 h on 2 cores (1 jitter: ~1.5 h)
     python -m benchmarks.allocator.bench_cpu --workloads 2 --cores-per-gpu 3 --philly 2 \\
         --policies goodput-dp,goodput-dp-cpu-blind --no-mix    # a few minutes
 
