@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dloader._shared.node_messages import Registration
+from dloader._shared.node_messages import JobReport, Registration, WorkerReport
 from dloader.sidecar.cgroups import CgroupWeights, detect
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import NodeCore
@@ -39,6 +39,22 @@ def test_core_pins_each_job_to_its_own_cpus(tmp_path: Path) -> None:
         core.register(Registration(n, pids=(os.getpid(),), num_workers=2, batch_size=32)).job_id
         for n in ("a", "b")
     ]
+    core.decide()  # registered, no batch and no loader workers yet: no CPU set of their own
+    assert not any(core.jobs[j].directive.cpus for j in ids)
+    running = JobReport(
+        timestamp=0.0,
+        num_workers=2,
+        batch_size=32,
+        samples_per_second=300.0,
+        idle_share=0.5,
+        step_seconds=32 / 300.0,
+        wait_seconds=0.0,
+        window_seconds=2.0,
+        samples=600,
+        workers=(WorkerReport(201, 0.2, 0.1, 10), WorkerReport(202, 0.2, 0.1, 10)),
+    )
+    for j in ids:  # their loaders run
+        core.report(core.jobs[j], running)
     core.decide()
     cpus = [core.jobs[j].directive.cpus for j in ids]
     assert all(cpus) and not set(cpus[0]) & set(cpus[1])

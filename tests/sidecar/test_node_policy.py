@@ -332,3 +332,17 @@ def test_a_loader_never_iterated_holds_no_workers_in_the_budget() -> None:
     io = p.jobs["io"].decision
     assert io is not None and io.num_workers + p.jobs["idle"].directed <= BUDGET.workers
     assert seen[-1] == {"io", "idle"} and dict(p.split()).keys() == {"io", "idle"}
+
+
+def test_a_loader_never_iterated_gets_no_cpu_set_of_its_own() -> None:
+    p = pol.NodePolicy("adaptive", BUDGET)
+    p.add(job("io", registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+    p.add(job("idle", workers=6, registered_at=0.0), 0.0, pol.TreeSample(0.0, 0.01))
+    out = p.decide(0.0, cpus=(0, 1), shares=True)
+    sets = {o.job_id: o.changes["cpus"] for o in out.orders if "cpus" in o.changes}
+    assert sets == {"io": (0, 1)}  # both CPUs: none idles in a set of a loader with no workers
+    assert out.shares["idle"] == pol.node.MIN_SHARE < out.shares["io"]
+    p.tree("idle", pol.TreeSample(0.5, 0.01, has_workers=True), 1.0)
+    out = p.decide(1.0, cpus=(0, 1), shares=True)
+    sets = {o.job_id: o.changes["cpus"] for o in out.orders if "cpus" in o.changes}
+    assert sets == {"io": (0,), "idle": (1,)}  # running: a set of its own

@@ -166,6 +166,10 @@ class PolicyJob:
     """The policy's last answer for it."""
 
 
+MIN_SHARE = 0.1
+"""The least CPU share (cores) a job is given: one the policy could not size, or a loader not
+started."""
+
 EVENT_KINDS = ("placed", "directed", "expected", "restarted", "changed", "target", "ceiling")
 """What a :class:`PolicyEvent` records: a job placed by its model for the first time; a worker
 count directed by a decision (with the model's expectation of the job there, under
@@ -671,14 +675,22 @@ class NodePolicy:
         out: Decided,
     ) -> None:
         """Each job's CPU share (a job the policy could not size gets an equal part of what
-        the others leave) and, with ``cpus``, disjoint CPU sets sized by the shares."""
+        the others leave) and, with ``cpus``, disjoint CPU sets sized by the shares. A loader
+        never iterated (:func:`_started`) gets the least share and no set: it has no workers
+        to run, and a set of its own would idle CPUs the others need."""
         cores = self.budget.cores
-        known = [d.cpu_share for d in decisions.values() if d.cpu_share > 0]
-        fallback = (cores - sum(known)) / max(len(states) - len(known), 1) if known else 1.0
-        out.shares = {s.job_id: decisions[s.job_id].cpu_share or max(fallback, 0.1) for s in states}
+        live = [s for s in states if _started(s)]
+        known = [decisions[s.job_id].cpu_share for s in live if decisions[s.job_id].cpu_share > 0]
+        fallback = (cores - sum(known)) / max(len(live) - len(known), 1) if known else 1.0
+        out.shares = {
+            s.job_id: (decisions[s.job_id].cpu_share or max(fallback, MIN_SHARE))
+            if s in live
+            else MIN_SHARE
+            for s in states
+        }
         if not cpus:
             return
-        sets = cpu_sets(out.shares, cpus)
+        sets = cpu_sets({s.job_id: out.shares[s.job_id] for s in live}, cpus)
         for s in states:
             got = sets.get(s.job_id, ())
             if got and got != s.cpus:
