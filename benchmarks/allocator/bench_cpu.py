@@ -339,25 +339,11 @@ def _reach(
         headroom.append(bound / blind)
         if blind - bound > 1e-3 * blind:
             by_workload[s[0]] = (blind - dp) / (blind - bound)
+    out = {"by_workload": by_workload, "headroom": float(np.median(headroom))}
     if not by_workload:
-        nan = float("nan")
-        return {
-            "median": nan,
-            "lo": nan,
-            "hi": nan,
-            "worst": nan,
-            "by_workload": {},
-            "headroom": float(np.median(headroom)),
-        }
+        return {**out, **dict.fromkeys(("median", "lo", "hi", "worst"), float("nan"))}
     med, lo, hi, _ = interval({w: [v] for w, v in by_workload.items()}, rng)
-    return {
-        "median": med,
-        "lo": lo,
-        "hi": hi,
-        "worst": min(by_workload.values()),
-        "by_workload": by_workload,
-        "headroom": float(np.median(headroom)),
-    }
+    return {**out, "median": med, "lo": lo, "hi": hi, "worst": min(by_workload.values())}
 
 
 if __name__ == "__main__":

@@ -41,10 +41,10 @@ from dloader.allocator.cpu_profiles import (
 from dloader.allocator.optimizer import DEFAULT_RESTART_S, POOL_COST_S_PER_MB, Cluster
 from dloader.allocator.policies import ClusterDecision, JobState, Policy
 from dloader.allocator.policies.cores import (
+    divide_cores,
     feed_cores,
     feed_rate,
     proportional_cores,
-    water_fill,
 )
 from dloader.allocator.traces import AppTrace, WorkloadJob, placement_key
 from dloader.errors import AllocatorError
@@ -547,24 +547,22 @@ class Simulator:
 
     def _pool_cores(self, placed: list[_SimJob]) -> None:
         """``pooled_cores``: the cluster's cores divided across ``placed`` by true need (see
-        :class:`Simulator`), each job's split over its nodes by its GPUs there."""
+        :class:`Simulator`): :func:`divide_cores` on one node holding every GPU and core, each
+        job's cores then split over its nodes by its GPUs there."""
         if not placed:
             return
-        need = np.array(
-            [
-                feed_cores(
-                    self.inputs[j.spec.application],
-                    j.gpus,
-                    j.batch / j.app.iteration_time(j.placement, j.batch),
-                )
-                for j in placed
-            ]
-        )
-        gpus = np.array([float(j.gpus) for j in placed])
-        total = float(sum(self.cluster.cpus or ()))
-        got = water_fill(need, gpus, total)
-        got += max(total - float(got.sum()), 0.0) * gpus / gpus.sum()
-        for j, c in zip(placed, got.tolist(), strict=True):
+        need = {
+            j.spec.name: feed_cores(
+                self.inputs[j.spec.application],
+                j.gpus,
+                j.batch / j.app.iteration_time(j.placement, j.batch),
+            )
+            for j in placed
+        }
+        whole = Cluster((self.cluster.capacity,), (float(sum(self.cluster.cpus or ())),))
+        got = divide_cores({j.spec.name: (j.gpus,) for j in placed}, need, {}, whole)
+        for j in placed:
+            (c,) = got[j.spec.name]
             j.cores = tuple(c * g / j.gpus for g in j.placement)
 
     @staticmethod

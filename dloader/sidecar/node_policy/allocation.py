@@ -326,11 +326,12 @@ def decide(
     planned: list[JobView] = []
     memory = WorkerMemory.of(jobs)
     floors = _floors(jobs, budget, memory)
-    held = {j.job_id: j.current_workers if j.started else 0 for j in jobs}
-    dormant = set()  # loaders never iterated: decided, their counts not held (JobView.started)
+    # loaders never iterated: decided at their counts, which are not held (JobView.started)
+    dormant = {j.job_id for j in jobs if not j.started}
+    held = {j.job_id: 0 if j.job_id in dormant else j.current_workers for j in jobs}
     for job in jobs:
         low, high = bounds(job, budget)
-        if not job.started:
+        if job.job_id in dormant:
             count = min(max(job.current_workers, low), high)
             out[job.job_id] = WorkerDecision(
                 job.job_id,
@@ -339,7 +340,6 @@ def decide(
                 "the node's budget until they run",
                 placed=False,
             )
-            dormant.add(job.job_id)
             continue
         low = floors[job.job_id]
         if math.isfinite(budget.memory_bytes):  # others keep what they hold

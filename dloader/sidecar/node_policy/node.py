@@ -679,18 +679,14 @@ class NodePolicy:
         never iterated (:func:`_started`) gets the least share and no set: it has no workers
         to run, and a set of its own would idle CPUs the others need."""
         cores = self.budget.cores
-        live = [s for s in states if _started(s)]
-        known = [decisions[s.job_id].cpu_share for s in live if decisions[s.job_id].cpu_share > 0]
+        live = [s.job_id for s in states if _started(s)]
+        known = [decisions[j].cpu_share for j in live if decisions[j].cpu_share > 0]
         fallback = (cores - sum(known)) / max(len(live) - len(known), 1) if known else 1.0
-        out.shares = {
-            s.job_id: (decisions[s.job_id].cpu_share or max(fallback, MIN_SHARE))
-            if s in live
-            else MIN_SHARE
-            for s in states
-        }
+        out.shares = dict.fromkeys((s.job_id for s in states), MIN_SHARE)
+        out.shares |= {j: decisions[j].cpu_share or max(fallback, MIN_SHARE) for j in live}
         if not cpus:
             return
-        sets = cpu_sets({s.job_id: out.shares[s.job_id] for s in live}, cpus)
+        sets = cpu_sets({j: out.shares[j] for j in live}, cpus)
         for s in states:
             got = sets.get(s.job_id, ())
             if got and got != s.cpus:
