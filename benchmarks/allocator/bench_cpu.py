@@ -57,7 +57,7 @@ from benchmarks._common import add_out_dir, machine, outputs, table
 from benchmarks.allocator import plots
 from benchmarks.allocator.bench_admission import interval
 from dloader.allocator import Cluster
-from dloader.allocator.policies import Policy, SynergyPolicy, make_policy
+from dloader.allocator.policies import Policy, make_policy
 from dloader.allocator.simulator import Simulator
 from dloader.allocator.traces import (
     PACKAGED_PHILLY,
@@ -113,8 +113,6 @@ def workload(label: str, max_gpus: int) -> tuple[list[WorkloadJob], dict[str, Ap
 
 
 def policy(name: str, generations: int) -> Policy:
-    if name == "synergy-proportional":
-        return SynergyPolicy("las", tune=False)
     pol = make_policy(name)
     if name == "pollux":
         pol.generations = generations  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -129,7 +130,15 @@ def test_with_unlimited_cores_the_cpu_aware_policy_decides_as_today(apps, worklo
 
 
 @pytest.mark.parametrize(
-    "policy", ["goodput-dp", "goodput-dp-cpu-blind", "pollux", "synergy", "synergy-fifo"]
+    "policy",
+    [
+        "goodput-dp",
+        "goodput-dp-cpu-blind",
+        "pollux",
+        "synergy",
+        "synergy-fifo",
+        "synergy-proportional",
+    ],
 )
 def test_with_cpus_every_policy_completes_within_the_nodes_cores(apps, workload, policy) -> None:
     cluster = Cluster.uniform(3, 4, 6.0)
@@ -252,6 +261,48 @@ def test_synergy_gives_unknown_jobs_their_share_and_las_preempts() -> None:
     assert "old" in fifo.placements and fifo.waiting == ("new",)
     with pytest.raises(AllocatorError, match="order="):
         SynergyPolicy("srtf")
+
+
+def test_synergy_decides_in_rounds_and_re_places_every_job_each_round() -> None:
+    cluster = Cluster((4, 4), (12.0, 12.0))
+    policy = SynergyPolicy("las")
+    # continuous LAS: 100 GPU-s before 200 (one queue under a discretised 3,600-s split)
+    a = _job("a", 4, attained_gpu_s=200.0, arrival=0.0, age_s=600.0)
+    b = _job("b", 4, attained_gpu_s=100.0, arrival=1.0, age_s=599.0)
+    c = _job("c", 2, attained_gpu_s=0.0, arrival=2.0, age_s=598.0)
+    first = policy.decide([a, b, c], cluster)  # a round at t=600
+    assert set(first.placements) == {"b", "c"} and first.waiting == ("a",)
+    assert first.placements["b"] in ((4, 0), (0, 4))  # the largest placed first, best fit
+    # 120 s later, mid-round: c has finished and d arrived; nothing moves, d waits, c's GPUs idle
+    b1 = replace(b, placement=first.placements["b"], age_s=719.0, attained_gpu_s=580.0)
+    d = _job("d", 1, arrival=700.0, age_s=20.0)
+    mid = policy.decide([a, b1, d], cluster)
+    assert mid.placements == {"b": first.placements["b"]} and set(mid.waiting) == {"a", "d"}
+    assert "round at 900" in mid.reasons["d"]
+    assert mid.cores["b"] == first.cores["b"]
+    # the round at t=900: all afresh in LAS order (d 0, a 200, b 1,780 GPU-s)
+    b2 = replace(b1, age_s=899.0, attained_gpu_s=1780.0)
+    nxt = policy.decide([a, b2, replace(d, age_s=200.0)], cluster)
+    assert set(nxt.placements) == {"a", "d"} and nxt.waiting == ("b",)
+    assert "preempted" in nxt.reasons["b"]
+    # a caller that gives no ages (the live service): every decision is a round
+    live = SynergyPolicy("las")
+    live.decide([replace(j, age_s=None) for j in (a, b, c)], cluster)
+    again = live.decide([replace(a, age_s=None), replace(b1, age_s=None), d], cluster)
+    assert "d" in again.placements
+    with pytest.raises(AllocatorError, match="round_s"):
+        SynergyPolicy(round_s=0.0)
+
+
+def test_a_synergy_round_keeps_a_running_job_where_it_still_fits() -> None:
+    cluster = Cluster((4, 4), (12.0, 12.0))
+    ran = _job("ran", 1, placement=(0, 1), attained_gpu_s=100.0, age_s=400.0)
+    new = _job("new", 1, arrival=300.0, age_s=100.0)
+    kept = SynergyPolicy("las").decide([ran, new], cluster)
+    assert kept.placements == {"ran": (0, 1), "new": (0, 1)}  # beside it: best fit
+    # from scratch (the artifact's simulator): LAS puts new first on node 0, ran follows it
+    moved = SynergyPolicy("las", keep=False).decide([ran, new], cluster)
+    assert moved.placements == {"new": (1, 0), "ran": (1, 0)}
 
 
 def test_the_shipped_profiles_map_every_pollux_application() -> None:
@@ -493,7 +544,6 @@ def test_goodput_dp_gives_the_pool_to_a_starved_job_that_can_use_it() -> None:
 
 
 def test_a_pool_speeds_up_cpu_starved_jobs_in_the_simulator(apps, workload) -> None:
-    from dataclasses import replace
 
     tight = Cluster.uniform(3, 4, 4.0)
 
@@ -509,7 +559,6 @@ def test_a_pool_speeds_up_cpu_starved_jobs_in_the_simulator(apps, workload) -> N
 
 
 def test_the_simulator_refuses_a_policy_that_overdraws_the_pool(apps, workload) -> None:
-    from dataclasses import replace
 
     class Greedy:
         name = "greedy"

@@ -25,9 +25,11 @@
   baseline).
 * ``pollux``: Pollux's own policy, from its paper, for comparison in the same simulator
   (:mod:`.pollux`); CPU-blind, so its jobs get GPU-proportional cores.
-* ``synergy``: Synergy-TUNE (OSDI'22), from its paper (:mod:`.synergy`): GPUs fixed as
-  requested, over Tiresias' discretised least-attained-service order; CPU cores by each job's
-  profiled need, best fit. ``synergy-fifo``: the same over first come first served.
+* ``synergy``: Synergy-TUNE (OSDI'22), from its paper and artifact (:mod:`.synergy`): GPUs
+  fixed as requested, every job re-placed each 300-s round in least-attained-service order;
+  CPU cores by each job's profiled need, best fit. ``synergy-fifo``: the same in arrival order.
+  ``synergy-proportional``: the same scheduler with GPU-proportional cores (the baseline of
+  Synergy's own comparison).
 
 A policy whose decision divides no cores (``ClusterDecision.cores`` empty) leaves a node's cores
 to its jobs in proportion to their GPUs there (:func:`.cores.proportional_cores`).
@@ -99,6 +101,7 @@ POLICIES = (
     "pollux",
     "synergy",
     "synergy-fifo",
+    "synergy-proportional",
 )
 
 
@@ -116,6 +119,8 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
         return SynergyPolicy("las")
     if name == "synergy-fifo":
         return SynergyPolicy("fifo")
+    if name == "synergy-proportional":
+        return SynergyPolicy("las", tune=False)
     if name.startswith("goodput-dp") and name in POLICIES:
         return DpPolicy(
             name,
