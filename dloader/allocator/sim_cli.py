@@ -185,6 +185,13 @@ def parser() -> argparse.ArgumentParser:
         "(as Synergy's experiments: its default 9 jobs/h) instead of at the trace's times",
     )
     p.add_argument(
+        "--class-split",
+        metavar="I,L,S",
+        help="Philly: weights of image, language and speech jobs (Synergy's experiments: "
+        "20,70,10); each job's class is drawn by them, its application within the class by "
+        "its GPU time (default: the application by GPU time alone)",
+    )
+    p.add_argument(
         "--seed",
         type=int,
         help="Philly: window and application draw (default: a new one each run, printed)",
@@ -299,8 +306,22 @@ def _workload(args: argparse.Namespace) -> tuple[list[WorkloadJob], dict]:
         time_scale=args.time_scale,
         max_gpus=args.nodes * args.gpus_per_node,
         jobs_per_hour=args.jobs_per_hour,
+        class_split=_split(args.class_split),
     )
     return jobs, apps
+
+
+def _split(text: str | None) -> tuple[float, float, float] | None:
+    if text is None:
+        return None
+    try:
+        i, lang, speech = (float(x) for x in text.split(","))
+    except ValueError:
+        raise AllocatorError(
+            f"--class-split {text!r}: expected three comma-separated weights (image, "
+            "language, speech), e.g. 20,70,10"
+        ) from None
+    return i, lang, speech
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -325,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--jobs-per-hour {args.jobs_per_hour:g}: a Philly draw's steady load "
                 "(expected with --philly, and without --time-scale: the rate sets the load)"
             )
+        if args.class_split is not None and args.philly is None:
+            raise AllocatorError(f"--class-split {args.class_split}: expected with --philly")
         if args.philly is not None and args.seed is None:
             args.seed = random.randrange(1 << 31)
             log.info("Philly draw: --seed %d (give it to draw the same workload again)", args.seed)

@@ -323,6 +323,14 @@ _PHILLY_CLASSES = (
     (math.inf, ("imagenet",)),  # extra large
 )
 
+#: With a class split (Synergy's experiments: image, language, speech): each class's
+#: application in each of the size classes above.
+_SPLIT_CLASSES = (
+    ("cifar10", "yolov3", "yolov3", "imagenet"),  # image
+    ("ncf", "bert", "bert", "bert"),  # language (ncf: CPU-light as the language profiles)
+    ("deepspeech2",) * 4,  # speech
+)
+
 
 def jitter_arrivals(jobs: Sequence[WorkloadJob], seed: int, seconds: float) -> list[WorkloadJob]:
     """``jobs`` with each arrival moved by up to ``seconds`` either way (uniform, no earlier
@@ -346,6 +354,7 @@ def read_philly(
     time_scale: float = 1.0,
     max_gpus: int | None = None,
     jobs_per_hour: float | None = None,
+    class_split: tuple[float, float, float] | None = None,
 ) -> list[WorkloadJob]:
     """``num_jobs`` consecutive Philly arrivals from a random start, mapped to applications.
 
@@ -359,12 +368,26 @@ def read_philly(
     same order, arrive as a Poisson process at that rate (exponential gaps, drawn from
     ``seed``): the load of Synergy's experiments (jobs arriving at a set rate for hours), where
     a 160-job window of the trace is a burst or a lull.
+
+    ``class_split``: weights of image, language and speech jobs (Synergy's experiments:
+    20, 70, 10). Each job's class is drawn by these weights, then its application within the
+    class by its GPU time (image: cifar10 under 1 GPU-hour, yolov3 to 100, imagenet above;
+    language: ncf under 1 GPU-hour, bert above; speech: deepspeech2).
     """
     p = Path(path)
     if num_jobs < 1 or not time_scale > 0:
         raise AllocatorError(f"{num_jobs=} must be >= 1 and {time_scale=} > 0")
     if jobs_per_hour is not None and not (math.isfinite(jobs_per_hour) and jobs_per_hour > 0):
         raise AllocatorError(f"jobs per hour {jobs_per_hour}: expected a finite number > 0")
+    if class_split is not None and not (
+        len(class_split) == 3
+        and all(math.isfinite(w) and w >= 0 for w in class_split)
+        and sum(class_split) > 0
+    ):
+        raise AllocatorError(
+            f"class split {class_split}: expected three weights >= 0 (image, language, "
+            "speech), not all 0"
+        )
     rows = []
     try:
         with gzip.open(p, "rt", newline="") if p.suffix == ".gz" else p.open(newline="") as f:
@@ -385,8 +408,12 @@ def read_philly(
     t0 = window[0][0]
     jobs = []
     for i, (t, gpus, gpu_time) in enumerate(window):
-        names = next(a for limit, a in _PHILLY_CLASSES if gpu_time < limit)
-        app = apps[rng.choice(names)]
+        size = next(n for n, (limit, _) in enumerate(_PHILLY_CLASSES) if gpu_time < limit)
+        if class_split is None:
+            app = apps[rng.choice(_PHILLY_CLASSES[size][1])]
+        else:
+            kind = rng.choices(range(3), weights=class_split)[0]
+            app = apps[_SPLIT_CLASSES[kind][size]]
         k = max(1, min(gpus, max_gpus or gpus))
         lo, hi = app.local_bsz_range
         want = k * math.sqrt(lo * hi)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -137,6 +138,26 @@ def test_a_steady_load_draw_keeps_the_jobs_and_spaces_them_at_the_rate() -> None
     for bad in (0.0, -3.0, math.inf):
         with pytest.raises(AllocatorError, match=f"jobs per hour {bad}"):
             read_philly(PACKAGED_PHILLY, apps, num_jobs=10, seed=5, jobs_per_hour=bad)
+
+
+def test_a_class_split_draws_image_language_and_speech_jobs_at_its_weights() -> None:
+    """Synergy's experiments draw 20% image, 70% language and 10% speech jobs: with a split,
+    each job's class follows it, its application within the class its GPU time; the same GPU
+    counts and arrivals as without."""
+    apps = load_apps(PACKAGED_TRACES)
+    plain = read_philly(PACKAGED_PHILLY, apps, num_jobs=1000, seed=7)
+    split = read_philly(PACKAGED_PHILLY, apps, num_jobs=1000, seed=7, class_split=(20, 70, 10))
+    assert [(j.time, j.num_replicas) for j in split] == [(j.time, j.num_replicas) for j in plain]
+    kinds = {"cifar10": 0, "yolov3": 0, "imagenet": 0, "ncf": 1, "bert": 1, "deepspeech2": 2}
+    counts = np.bincount([kinds[j.application] for j in split], minlength=3)
+    # binomial counts of 1,000 draws: within ~4 standard deviations of 200, 700 and 100
+    assert abs(counts - [200, 700, 100]).max() < 60, counts
+    only_speech = read_philly(PACKAGED_PHILLY, apps, num_jobs=50, seed=7, class_split=(0, 0, 1))
+    assert {j.application for j in only_speech} == {"deepspeech2"}
+    bad: Any
+    for bad in ((0, 0, 0), (1, -1, 1), (1, 1), (math.nan, 1, 1)):
+        with pytest.raises(AllocatorError, match="class split"):
+            read_philly(PACKAGED_PHILLY, apps, num_jobs=10, seed=7, class_split=bad)
 
 
 def test_the_live_allocator_counts_each_jobs_gpu_seconds(tmp_path: Path) -> None:

@@ -174,6 +174,13 @@ def test_cli_steady_load_needs_a_philly_draw_and_no_time_scale(tmp_path, capsys)
     philly = ["--philly", "--philly-jobs", "4", "--seed", "3", "--nodes", "1", *out]
     assert main([*philly, "--jobs-per-hour", "9", "--time-scale", "2"]) == 2
     assert "without --time-scale" in capsys.readouterr().err
+    assert main([*args, *out, "--class-split", "20,70,10"]) == 2
+    assert "--class-split 20,70,10: expected with --philly" in capsys.readouterr().err
+    for bad in ("20,70", "a,b,c", "0,0,0"):
+        assert main([*philly, "--class-split", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"--class-split {bad!r}" in err or "class split" in err
+    assert main([*philly, "--class-split", "20,70,10", "--policy", "synergy"]) == 0
 
 
 def test_a_job_that_can_never_start_is_an_error_not_a_hang(apps):
