@@ -9,7 +9,8 @@ Each application's input pipeline follows Synergy's measured profile of the clos
 
 * ``goodput-dp``: GPUs, batch sizes and cores together (:mod:`dloader.allocator.policies.cores`);
 * ``goodput-dp-cpu-blind``: today's decisions, cores in proportion to GPUs on each node;
-* ``synergy``: Synergy-TUNE (fixed GPUs as requested, LAS order, cores by profiled need);
+* ``synergy``: Synergy-TUNE (fixed GPUs as requested, 300-s rounds in LAS order, cores by
+  profiled need);
 * ``pollux``: Pollux's policy, cores in proportion to GPUs.
 
 Beside them, with limited cores, ``goodput-dp@pooled``: the pooled same-cores bound, the same
@@ -26,7 +27,8 @@ runs ``--jitter-seeds K`` times with every arrival moved by up to ``--jitter-s``
 (:func:`dloader.allocator.traces.jitter_arrivals`); each ratio is given as its median over the
 runs with a 95% interval from resampling workloads with their jitters, and the worst workload.
 ``--validate``: ``synergy`` against the same scheduler with GPU-proportional cores (Synergy's own
-comparison) on Synergy's cluster shape (16 servers of 8 GPUs and 24 cores), Philly draws.
+comparison) at the load of Synergy's experiments: its cluster shape (16 servers of 8 GPUs and
+24 cores), 320 Philly jobs arriving at 9 jobs/h, 20% image, 70% language and 10% speech.
 
     python -m benchmarks.allocator.bench_cpu                   # ~5 h on 2 cores (1 jitter: ~1.5 h)
     python -m benchmarks.allocator.bench_cpu --workloads 2 --cores-per-gpu 3 --philly 2 \\
@@ -107,8 +109,17 @@ def workload(label: str, max_gpus: int) -> tuple[list[WorkloadJob], dict[str, Ap
         ), apps
     if kind == "mix":
         return hungry(read_workload(packaged_workload(1)), apps), apps
-    if kind == "synergy":
-        return read_philly(PACKAGED_PHILLY, apps, num_jobs=160, seed=int(arg), max_gpus=8), apps
+    if kind == "synergy":  # the load of Synergy's experiments (its runner.py's defaults)
+        jobs = read_philly(
+            PACKAGED_PHILLY,
+            apps,
+            num_jobs=320,
+            seed=int(arg),
+            max_gpus=8,
+            jobs_per_hour=9.0,
+            class_split=(20, 70, 10),
+        )
+        return jobs, apps
     raise ValueError(label)
 
 
@@ -297,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             )
         print("## Synergy-TUNE against GPU-proportional cores (Synergy's own comparison)")
-        print("16 servers x 8 GPUs x 24 cores, 160-job Philly draws; the paper: up to 3.4x lower")
-        print("average JCT with TUNE than with GPU-proportional cores")
+        print("16 servers x 8 GPUs x 24 cores, 320 Philly jobs at 9 jobs/h, 20/70/10 image/")
+        print("language/speech; the paper: up to 3.4x lower average JCT with TUNE")
         cols = ["workload", "proportional avg JCT h", "TUNE avg JCT h", "speed-up"]
         print(table([*cols, "TUNE CPU util", "proportional CPU util"], rows))
     payload = {
