@@ -19,7 +19,13 @@ from dloader.allocator.cpu_profiles import (
     read_cpu_profiles,
 )
 from dloader.allocator.optimizer import place
-from dloader.allocator.policies import ClusterDecision, JobState, SynergyPolicy, make_policy
+from dloader.allocator.policies import (
+    ClusterDecision,
+    DpPolicy,
+    JobState,
+    SynergyPolicy,
+    make_policy,
+)
 from dloader.allocator.policies.cores import (
     divide_cores,
     fed_table,
@@ -541,6 +547,32 @@ def test_goodput_dp_gives_the_pool_to_a_starved_job_that_can_use_it() -> None:
     assert plain.remote == {}
     blind = make_policy("goodput-dp-cpu-blind").decide(jobs, cluster)
     assert blind.remote == {}
+
+
+def test_goodput_dp_queues_a_cpu_hungry_job_the_cores_cannot_feed() -> None:
+    """One node, 4 GPUs, 4 cores. A running job needs 3 cores to feed its GPU (1,000
+    samples/s, 333 a core); a second such job would leave both on 2 cores each: it waits, and
+    a CPU-light job behind it gets the GPU. Without core-aware admission both hungry jobs run."""
+    cluster = Cluster((4,), (4.0,))
+    hungry, light = InputModel.linear(1000.0 / 3), InputModel.linear(1e6)
+    jobs = [
+        _job("ran", 1, placement=(1,), input=hungry, batch_size=64, max_gpus=1, age_s=600.0),
+        _job("next", 1, input=hungry, arrival=10.0, max_gpus=1),
+        _job("light", 1, input=light, arrival=20.0, max_gpus=1),
+    ]
+    d = make_policy("goodput-dp").decide(jobs, cluster)
+    assert set(d.placements) == {"ran", "light"} and d.waiting == ("next",)
+    assert "CPU-hungry (3.0 cores to feed 1 GPU(s))" in d.reasons["next"]
+    assert "need 3.0 of the cluster's 4 cores" in d.reasons["next"]
+    assert sum(d.cores["ran"]) >= 3.0  # all it needs (and a share of the spare)
+    without = make_policy("goodput-dp")
+    assert isinstance(without, DpPolicy)
+    without.core_admission = False
+    plain = without.decide(jobs, cluster)
+    assert set(plain.placements) == {"ran", "next", "light"}
+    # with the cores it needs (8 on the node), it runs
+    roomy = make_policy("goodput-dp").decide(jobs, Cluster((4,), (8.0,)))
+    assert set(roomy.placements) == {"ran", "next", "light"}
 
 
 def test_a_pool_speeds_up_cpu_starved_jobs_in_the_simulator(apps, workload) -> None:

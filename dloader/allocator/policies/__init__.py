@@ -10,7 +10,9 @@
   maximises the sum of log speedups (proportional fairness) and may accumulate gradients. Where
   the nodes' CPU cores are limited (``Cluster.cpus``) it decides each job's cores with its GPUs
   and batch size (:mod:`.cores`): a job's throughput is the lesser of what its GPUs compute and
-  what its input pipeline feeds on its cores.
+  what its input pipeline feeds on its cores, and a waiting CPU-hungry job whose cores the
+  jobs ahead of it already need waits (they run one after another on the cores they need,
+  not all at once on a fraction each; :meth:`.DpPolicy._core_queue`).
   When not every job can have its fewest GPUs, the less served go first (two queues by
   attained GPU-seconds, with hysteresis and a restart budget: :meth:`.DpPolicy.line`).
 * ``goodput-dp-fifo``: ``goodput-dp`` admitting first come, first served (before #48).
@@ -133,5 +135,6 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
             admission="fifo" if name == "goodput-dp-fifo" else "las",
             per_node_model=name != "goodput-dp-parametric",
             bounded_sync=name != "goodput-dp-extrapolated",
+            core_admission=True,
         )
     raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES)}")

@@ -78,13 +78,16 @@ class DpPolicy:
         restart_budget: float = LAS_RESTART_BUDGET,
         per_node_model: bool = True,
         bounded_sync: bool = True,
+        core_admission: bool = False,
     ) -> None:
         """``cpu_aware``: with a cluster of limited cores, decide GPUs, batch sizes and cores
         together (:mod:`.cores`); else a node's cores go to its jobs in proportion to their
         GPUs there. ``admission``: which jobs hold the GPUs when not all can get their fewest
         (:meth:`line`). ``per_node_model``: trust a job's scaling model's corrections per node
         count (False: its parametric model alone). ``bounded_sync``: trust its bound on the
-        sync terms beyond the replicas measured (False: the fitted lines everywhere)."""
+        sync terms beyond the replicas measured (False: the fitted lines everywhere).
+        ``core_admission``: with ``cpu_aware``, a waiting CPU-hungry job waits while the jobs
+        ahead of it need the cores it would need (:meth:`_core_queue`)."""
         if restart_model not in ("age", "horizon"):
             raise AllocatorError(f"restart_model={restart_model!r}: expected 'age' or 'horizon'")
         if admission not in ("fifo", "las"):
@@ -96,6 +99,7 @@ class DpPolicy:
             )
         self.per_node_model = per_node_model
         self.bounded_sync = bounded_sync
+        self.core_admission = core_admission
         self.admission: Admission = admission
         self.las_threshold_gpu_s = las_threshold_gpu_s
         self.restart_budget = restart_budget
@@ -207,7 +211,17 @@ class DpPolicy:
         pooled = cluster.pool_efficiency * cluster.pool / cluster.capacity
         rho = {j.job_id: local + (pooled if j.remote_max > 0 else 0.0) for j in jobs}
         specs = [self.spec(j, cluster) for j in jobs]
+        queued = self._core_queue(jobs, specs, cluster) if self.core_admission else {}
+        if queued:
+            kept = [(j, s) for j, s in zip(jobs, specs, strict=True) if j.job_id not in queued]
+            jobs, specs = [j for j, _ in kept], [s for _, s in kept]
         decision = self._decide(jobs, cluster, rho, specs)
+        if queued:
+            decision = replace(
+                decision,
+                waiting=decision.waiting + tuple(queued),
+                reasons={**decision.reasons, **queued},
+            )
         fed = [
             (j.job_id, j.input, s)
             for j, s in zip(jobs, specs, strict=True)
@@ -234,6 +248,50 @@ class DpPolicy:
                 reasons[job_id] += f"; batch {best} for its {got:.1f} cores"
                 sizes[job_id] = best
         return replace(decision, batch_sizes=sizes, reasons=reasons, cores=cores, remote=remote)
+
+    def _core_queue(
+        self, jobs: Sequence[JobState], specs: Sequence[OptimizerJob], cluster: Cluster
+    ) -> dict[str, str]:
+        """The waiting CPU-hungry jobs to queue (id -> reason): in line order, each job the GPUs
+        admit counts the cores its pipeline needs at its fewest GPUs (the running ones first,
+        never queued; a job whose input is not known counts none); a waiting job that needs
+        more than its GPUs' share of the cluster's cores (the CPU pool's included where its
+        loaders can use it) waits when what the jobs before it need leaves it less than it
+        needs, but not if it needs more than the cluster has (waiting would not feed it).
+        Where cores bind, such jobs then run one after
+        another on the cores they need rather than all at once on a fraction each (the same
+        samples/s where a pipeline's speed is proportional to its cores, each job done
+        sooner), and their GPUs go to the jobs behind them."""
+        assert cluster.cpus is not None
+        local, pool = sum(cluster.cpus), cluster.pool_efficiency * cluster.pool
+        need: dict[str, float] = {}
+        for j, s in zip(jobs, specs, strict=True):
+            if j.input is None:
+                continue
+            k, b = float(s.min_gpus), float(j.batch_size or s.batch_sizes[0])
+            x = np.nan_to_num(s.throughput(np.array([k]), np.array([b])), nan=0.0)
+            need[j.job_id] = feed_cores(j.input, k, max(float(np.max(x)), 0.0))
+        running = [(j, s) for j, s in zip(jobs, specs, strict=True) if j.placement]
+        used = sum(need.get(j.job_id, 0.0) for j, _ in running)
+        gpus = sum(s.min_gpus for _, s in running)
+        queued: dict[str, str] = {}
+        for j, s in zip(jobs, specs, strict=True):
+            if j.placement:
+                continue
+            gpus += s.min_gpus
+            if gpus > cluster.capacity:  # the GPUs admit no more: the rest wait anyway
+                break
+            n = need.get(j.job_id, 0.0)
+            total = local + (pool if j.remote_max > 0 else 0.0)
+            if s.min_gpus * total / cluster.capacity < n <= total < used + n - 1e-9:
+                gpus -= s.min_gpus
+                queued[j.job_id] = (
+                    f"waiting: CPU-hungry ({n:.1f} cores to feed {s.min_gpus} GPU(s)); the "
+                    f"jobs ahead need {used:.1f} of the cluster's {total:.0f} cores"
+                )
+                continue
+            used += n
+        return queued
 
     def _batch_tables(
         self, specs: Sequence[OptimizerJob], gpus: Sequence[int]
