@@ -59,6 +59,7 @@ from benchmarks._common import add_out_dir, machine, outputs, table
 from benchmarks.allocator import plots
 from benchmarks.allocator.bench_admission import interval
 from dloader.allocator import Cluster
+from dloader.allocator.policies import POLICIES as KNOWN
 from dloader.allocator.policies import Policy, make_policy
 from dloader.allocator.simulator import Simulator
 from dloader.allocator.traces import (
@@ -137,6 +138,7 @@ def simulate(
     generations: int,
     gpu_speed: float,
     jitter_s: float,
+    input_prior: bool = False,
 ) -> tuple[Scenario, int, str, dict[str, Any], float]:
     label, cores_per_gpu = scenario
     nodes, per_node = (16, 8) if label.startswith("synergy") else (16, 4)
@@ -153,6 +155,7 @@ def simulate(
         cluster,
         gpu_speed=gpu_speed,
         pooled_cores=pooled,
+        input_prior=input_prior,
     )
     summary = sim.run().summary()
     return scenario, jitter, name, summary, time.perf_counter() - began
@@ -179,8 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, help="first Philly seed (default: a new one, printed)")
     p.add_argument("--no-mix", action="store_true", help="skip the CPU-hungry mix")
     p.add_argument("--validate", action="store_true", help="also validate synergy (see above)")
-    p.add_argument("--policies", default=",".join(POLICIES), help="(default: %(default)s)")
+    p.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help="goodput-dp first, then its peers: any dloader-sim policy, e.g. an ablation such "
+        "as goodput-dp-no-core-admission (default: %(default)s)",
+    )
     p.add_argument("--gpu-speed", type=float, default=1.0, help="GPU speed over the V100")
+    p.add_argument(
+        "--input-prior",
+        action="store_true",
+        help="a new job brings its application's measured input curve (Simulator input_prior)",
+    )
     p.add_argument("--generations", type=int, default=100, help="pollux's genetic search")
     p.add_argument("--jitter-seeds", type=int, default=3, help="runs per workload (default 3)")
     p.add_argument("--jitter-s", type=float, default=30.0, help="arrival shift bound (30 s)")
@@ -197,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     cores = _numbers(args.cores_per_gpu, "--cores-per-gpu", p)
     philly_cores = _numbers(args.philly_cores_per_gpu, "--philly-cores-per-gpu", p)
     names = [n for n in args.policies.split(",") if n]
-    if not names or any(n not in POLICIES for n in names) or names[0] != "goodput-dp":
-        p.error(f"--policies={args.policies!r}: goodput-dp first, then any of {POLICIES[1:]}")
+    if not names or any(n not in KNOWN for n in names) or names[0] != "goodput-dp":
+        p.error(f"--policies={args.policies!r}: goodput-dp first, then any of {KNOWN}")
     if args.philly < 0 or args.processes < 1 or args.jitter_seeds < 1:
         p.error(
             f"--philly={args.philly} must be >= 0, --processes={args.processes} and "
@@ -211,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}", flush=True)
     print(f"Philly draws: seeds {seed}..{seed + args.philly - 1} (--seed {seed} to repeat)\n")
     groups: dict[str, list[Scenario]] = {}
-    for c in cores:
+    for c in cores if workloads else ():
         groups[f"Pollux workloads, {c:g} cores/GPU"] = [(f"pollux-{w}", c) for w in workloads]
     for c in philly_cores if args.philly else ():
         groups[f"Philly draws, {c:g} cores/GPU"] = [
@@ -236,7 +249,16 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[tuple[Scenario, int, str], dict[str, Any]] = {}
     with ProcessPoolExecutor(args.processes) as pool:
         futures = [
-            pool.submit(simulate, s, k, n, args.generations, args.gpu_speed, args.jitter_s)
+            pool.submit(
+                simulate,
+                s,
+                k,
+                n,
+                args.generations,
+                args.gpu_speed,
+                args.jitter_s,
+                args.input_prior,
+            )
             for s, k, n in tasks
         ]
         for i, f in enumerate(futures):
@@ -316,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "seed": seed,
         "gpu_speed": args.gpu_speed,
+        "input_prior": args.input_prior,
         "jitter_seeds": args.jitter_seeds,
         "jitter_s": args.jitter_s,
         "runs": [

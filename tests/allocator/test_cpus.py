@@ -19,13 +19,7 @@ from dloader.allocator.cpu_profiles import (
     read_cpu_profiles,
 )
 from dloader.allocator.optimizer import place
-from dloader.allocator.policies import (
-    ClusterDecision,
-    DpPolicy,
-    JobState,
-    SynergyPolicy,
-    make_policy,
-)
+from dloader.allocator.policies import ClusterDecision, JobState, SynergyPolicy, make_policy
 from dloader.allocator.policies.cores import (
     divide_cores,
     fed_table,
@@ -565,10 +559,7 @@ def test_goodput_dp_queues_a_cpu_hungry_job_the_cores_cannot_feed() -> None:
     assert "CPU-hungry (3.0 cores to feed 1 GPU(s))" in d.reasons["next"]
     assert "need 3.0 of the cluster's 4 cores" in d.reasons["next"]
     assert sum(d.cores["ran"]) >= 3.0  # all it needs (and a share of the spare)
-    without = make_policy("goodput-dp")
-    assert isinstance(without, DpPolicy)
-    without.core_admission = False
-    plain = without.decide(jobs, cluster)
+    plain = make_policy("goodput-dp-no-core-admission").decide(jobs, cluster)
     assert set(plain.placements) == {"ran", "next", "light"}
     # with the cores it needs (8 on the node), it runs
     roomy = make_policy("goodput-dp").decide(jobs, Cluster((4,), (8.0,)))

@@ -22,6 +22,8 @@
 * ``goodput-dp-extrapolated``: ``goodput-dp`` deciding on its models' fitted sync lines beyond
   the replica counts they measured, as before #48's bound
   (:attr:`dloader.predictor.ScalingModel.sync_replicas`).
+* ``goodput-dp-no-core-admission``: ``goodput-dp`` admitting jobs by GPUs alone, as before
+  #48 §5 (a CPU-hungry job waits only for GPUs).
 * ``goodput-dp-cpu-blind``: ``goodput-dp`` deciding as if every pipeline fed any number of
   GPUs; a node's cores go to its jobs in proportion to their GPUs there (the GPU-proportional
   baseline).
@@ -100,6 +102,7 @@ POLICIES = (
     "goodput-dp-parametric",
     "goodput-dp-extrapolated",
     "goodput-dp-cpu-blind",
+    "goodput-dp-no-core-admission",
     "pollux",
     "synergy",
     "synergy-fifo",
@@ -135,6 +138,6 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
             admission="fifo" if name == "goodput-dp-fifo" else "las",
             per_node_model=name != "goodput-dp-parametric",
             bounded_sync=name != "goodput-dp-extrapolated",
-            core_admission=True,
+            core_admission=name != "goodput-dp-no-core-admission",
         )
     raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES)}")
