@@ -258,10 +258,10 @@ class DpPolicy:
         more than its GPUs' share of the cluster's cores (the CPU pool's included where its
         loaders can use it) waits when what the jobs before it need leaves it less than it
         needs, but not if it needs more than the cluster has (waiting would not feed it).
-        Where cores bind, such jobs then run one after
-        another on the cores they need rather than all at once on a fraction each (the same
-        samples/s where a pipeline's speed is proportional to its cores, each job done
-        sooner), and their GPUs go to the jobs behind them."""
+        Where cores bind, such jobs then run one after another on the cores they need rather
+        than all at once on a fraction each (the same samples/s where a pipeline's speed is
+        proportional to its cores, each job done sooner), and their GPUs go to the jobs behind
+        them."""
         assert cluster.cpus is not None
         local, pool = sum(cluster.cpus), cluster.pool_efficiency * cluster.pool
         need: dict[str, float] = {}

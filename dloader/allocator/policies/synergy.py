@@ -8,10 +8,10 @@ and treats the auxiliary resources (CPU cores here; host memory is not modelled)
   msr-fiddle/synergy 1b013c2), every job's lease ends each round (:data:`ROUND_S`, 300 s) and
   the whole cluster is decided afresh: the jobs in line order, each admitted while its GPUs
   fit (a job that does not fit is skipped, a running job no longer admitted is preempted), then
-  placed. Between rounds nothing moves: a new job waits for the next
-  round and a finished job's GPUs idle until then (unless nothing runs). The round clock is the
-  jobs' ages (``JobState.age_s``); a caller that gives none (the live service) gets a round at
-  every decision.
+  placed. Between rounds nothing moves: a new job waits for the next round and a finished
+  job's GPUs idle until then (unless nothing runs). The round clock is the jobs' ages
+  (``JobState.age_s``); a caller that gives none (the live service) gets a round at every
+  decision.
 * **Order.** Synergy plugs into a base policy (FIFO, SRTF, LAS or FTF in its paper). ``las``
   (the default, the artifact's): continuous least attained service, the fewest GPU-seconds
   first, ties by arrival. ``fifo``: arrival order.
@@ -167,7 +167,8 @@ class SynergyPolicy:
     def _tune(
         self, admitted: list[tuple[JobState, int]], cluster: Cluster
     ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[float, ...]]]:
-        """Places the admitted jobs afresh, in the order given, and gives each its cores."""
+        """Places the admitted jobs in the order given (with ``keep``, a running one where it
+        ran if that still holds its demand) and gives each its cores."""
         gpus = np.array(cluster.nodes, dtype=np.int64)
         limited = cluster.cpus is not None
         cpus = np.array(cluster.cpus if limited else [0.0] * len(gpus), dtype=float)
