@@ -564,6 +564,11 @@ def test_goodput_dp_queues_a_cpu_hungry_job_the_cores_cannot_feed() -> None:
     # with the cores it needs (8 on the node), it runs
     roomy = make_policy("goodput-dp").decide(jobs, Cluster((4,), (8.0,)))
     assert set(roomy.placements) == {"ran", "next", "light"}
+    # the running job long served: the new one is ahead of it in line (least attained
+    # service first), so the cores go to the new one first and it is not queued behind it
+    served = [replace(jobs[0], attained_gpu_s=1e5), *jobs[1:]]
+    ahead = make_policy("goodput-dp").decide(served, cluster)
+    assert set(ahead.placements) == {"ran", "next", "light"}
 
 
 def test_a_pool_speeds_up_cpu_starved_jobs_in_the_simulator(apps, workload) -> None:

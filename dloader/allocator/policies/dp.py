@@ -253,8 +253,8 @@ class DpPolicy:
         self, jobs: Sequence[JobState], specs: Sequence[OptimizerJob], cluster: Cluster
     ) -> dict[str, str]:
         """The waiting CPU-hungry jobs to queue (id -> reason): in line order, each job the GPUs
-        admit counts the cores its pipeline needs at its fewest GPUs (the running ones first,
-        never queued; a job whose input is not known counts none); a waiting job that needs
+        admit counts the cores its pipeline needs at its fewest GPUs (a job whose input is not
+        known counts none; a running job is never queued); a waiting job that needs
         more than its GPUs' share of the cluster's cores (the CPU pool's included where its
         loaders can use it) waits when what the jobs before it need leaves it less than it
         needs, but not if it needs more than the cluster has (waiting would not feed it).
@@ -271,19 +271,16 @@ class DpPolicy:
             k, b = float(s.min_gpus), float(j.batch_size or s.batch_sizes[0])
             x = np.nan_to_num(s.throughput(np.array([k]), np.array([b])), nan=0.0)
             need[j.job_id] = feed_cores(j.input, k, max(float(np.max(x)), 0.0))
-        running = [(j, s) for j, s in zip(jobs, specs, strict=True) if j.placement]
-        used = sum(need.get(j.job_id, 0.0) for j, _ in running)
-        gpus = sum(s.min_gpus for _, s in running)
+        used, gpus = 0.0, 0
         queued: dict[str, str] = {}
         for j, s in zip(jobs, specs, strict=True):
-            if j.placement:
-                continue
             gpus += s.min_gpus
             if gpus > cluster.capacity:  # the GPUs admit no more: the rest wait anyway
                 break
             n = need.get(j.job_id, 0.0)
             total = local + (pool if j.remote_max > 0 else 0.0)
-            if s.min_gpus * total / cluster.capacity < n <= total < used + n - 1e-9:
+            hungry = s.min_gpus * total / cluster.capacity < n <= total
+            if hungry and not j.placement and used + n > total + 1e-9:
                 gpus -= s.min_gpus
                 queued[j.job_id] = (
                     f"waiting: CPU-hungry ({n:.1f} cores to feed {s.min_gpus} GPU(s)); the "
