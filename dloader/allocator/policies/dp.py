@@ -264,13 +264,12 @@ class DpPolicy:
         them."""
         assert cluster.cpus is not None
         local, pool = sum(cluster.cpus), cluster.pool_efficiency * cluster.pool
-        need: dict[str, float] = {}
-        for j, s in zip(jobs, specs, strict=True):
-            if j.input is None:
-                continue
-            k, b = float(s.min_gpus), float(j.batch_size or s.batch_sizes[0])
-            x = np.nan_to_num(s.throughput(np.array([k]), np.array([b])), nan=0.0)
-            need[j.job_id] = feed_cores(j.input, k, max(float(np.max(x)), 0.0))
+        need = self._needs(
+            {s.job_id: s for s in specs},
+            {j.job_id: j.input for j in jobs if j.input is not None},
+            {s.job_id: (s.min_gpus,) for s in specs},
+            {j.job_id: j.batch_size or s.batch_sizes[0] for j, s in zip(jobs, specs, strict=True)},
+        )
         used, gpus = 0.0, 0
         queued: dict[str, str] = {}
         for j, s in zip(jobs, specs, strict=True):
