@@ -36,6 +36,7 @@ from dloader.allocator.optimizer import (
 from dloader.allocator.policies import POLICIES, make_policy
 from dloader.allocator.simulator import LEARNING, SimResult, Simulator
 from dloader.allocator.traces import (
+    DURATIONS,
     PACKAGED_PHILLY,
     PACKAGED_TRACES,
     WorkloadJob,
@@ -175,6 +176,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-hours", type=finite, help="stop the simulated clock after N hours")
     p.add_argument("--philly-jobs", type=int, default=1000, help="Philly jobs to replay")
     p.add_argument(
+        "--philly-max-gpus",
+        type=int,
+        metavar="N",
+        help="Philly: the most GPUs a job asks for, larger requests cut to it (default: the "
+        "cluster's GPUs; 1: single-GPU jobs, as Synergy's Fig. 8)",
+    )
+    p.add_argument(
         "--time-scale", type=finite, default=1.0, help="Philly: divide arrival times by this"
     )
     p.add_argument(
@@ -190,6 +198,25 @@ def parser() -> argparse.ArgumentParser:
         help="Philly: weights of image, language and speech jobs (Synergy's experiments: "
         "20,70,10); each job's class is drawn by them, its application within the class by "
         "its GPU time (default: the application by GPU time alone)",
+    )
+    p.add_argument(
+        "--synergy-models",
+        action="store_true",
+        help="with --class-split and --cpus-per-node: each job's input pipeline is one of the "
+        "models Synergy's artifact draws for its class (image: alexnet, res18, res50, "
+        "mobilenet, shufflenet; language: gnmt, transformer, lstm; speech: m5, deepspeech), "
+        "its GPUs still its application's (default: its application's CPU profile)",
+    )
+    p.add_argument(
+        "--durations",
+        choices=DURATIONS,
+        default="app",
+        help="Philly: how long each job runs. app (default): its application's length; "
+        "philly: as long as it ran in the trace; synergy: a length drawn as Synergy's "
+        "artifact draws it (10**U minutes, U uniform on 1.5-3 for 80%% of jobs, 3-4 for the "
+        "rest). Both of the last measure the length at the job's requested GPUs with their "
+        "share of the cores, and keep, as the artifact does, the jobs that ran 31.6 min to "
+        "167 h on at most 16 GPUs",
     )
     p.add_argument(
         "--seed",
@@ -298,15 +325,20 @@ def _workload(args: argparse.Namespace) -> tuple[list[WorkloadJob], dict]:
         jobs = read_workload(packaged_workload(int(w)) if w.isdigit() else Path(w))
         return jobs, load_apps(args.traces, sorted({j.application for j in jobs}))
     apps = load_apps(args.traces)
+    cluster_gpus = args.nodes * args.gpus_per_node
+    if args.philly_max_gpus is not None and args.philly_max_gpus < 1:
+        raise AllocatorError(f"--philly-max-gpus {args.philly_max_gpus}: expected >= 1")
     jobs = read_philly(
         args.philly,
         apps,
         num_jobs=args.philly_jobs,
         seed=args.seed,
         time_scale=args.time_scale,
-        max_gpus=args.nodes * args.gpus_per_node,
+        max_gpus=min(args.philly_max_gpus or cluster_gpus, cluster_gpus),
         jobs_per_hour=args.jobs_per_hour,
         class_split=_split(args.class_split),
+        durations=args.durations,
+        synergy_models=args.synergy_models,
     )
     return jobs, apps
 
@@ -348,6 +380,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if args.class_split is not None and args.philly is None:
             raise AllocatorError(f"--class-split {args.class_split}: expected with --philly")
+        if args.synergy_models and (args.class_split is None or args.cpus_per_node is None):
+            raise AllocatorError(
+                "--synergy-models: expected with --class-split and --cpus-per-node"
+            )
+        if args.durations != "app" and args.philly is None:
+            raise AllocatorError(f"--durations {args.durations}: expected with --philly")
         if args.philly is not None and args.seed is None:
             args.seed = random.randrange(1 << 31)
             log.info("Philly draw: --seed %d (give it to draw the same workload again)", args.seed)

@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 
@@ -107,6 +107,13 @@ class _SimJob:
     """Cores of the cluster's CPU pool its remote loader workers hold."""
     remote_seconds: float = 0.0
     """Core-seconds of the pool it held."""
+    work_scale: float = 1.0
+    """Its work over its application's (``WorkloadJob.duration_s``; 1: the application's)."""
+    truth: InputModel | None = field(default=None, repr=False)
+    """Its input pipeline's ground truth (None: unlimited CPUs)."""
+    kind: tuple[str, str] = ("", "")
+    """(application, CPU profile): the jobs whose measured input curves it may bring as a
+    prior (``input_prior``)."""
 
     @property
     def gpus(self) -> int:
@@ -289,9 +296,10 @@ class Simulator:
             )
         self.pooled_cores = pooled_cores
         self.input_prior = input_prior
-        #: Per application, what its jobs' sidecars measured (one GPU's pipeline, by cores per
-        #: GPU, the newest kept): with ``input_prior``, a new job's curve brought at submission.
-        self._app_seen: dict[str, dict[float, float]] = {}
+        #: Per (application, CPU profile), what its jobs' sidecars measured (one GPU's
+        #: pipeline, by cores per GPU, the newest kept): with ``input_prior``, a new job's
+        #: curve brought at submission.
+        self._app_seen: dict[tuple[str, str], dict[float, float]] = {}
         missing = sorted({j.application for j in workload} - set(apps))
         if missing:
             raise AllocatorError(f"workload uses application(s) {missing} without traces")
@@ -301,19 +309,57 @@ class Simulator:
         self.restart_s = restart_s
         self._jobs = [_SimJob(w, apps[w.application], w.batch_size) for w in workload]
         self._jobs.sort(key=lambda j: (j.spec.time, j.spec.name))
-        #: The ground truth of each application's input pipeline (empty: unlimited CPUs).
+        #: The ground truth of each application's input pipeline with its own CPU profile
+        #: (empty: unlimited CPUs); a job with a profile of its own has its own.
         self.inputs: dict[str, InputModel] = {}
+        truths: dict[tuple[str, str], InputModel] = {}
         if cluster.cpus is not None:
             profiles = read_cpu_profiles() if cpu_profiles is None else cpu_profiles
-            for name in sorted({j.application for j in workload}):
-                profile = APP_PROFILES.get(name, name)
-                if profile not in profiles:
+            for job in self._jobs:
+                name = job.spec.application
+                job.kind = (name, job.spec.cpu_profile or APP_PROFILES.get(name, name))
+                if job.kind[1] not in profiles:
                     raise AllocatorError(
-                        f"application {name!r} has no CPU profile {profile!r} (profiles: "
-                        f"{', '.join(sorted(profiles))}; the shipped ones are in "
-                        f"{PACKAGED_CPU_PROFILES})"
+                        f"job {job.spec.name!r} of application {name!r} has no CPU profile "
+                        f"{job.kind[1]!r} (profiles: {', '.join(sorted(profiles))}; the "
+                        f"shipped ones are in {PACKAGED_CPU_PROFILES})"
                     )
-                self.inputs[name] = input_truth(apps[name], profiles[profile], gpu_speed)
+                if job.kind not in truths:
+                    truths[job.kind] = input_truth(apps[name], profiles[job.kind[1]], gpu_speed)
+                job.truth = truths[job.kind]
+                if not job.spec.cpu_profile:
+                    self.inputs[name] = job.truth
+        for job in self._jobs:
+            if job.spec.duration_s is not None:
+                if not (math.isfinite(job.spec.duration_s) and job.spec.duration_s > 0):
+                    raise AllocatorError(
+                        f"job {job.spec.name!r}: duration_s={job.spec.duration_s}: expected "
+                        "a finite number of seconds > 0"
+                    )
+                job.work_scale = job.spec.duration_s / self._reference_s(job)
+
+    def _reference_s(self, job: _SimJob) -> float:
+        """Seconds its application's work takes on the job's requested GPUs, packed, at its
+        requested batch, fed by the cores of those GPUs' share of the cluster (what
+        ``WorkloadJob.duration_s`` is measured at)."""
+        app, spec = job.app, job.spec
+        k = min(spec.num_replicas, self.cluster.capacity)
+        placement = _packed(k, self.cluster.gpus_per_node)
+        gpu_step = app.iteration_time(placement, spec.batch_size)
+        fed = 1.0
+        truth = job.truth
+        if truth is not None and self.cluster.cpus is not None:
+            share = sum(self.cluster.cpus) / self.cluster.capacity
+            wanted = spec.batch_size / gpu_step
+            fed = min(
+                min(feed_rate(truth, g, share * g) * k / (g * wanted) for g in placement), 1.0
+            )
+        step = gpu_step / fed
+        done, total = 0.0, 0.0
+        for epoch in range(app.max_epochs):
+            total += (app.marks[epoch] - done) * step / app.gain(spec.batch_size, epoch)
+            done = float(app.marks[epoch])
+        return total
 
     def _state(self, job: _SimJob, t: float) -> JobState:
         app = job.app
@@ -328,11 +374,11 @@ class Simulator:
         else:  # the oracle: a model fitted offline to every measurement of the application
             model, explored, spanned = app.model, None, None
             noise = app.noise(job.batch, job.epoch)
-        truth = self.inputs.get(job.spec.application)
+        truth = job.truth
         if truth is None:
             known = None
         elif online:  # the core counts it ran at, as a sidecar measured them
-            seen = job.fed_seen or (self._app_seen.get(app.name) if self.input_prior else None)
+            seen = job.fed_seen or (self._app_seen.get(job.kind) if self.input_prior else None)
             known = InputModel.of(seen.items()) if seen else None
         else:
             known = truth
@@ -363,17 +409,17 @@ class Simulator:
         if key not in job.seen:
             job.seen[key] = point
             job.model = ScalingModel.fit_observed(list(job.seen.values()))
-        truth = self.inputs.get(job.spec.application)
+        truth = job.truth
         if truth is not None:
             for g, c in zip(job.placement, job.cores, strict=True):
                 if g <= 0:
                     continue
                 cores = round(self._effective(job, truth, g, c) / g, 2)  # each GPU's loader's
                 if cores > 0:  # what the node's sidecar measured, the newest kept
-                    for seen in (job.fed_seen, self._app_seen.setdefault(job.app.name, {})):
+                    for seen in (job.fed_seen, self._app_seen.setdefault(job.kind, {})):
                         seen.pop(cores, None)
                         seen[cores] = truth.rate(cores)
-            for seen in (job.fed_seen, self._app_seen.get(job.app.name, {})):
+            for seen in (job.fed_seen, self._app_seen.get(job.kind, {})):
                 while len(seen) > MAX_INPUT_POINTS:
                     del seen[next(iter(seen))]
 
@@ -381,7 +427,7 @@ class Simulator:
         """(the share of its GPUs' samples/s its pipeline feeds, the cores it uses) at
         ``gpu_step`` seconds per step on its GPUs; (1, 0) with unlimited CPUs. Every node must
         feed its GPUs' part of each step: the slowest-fed node sets the pace."""
-        truth = self.inputs.get(job.spec.application)
+        truth = job.truth
         if truth is None:
             return 1.0, 0.0
         k, wanted = job.gpus, job.batch / gpu_step
@@ -424,7 +470,7 @@ class Simulator:
         fed, cores_used = self._feed(job, gpu_step)
         step = gpu_step / fed if fed > 0 else math.inf
         while left > 0 and job.end is None:
-            rate = app.gain(job.batch, job.epoch) / step
+            rate = app.gain(job.batch, job.epoch) / step / job.work_scale
             need = (app.marks[job.epoch] - job.progress) / rate if rate > 0 else math.inf
             run = min(need, left)
             job.progress += rate * run
@@ -553,7 +599,7 @@ class Simulator:
             return
         need = {
             j.spec.name: feed_cores(
-                self.inputs[j.spec.application],
+                cast(InputModel, j.truth),  # pooled cores need cores per node
                 j.gpus,
                 j.batch / j.app.iteration_time(j.placement, j.batch),
             )

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
@@ -44,10 +45,12 @@ from dloader.predictor.pollux import (
 )
 
 __all__ = [
+    "DURATIONS",
     "PACKAGED_PHILLY",
     "PACKAGED_TRACES",
     "POLLUX_CONSTANTS",
     "AppTrace",
+    "Durations",
     "WorkloadJob",
     "jitter_arrivals",
     "load_apps",
@@ -280,6 +283,14 @@ class WorkloadJob:
     application: str
     num_replicas: int
     batch_size: int
+    duration_s: float | None = None
+    """Its length at its request (None: its application's, ``max_epochs`` epochs): its work is
+    scaled so that on its requested GPUs, packed, at its requested batch and with the cores of
+    its GPUs' share of the cluster it runs this many seconds (Synergy's jobs: their Philly
+    durations at the GPU-proportional share)."""
+    cpu_profile: str | None = None
+    """The CPU profile its input pipeline follows (a model of ``read_cpu_profiles``; None: its
+    application's, ``APP_PROFILES``)."""
 
 
 def _workload_job(row: dict[str, str]) -> WorkloadJob:
@@ -323,6 +334,22 @@ _PHILLY_CLASSES = (
     (math.inf, ("imagenet",)),  # extra large
 )
 
+#: The models Synergy's artifact draws for an image, language and speech job.
+_SYNERGY_ZOO = (
+    ("alexnet", "res18", "res50", "mobilenet", "shufflenet"),
+    ("gnmt", "transformer", "lstm"),
+    ("m5", "deepspeech"),
+)
+
+#: How long a Philly draw's jobs run (:func:`read_philly`).
+Durations = Literal["app", "philly", "synergy"]
+DURATIONS: tuple[Durations, ...] = ("app", "philly", "synergy")
+
+#: The Philly jobs Synergy's artifact keeps (``helpers/parse_philly_trace_full.py``): those
+#: that ran 10**1.5 to 10**4 minutes; with their own durations, 1, 2, 4, 8 or 16 GPUs.
+_SYNERGY_DURATION_S = (10**1.5 * 60, 10**4 * 60)
+_SYNERGY_GPUS = frozenset({1, 2, 4, 8, 16})
+
 #: With a class split (Synergy's experiments: image, language, speech): each class's
 #: application in each of the size classes above.
 _SPLIT_CLASSES = (
@@ -355,6 +382,8 @@ def read_philly(
     max_gpus: int | None = None,
     jobs_per_hour: float | None = None,
     class_split: tuple[float, float, float] | None = None,
+    durations: Durations = "app",
+    synergy_models: bool = False,
 ) -> list[WorkloadJob]:
     """``num_jobs`` consecutive Philly arrivals from a random start, mapped to applications.
 
@@ -373,12 +402,27 @@ def read_philly(
     20, 70, 10). Each job's class is drawn by these weights, then its application within the
     class by its GPU time (image: cifar10 under 1 GPU-hour, yolov3 to 100, imagenet above;
     language: ncf under 1 GPU-hour, bert above; speech: deepspeech2).
+
+    ``durations``: how long each job runs (``WorkloadJob.duration_s``). ``app``: its
+    application's length. The others are the two of Synergy's artifact
+    (``helpers/parse_philly_trace_full.py``), which keeps the jobs that ran 10**1.5 to 10**4
+    minutes on at most 16 GPUs: ``philly``, as long as the job ran in the trace (its Fig. 6;
+    only 1, 2, 4, 8 or 16 GPUs kept); ``synergy``, a length drawn as the artifact's default
+    (Figs. 7-8: 10**U minutes, U uniform on 1.5-3 for 80% of jobs and 3-4 for the rest; a GPU
+    count that is not a power of two becomes 1).
+
+    ``synergy_models`` (with ``class_split``): each job's input pipeline is one of the models
+    Synergy's artifact draws for its class (``jobs/model_zoo.py``: image alexnet, res18, res50,
+    mobilenet, shufflenet; language gnmt, transformer, lstm; speech m5, deepspeech), uniformly
+    (``WorkloadJob.cpu_profile``); its GPUs still run its application.
     """
     p = Path(path)
     if num_jobs < 1 or not time_scale > 0:
         raise AllocatorError(f"{num_jobs=} must be >= 1 and {time_scale=} > 0")
     if jobs_per_hour is not None and not (math.isfinite(jobs_per_hour) and jobs_per_hour > 0):
         raise AllocatorError(f"jobs per hour {jobs_per_hour}: expected a finite number > 0")
+    if durations not in DURATIONS:
+        raise AllocatorError(f"durations={durations!r}: expected one of {', '.join(DURATIONS)}")
     if class_split is not None and not (
         len(class_split) == 3
         and all(math.isfinite(w) and w >= 0 for w in class_split)
@@ -388,15 +432,27 @@ def read_philly(
             f"class split {class_split}: expected three weights >= 0 (image, language, "
             "speech), not all 0"
         )
+    if synergy_models and class_split is None:
+        raise AllocatorError("synergy_models: expected with a class split")
     rows = []
     try:
         with gzip.open(p, "rt", newline="") if p.suffix == ".gz" else p.open(newline="") as f:
             for row in csv.DictReader(f):
                 try:
                     t = datetime.fromisoformat(row["timestamp"]).timestamp()
-                    rows.append((t, int(row["num_gpus"]), float(row["gpu_time"])))
+                    gpus, gpu_time = int(row["num_gpus"]), float(row["gpu_time"])
+                    duration = float(row["duration"]) if durations != "app" else None
                 except (KeyError, TypeError, ValueError):
                     continue
+                if duration is not None:
+                    lo, hi = _SYNERGY_DURATION_S
+                    if not (lo < duration < hi and gpus <= 16):
+                        continue
+                    if gpus not in _SYNERGY_GPUS:
+                        if durations == "philly":
+                            continue
+                        gpus = 1
+                rows.append((t, gpus, gpu_time, duration))
     except FileNotFoundError:
         raise AllocatorError(f"--philly {p} does not exist") from None
     if len(rows) < num_jobs:
@@ -407,18 +463,28 @@ def read_philly(
     window = rows[start : start + num_jobs]
     t0 = window[0][0]
     jobs = []
-    for i, (t, gpus, gpu_time) in enumerate(window):
+    for i, (t, gpus, gpu_time, duration) in enumerate(window):
         size = next(n for n, (limit, _) in enumerate(_PHILLY_CLASSES) if gpu_time < limit)
+        profile = None
         if class_split is None:
             app = apps[rng.choice(_PHILLY_CLASSES[size][1])]
         else:
             kind = rng.choices(range(3), weights=class_split)[0]
             app = apps[_SPLIT_CLASSES[kind][size]]
+            profile = rng.choice(_SYNERGY_ZOO[kind]) if synergy_models else None
+        if durations == "synergy":
+            duration = 60 * 10 ** (
+                rng.uniform(3, 4) if rng.random() >= 0.8 else rng.uniform(1.5, 3)
+            )
         k = max(1, min(gpus, max_gpus or gpus))
         lo, hi = app.local_bsz_range
         want = k * math.sqrt(lo * hi)
         batch = int(min(app.validated_batches, key=lambda b: abs(math.log(b / want))))
-        jobs.append(WorkloadJob(f"{app.name}-{i}", (t - t0) / time_scale, app.name, k, batch))
+        jobs.append(
+            WorkloadJob(
+                f"{app.name}-{i}", (t - t0) / time_scale, app.name, k, batch, duration, profile
+            )
+        )
     if jobs_per_hour is not None:
         gaps = np.random.default_rng(seed).exponential(3600.0 / jobs_per_hour, len(jobs))
         gaps[0] = 0.0  # the first job opens the run, as in a window of the trace

@@ -181,3 +181,53 @@ def test_the_live_allocator_counts_each_jobs_gpu_seconds(tmp_path: Path) -> None
     now[0] += 80.0
     c.decide()
     assert c.jobs["a"].attained_gpu_s == pytest.approx(150.0)
+
+
+def test_durations_as_synergys_artifact_draws_them() -> None:
+    """``durations``: ``philly`` keeps each kept job's own trace duration, ``synergy`` draws
+    10**U minutes (U on 1.5-3 for 80% of jobs, 3-4 for the rest); both keep, as Synergy's
+    artifact does, the jobs that ran 31.6 min to 10**4 min on at most 16 GPUs; ``app`` (the
+    default) leaves the length to the application."""
+    apps = load_apps(PACKAGED_TRACES)
+    plain = read_philly(PACKAGED_PHILLY, apps, num_jobs=400, seed=11)
+    assert {j.duration_s for j in plain} == {None}
+    lo, hi = 10**1.5 * 60, 10**4 * 60
+    own = read_philly(PACKAGED_PHILLY, apps, num_jobs=400, seed=11, durations="philly")
+    assert all(lo < j.duration_s < hi for j in own if j.duration_s is not None)
+    assert {j.num_replicas for j in own} <= {1, 2, 4, 8, 16}
+    drawn = read_philly(PACKAGED_PHILLY, apps, num_jobs=2000, seed=11, durations="synergy")
+    minutes = np.array([j.duration_s for j in drawn], dtype=float) / 60
+    assert ((minutes > 10**1.5) & (minutes < 10**4)).all()
+    assert {j.num_replicas for j in drawn} <= {1, 2, 4, 8, 16}
+    # 2,000 draws, 20% of them above 1,000 minutes: within ~4 standard deviations (~18)
+    assert abs((minutes > 1000).sum() - 400) < 75
+    assert np.log10(minutes[minutes < 1000]).mean() == pytest.approx(2.25, abs=0.05)
+    with pytest.raises(AllocatorError, match="durations='long'"):
+        read_philly(PACKAGED_PHILLY, apps, num_jobs=10, seed=11, durations="long")  # type: ignore[arg-type]
+
+
+def test_synergy_models_give_each_job_one_of_its_class_zoo() -> None:
+    """``synergy_models``: each job's input pipeline is one of the models Synergy's artifact
+    draws for its class, each about equally often; its application (the GPU side) as without."""
+    apps = load_apps(PACKAGED_TRACES)
+    split = (20.0, 70.0, 10.0)
+    plain = read_philly(PACKAGED_PHILLY, apps, num_jobs=600, seed=13, class_split=split)
+    zoo = read_philly(
+        PACKAGED_PHILLY, apps, num_jobs=600, seed=13, class_split=split, synergy_models=True
+    )
+    assert {j.cpu_profile for j in plain} == {None}
+    classes = {
+        "cifar10": {"alexnet", "res18", "res50", "mobilenet", "shufflenet"},
+        "yolov3": {"alexnet", "res18", "res50", "mobilenet", "shufflenet"},
+        "imagenet": {"alexnet", "res18", "res50", "mobilenet", "shufflenet"},
+        "ncf": {"gnmt", "transformer", "lstm"},
+        "bert": {"gnmt", "transformer", "lstm"},
+        "deepspeech2": {"m5", "deepspeech"},
+    }
+    assert all(j.cpu_profile in classes[j.application] for j in zoo)
+    language = [j.cpu_profile for j in zoo if j.application in ("ncf", "bert")]
+    # ~420 language jobs over three models: each within ~4 standard deviations of a third
+    for model in ("gnmt", "transformer", "lstm"):
+        assert abs(language.count(model) - len(language) / 3) < 4 * (len(language) * 2 / 9) ** 0.5
+    with pytest.raises(AllocatorError, match="synergy_models: expected with a class split"):
+        read_philly(PACKAGED_PHILLY, apps, num_jobs=10, seed=13, synergy_models=True)

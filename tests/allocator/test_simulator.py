@@ -181,6 +181,13 @@ def test_cli_steady_load_needs_a_philly_draw_and_no_time_scale(tmp_path, capsys)
         err = capsys.readouterr().err
         assert f"--class-split {bad!r}" in err or "class split" in err
     assert main([*philly, "--class-split", "20,70,10", "--policy", "synergy"]) == 0
+    assert main([*args, *out, "--durations", "synergy"]) == 2
+    assert "--durations synergy: expected with --philly" in capsys.readouterr().err
+    assert main([*philly, "--philly-max-gpus", "0"]) == 2
+    assert "--philly-max-gpus 0: expected >= 1" in capsys.readouterr().err
+    synergy = ["--durations", "synergy", "--philly-max-gpus", "1", "--policy", "synergy"]
+    assert main([*philly, *synergy]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["jobs_completed"] == 4
 
 
 def test_a_job_that_can_never_start_is_an_error_not_a_hang(apps):
@@ -309,3 +316,43 @@ def test_a_job_alone_tries_more_gpus_than_its_early_network_slope_allows():
     assert before.placements["yolo"] == (4, 0, 0, 0)
     pollux = job.model.extrapolated
     assert pollux.sync_replicas is None and not pollux.node_factors
+
+
+@pytest.mark.parametrize("cpus", [None, 6.0])
+def test_a_job_with_a_duration_runs_that_long_at_its_request(apps, cpus):
+    """``WorkloadJob.duration_s`` (Synergy's jobs: a length from the Philly trace): alone on
+    its requested GPUs at its requested batch, with its GPUs' share of the cores (here 3 of 6
+    cores on a 4-GPU node for 2 GPUs, where cifar10 is CPU-bound), it runs that many seconds
+    after its start; without one it runs its application's length."""
+    cluster = Cluster.uniform(1, 4, cpus)
+    own = Simulator(
+        [WorkloadJob("c", 0, "cifar10", 2, 256)], apps, make_policy("static"), cluster
+    ).run()
+    for duration in (5_000.0, 50_000.0):
+        work = [WorkloadJob("c", 0, "cifar10", 2, 256, duration)]
+        job = Simulator(work, apps, make_policy("static"), cluster).run().jobs[0]
+        assert job.jct_s - job.restart_s - job.queue_s == pytest.approx(duration, rel=1e-6)
+        assert job.jct_s != pytest.approx(own.jobs[0].jct_s, rel=0.01)
+    with pytest.raises(AllocatorError, match="duration_s=-1"):
+        Simulator(
+            [WorkloadJob("c", 0, "cifar10", 2, 256, -1.0)], apps, make_policy("static"), cluster
+        )
+
+
+def test_a_job_with_a_cpu_profile_of_its_own_is_fed_by_it(apps):
+    """``WorkloadJob.cpu_profile``: the job's input pipeline follows that profile, not its
+    application's: at 3 cores per GPU, cifar10 as alexnet (which needs 12 cores per GPU for
+    full speed) runs longer than as res18 (its own), and an unknown profile is named."""
+    cluster = Cluster.uniform(1, 4, 12.0)
+
+    def jct(profile: str | None) -> float:
+        work = [WorkloadJob("c", 0, "cifar10", 4, 512, None, profile)]
+        return Simulator(work, apps, make_policy("static"), cluster).run().jobs[0].jct_s
+
+    own, alexnet = jct(None), jct("alexnet")
+    assert jct("res18") == pytest.approx(own)
+    assert alexnet > 1.1 * own
+    with pytest.raises(
+        AllocatorError, match="job 'c' of application 'cifar10' has no CPU profile 'x'"
+    ):
+        jct("x")

@@ -107,6 +107,7 @@ POLICIES = (
     "synergy",
     "synergy-fifo",
     "synergy-proportional",
+    "synergy-fifo-proportional",
 )
 
 
@@ -126,6 +127,8 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
         return SynergyPolicy("fifo")
     if name == "synergy-proportional":
         return SynergyPolicy("las", tune=False)
+    if name == "synergy-fifo-proportional":
+        return SynergyPolicy("fifo", tune=False)
     if name.startswith("goodput-dp") and name in POLICIES:
         return DpPolicy(
             name,
