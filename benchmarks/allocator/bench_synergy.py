@@ -1,0 +1,219 @@
+"""The Synergy twin against Synergy's own published comparison, on the workload its artifact
+draws (#48 §4): Synergy-TUNE (``synergy``, ``synergy-fifo``) against the same scheduler with
+GPU-proportional cores (``synergy-proportional``, ``synergy-fifo-proportional``).
+
+The workload is the artifact's default (msr-fiddle/synergy, ``ae-readme.md``: "Philly-derived
+trace", Figs. 7-8): its cluster (16 servers x 8 GPUs x 24 cores), jobs arriving as a Poisson
+process at ``--loads`` jobs/h, 20% image, 70% language and 10% speech jobs, each job's input
+pipeline one of the artifact's models of its class (``--synergy-models``), its length drawn as
+the artifact draws it at the GPU-proportional share (``--durations synergy``), one GPU each
+(Fig. 8; ``--multi-gpu``: the trace's GPU counts, Fig. 7). As the artifact, the average JCT is
+over a window of the stream (``--window A:B``: the jobs arriving A-th to B-th; the artifact's:
+jobs 4000-5000 of an endless stream), so that neither the empty cluster of the start nor the
+drain at the end weighs in. The GPU side of each job is its Pollux application's (the
+simulator's); the artifact has no GPU model beyond a job's iteration time.
+
+Published to compare with: FIFO-TUNE at 9 jobs/h, one GPU per job, average JCT 21.88 h over
+jobs 4000-5000 (``ae-readme.md``, "a quick point of validation" against Fig. 8); TUNE's gain
+"up to 3.4x" in average JCT (the abstract). Each ratio (proportional / TUNE, average JCT over
+the window) is given per load as the median over ``--seeds`` draws with its range.
+
+    python -m benchmarks.allocator.bench_synergy                  # ~40 min on 2 cores
+    python -m benchmarks.allocator.bench_synergy --loads 9 --jobs 5500 --window 4000:5000
+
+Prints the table, writes ``bench_synergy.json`` and ``bench_synergy.png`` (average JCT over
+load per arm, as the paper's figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from benchmarks._common import add_out_dir, machine, outputs, pyplot, table
+from dloader.allocator import Cluster
+from dloader.allocator.policies import make_policy
+from dloader.allocator.simulator import Simulator
+from dloader.allocator.traces import PACKAGED_PHILLY, PACKAGED_TRACES, load_apps, read_philly
+
+__all__ = ["main", "window_jct"]
+
+#: (TUNE, GPU-proportional) per order.
+ARMS = {
+    "fifo": ("synergy-fifo", "synergy-fifo-proportional"),
+    "las": ("synergy", "synergy-proportional"),
+}
+SPLIT = (20.0, 70.0, 10.0)
+#: The artifact's cluster: 16 servers of 8 V100s and 24 cores.
+NODES, GPUS, CORES = 16, 8, 24.0
+#: ``ae-readme.md``: FIFO-TUNE, 9 jobs/h, one GPU per job, jobs 4000-5000.
+PUBLISHED_FIFO_TUNE_9_H = 21.876600555555555
+
+
+def window_jct(jobs: list[Any], window: tuple[int, int]) -> float:
+    """Mean JCT in seconds of the jobs whose arrival index (the number ending the name a
+    Philly draw gives them) is in ``[a, b)``; NaN if one of them did not complete."""
+    a, b = window
+    jct = [j.jct_s for j in jobs if a <= int(j.name.rsplit("-", 1)[1]) < b]
+    if not jct or any(x is None for x in jct):
+        return float("nan")
+    return float(np.mean(jct))
+
+
+def simulate(
+    load: float, seed: int, arm: str, jobs: int, window: tuple[int, int], multi_gpu: bool
+) -> tuple[float, int, str, dict[str, Any]]:
+    """One arm at one load on one draw: (load, seed, arm, its numbers)."""
+    apps = load_apps(PACKAGED_TRACES)
+    work = read_philly(
+        PACKAGED_PHILLY,
+        apps,
+        num_jobs=jobs,
+        seed=seed,
+        max_gpus=NODES * GPUS if multi_gpu else 1,
+        jobs_per_hour=load,
+        class_split=SPLIT,
+        durations="synergy",
+        synergy_models=True,
+    )
+    began = time.perf_counter()
+    result = Simulator(work, apps, make_policy(arm), Cluster.uniform(NODES, GPUS, CORES)).run()
+    summary = result.summary()
+    summary["window_jct_s"] = window_jct(result.jobs, window)
+    summary["seconds"] = time.perf_counter() - began
+    return load, seed, arm, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.allocator.bench_synergy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--loads", default="5,7,9", help="jobs per hour (default 5,7,9)")
+    p.add_argument("--jobs", type=int, default=2500, help="jobs per draw (default 2500)")
+    p.add_argument(
+        "--window", default="1000:2000", help="A:B, the jobs measured (default 1000:2000)"
+    )
+    p.add_argument("--orders", default="fifo,las", help="fifo, las or both (default both)")
+    p.add_argument("--seeds", type=int, default=2, help="draws per load (default 2)")
+    p.add_argument("--seed", type=int, help="first draw's seed (default: a new one, printed)")
+    p.add_argument("--multi-gpu", action="store_true", help="the trace's GPU counts (Fig. 7)")
+    p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    add_out_dir(p)
+    args = p.parse_args(argv)
+    try:
+        loads = [float(x) for x in args.loads.split(",") if x]
+        a, b = (int(x) for x in args.window.split(":"))
+    except ValueError:
+        p.error(f"--loads {args.loads!r} / --window {args.window!r}: expected numbers, A:B")
+    orders = [x for x in args.orders.split(",") if x]
+    if not loads or min(loads) <= 0 or any(o not in ARMS for o in orders) or not orders:
+        p.error(f"--loads: jobs/h > 0; --orders: some of {', '.join(ARMS)}")
+    if not 0 <= a < b <= args.jobs:
+        p.error(f"--window {args.window}: expected 0 <= A < B <= --jobs ({args.jobs})")
+    if args.seeds < 1 or args.processes < 1:
+        p.error("expected --seeds >= 1 and --processes >= 1")
+    seed = random.randrange(1, 1 << 30) if args.seed is None else args.seed
+    seeds = [seed + i for i in range(args.seeds)]
+    arms = [arm for o in orders for arm in ARMS[o]]
+    out = outputs(args.out_dir)
+    print(f"machine: {machine()}", flush=True)
+    print(
+        f"{NODES} x {GPUS} GPUs x {CORES:g} cores; {args.jobs} jobs a draw, "
+        f"{'the trace GPU counts' if args.multi_gpu else 'one GPU each'}, measured "
+        f"{a}-{b}; seeds {seeds[0]}..{seeds[-1]} (--seed {seed} to repeat); loads "
+        f"{', '.join(f'{x:g}' for x in loads)} jobs/h; arms {', '.join(arms)}",
+        flush=True,
+    )
+    tasks = [(load, s, arm) for load in loads for s in seeds for arm in arms]
+    runs: dict[tuple[float, int, str], dict[str, Any]] = {}
+    began = time.perf_counter()
+    with ProcessPoolExecutor(args.processes) as pool:
+        futures = [pool.submit(simulate, *t, args.jobs, (a, b), args.multi_gpu) for t in tasks]
+        for i, f in enumerate(futures):
+            load, s, arm, summary = f.result()
+            runs[load, s, arm] = summary
+            print(
+                f"  [{i + 1}/{len(tasks)}] {load:g} jobs/h seed {s} {arm}: window "
+                f"{summary['window_jct_s'] / 3600:.2f} h, all {summary['avg_jct_s'] / 3600:.2f}"
+                f" h ({summary['seconds']:.0f} s; {time.perf_counter() - began:.0f} s in all)",
+                file=sys.stderr,
+                flush=True,
+            )
+    rows, results = [], []
+    for order in orders:
+        tune, fair = ARMS[order]
+        for load in loads:
+            t_h = [runs[load, s, tune]["window_jct_s"] / 3600 for s in seeds]
+            f_h = [runs[load, s, fair]["window_jct_s"] / 3600 for s in seeds]
+            ratio = [f / t for f, t in zip(f_h, t_h, strict=True)]
+            util = np.mean([runs[load, s, tune]["gpu_utilisation"] for s in seeds])
+            rows.append(
+                [
+                    order.upper(),
+                    f"{load:g}",
+                    f"{np.median(f_h):.2f}",
+                    f"{np.median(t_h):.2f}",
+                    f"{np.median(ratio):.2f} [{min(ratio):.2f}, {max(ratio):.2f}]",
+                    f"{util:.2f}",
+                ]
+            )
+            results.append(
+                {
+                    "order": order,
+                    "load": load,
+                    "proportional_h": f_h,
+                    "tune_h": t_h,
+                    "ratio": ratio,
+                    "tune_gpu_utilisation": float(util),
+                }
+            )
+    print()
+    print(f"## Synergy-TUNE against GPU-proportional cores, average JCT of jobs {a}-{b}")
+    cols = ["order", "jobs/h", "proportional h", "TUNE h", "speed-up [range]", "GPU util"]
+    print(table(cols, rows))
+    print(
+        f"published: FIFO-TUNE {PUBLISHED_FIFO_TUNE_9_H:.2f} h at 9 jobs/h, one GPU per job, jobs "
+        "4000-5000 (ae-readme.md, Fig. 8); TUNE up to 3.4x lower average JCT (abstract)"
+    )
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for order in orders:
+        for arm, key in zip(ARMS[order], ("tune_h", "proportional_h"), strict=True):
+            ys = [np.median(r[key]) for r in results if r["order"] == order]
+            ax.plot(loads, ys, marker="o", label=arm)
+    if not args.multi_gpu and "fifo" in orders:
+        ax.plot([9], [PUBLISHED_FIFO_TUNE_9_H], "k*", ms=12, label="artifact FIFO-TUNE")
+    ax.set_xlabel("load (jobs/hour)")
+    ax.set_ylabel(f"avg JCT of jobs {a}-{b} (hours)")
+    ax.set_title("Synergy twin, " + ("trace GPU counts" if args.multi_gpu else "one GPU a job"))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out("bench_synergy.png"), dpi=110)
+    plt.close(fig)
+    payload = {
+        "machine": machine(),
+        "seed": seed,
+        "seeds": seeds,
+        "jobs": args.jobs,
+        "window": [a, b],
+        "multi_gpu": args.multi_gpu,
+        "results": results,
+        "runs": {f"{k[0]:g}/{k[1]}/{k[2]}": v for k, v in runs.items()},
+    }
+    out("bench_synergy.json").write_text(json.dumps(payload, indent=2, default=float))
+    print(f"wrote {out('bench_synergy.json')} and {out('bench_synergy.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
