@@ -1,0 +1,59 @@
+"""benchmarks/allocator/bench_synergy.py: the window's mean JCT is over the jobs it names, and a
+small run (one load, two draws, the FIFO arms) writes its table, JSON and plot with each
+ratio the two arms' window JCTs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks.allocator import bench_synergy
+from dloader.allocator.simulator import SimJobResult
+
+
+def _job(name: str, jct: float | None) -> SimJobResult:
+    return SimJobResult(name, "ncf", 0.0, 0.0, jct, jct, 0, 0, 0.0, 1, 64)
+
+
+def test_window_jct_counts_the_jobs_by_arrival_index() -> None:
+    jobs = [_job("ncf-9", 100.0), _job("bert-10", 10.0), _job("ncf-11", 20.0), _job("a-12", 1e9)]
+    assert bench_synergy.window_jct(jobs, (10, 12)) == pytest.approx(15.0)
+    assert math.isnan(bench_synergy.window_jct([*jobs, _job("x-10", None)], (10, 12)))
+    assert math.isnan(bench_synergy.window_jct(jobs, (20, 30)))
+
+
+@pytest.mark.parametrize(
+    "bad", [["--window", "30:50", "--jobs", "40"], ["--loads", "0"], ["--orders", "srtf"]]
+)
+def test_bad_arguments_are_named(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        bench_synergy.main(bad)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--window 30:50" in err or "--loads" in err
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_bench_synergy_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "--loads", "9", "--jobs", "40", "--window", "10:30", "--seeds", "2", "--seed", "3",
+        "--orders", "fifo", "--processes", "1", "--out-dir", str(tmp_path),
+    ]  # fmt: skip
+    assert bench_synergy.main(argv) == 0
+    data = json.loads((tmp_path / "bench_synergy.json").read_text())
+    assert set(data["runs"]) == {
+        f"9/{s}/{arm}" for s in (3, 4) for arm in ("synergy-fifo", "synergy-fifo-proportional")
+    }
+    (row,) = data["results"]
+    for k, s in enumerate((3, 4)):
+        tune = data["runs"][f"9/{s}/synergy-fifo"]["window_jct_s"]
+        fair = data["runs"][f"9/{s}/synergy-fifo-proportional"]["window_jct_s"]
+        assert row["ratio"][k] == pytest.approx(fair / tune)
+        assert row["tune_h"][k] == pytest.approx(tune / 3600)
+    assert (tmp_path / "bench_synergy.png").stat().st_size > 0
+    assert "Synergy-TUNE against GPU-proportional cores" in capsys.readouterr().out
