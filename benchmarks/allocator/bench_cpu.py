@@ -26,9 +26,8 @@ mix (workload 1 with each CPU-light ncf job made a cifar10 job of the same size)
 runs ``--jitter-seeds K`` times with every arrival moved by up to ``--jitter-s`` seconds
 (:func:`dloader.allocator.traces.jitter_arrivals`); each ratio is given as its median over the
 runs with a 95% interval from resampling workloads with their jitters, and the worst workload.
-``--validate``: ``synergy`` against the same scheduler with GPU-proportional cores (Synergy's own
-comparison) at the load of Synergy's experiments: its cluster shape (16 servers of 8 GPUs and
-24 cores), 320 Philly jobs arriving at 9 jobs/h, 20% image, 70% language and 10% speech.
+The Synergy twin against Synergy's own comparison, on the workload its artifact draws:
+:mod:`benchmarks.allocator.bench_synergy`.
 
     python -m benchmarks.allocator.bench_cpu                   # ~5 h on 2 cores (1 jitter: ~1.5 h)
     python -m benchmarks.allocator.bench_cpu --workloads 2 --cores-per-gpu 3 --philly 2 \\
@@ -99,7 +98,7 @@ def hungry(jobs: list[WorkloadJob], apps: dict[str, AppTrace]) -> list[WorkloadJ
 
 
 def workload(label: str, max_gpus: int) -> tuple[list[WorkloadJob], dict[str, AppTrace]]:
-    """The jobs of a scenario label: ``pollux-N``, ``philly-SEED``, ``mix`` or ``synergy``."""
+    """The jobs of a scenario label: ``pollux-N``, ``philly-SEED`` or ``mix``."""
     apps = load_apps(PACKAGED_TRACES)
     kind, _, arg = label.partition("-")
     if kind == "pollux":
@@ -110,17 +109,6 @@ def workload(label: str, max_gpus: int) -> tuple[list[WorkloadJob], dict[str, Ap
         ), apps
     if kind == "mix":
         return hungry(read_workload(packaged_workload(1)), apps), apps
-    if kind == "synergy":  # the load of Synergy's experiments (its runner.py's defaults)
-        jobs = read_philly(
-            PACKAGED_PHILLY,
-            apps,
-            num_jobs=320,
-            seed=int(arg),
-            max_gpus=8,
-            jobs_per_hour=9.0,
-            class_split=(20, 70, 10),
-        )
-        return jobs, apps
     raise ValueError(label)
 
 
@@ -141,7 +129,7 @@ def simulate(
     input_prior: bool = False,
 ) -> tuple[Scenario, int, str, dict[str, Any], float]:
     label, cores_per_gpu = scenario
-    nodes, per_node = (16, 8) if label.startswith("synergy") else (16, 4)
+    nodes, per_node = 16, 4
     cpus = None if math.isinf(cores_per_gpu) else cores_per_gpu * per_node
     cluster = Cluster.uniform(nodes, per_node, cpus)
     jobs, apps = workload(label, nodes * per_node)
@@ -181,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--philly-cores-per-gpu", default="3,inf", help="for the Philly draws")
     p.add_argument("--seed", type=int, help="first Philly seed (default: a new one, printed)")
     p.add_argument("--no-mix", action="store_true", help="skip the CPU-hungry mix")
-    p.add_argument("--validate", action="store_true", help="also validate synergy (see above)")
     p.add_argument(
         "--policies",
         default=",".join(POLICIES),
@@ -238,9 +225,6 @@ def main(argv: list[str] | None = None) -> int:
 
     jitters = range(args.jitter_seeds)
     tasks = [(s, k, n) for g in groups.values() for s in g for k in jitters for n in arms(s)]
-    if args.validate:
-        validation = [(f"synergy-{seed}", 3.0), (f"synergy-{seed + 1}", 3.0)]
-        tasks += [(s, 0, n) for s in validation for n in ("synergy", "synergy-proportional")]
     print(
         f"{len(tasks)} runs: {args.jitter_seeds} jitter(s) of +-{args.jitter_s:g} s per "
         f"workload, {args.processes} process(es)",
@@ -315,25 +299,6 @@ def main(argv: list[str] | None = None) -> int:
                 + ")"
             )
         print()
-    if args.validate:
-        rows = []
-        for s in validation:
-            tuned, fair = runs[s, 0, "synergy"], runs[s, 0, "synergy-proportional"]
-            rows.append(
-                [
-                    s[0],
-                    fair["avg_jct_s"] / 3600,
-                    tuned["avg_jct_s"] / 3600,
-                    fair["avg_jct_s"] / tuned["avg_jct_s"],
-                    tuned["cpu_utilisation"],
-                    fair["cpu_utilisation"],
-                ]
-            )
-        print("## Synergy-TUNE against GPU-proportional cores (Synergy's own comparison)")
-        print("16 servers x 8 GPUs x 24 cores, 320 Philly jobs at 9 jobs/h, 20/70/10 image/")
-        print("language/speech; the paper: up to 3.4x lower average JCT with TUNE")
-        cols = ["workload", "proportional avg JCT h", "TUNE avg JCT h", "speed-up"]
-        print(table([*cols, "TUNE CPU util", "proportional CPU util"], rows))
     payload = {
         "machine": machine(),
         "seed": seed,

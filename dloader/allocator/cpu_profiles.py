@@ -167,11 +167,16 @@ def read_cpu_profiles(path: str | Path = PACKAGED_CPU_PROFILES) -> dict[str, Cpu
     return out
 
 
-def input_truth(app: AppTrace, profile: CpuProfile, gpu_speed: float = 1.0) -> InputModel:
+def input_truth(
+    app: AppTrace, profile: CpuProfile, gpu_speed: float = 1.0, x_ref: float | None = None
+) -> InputModel:
     """The samples/s one GPU's input pipeline of ``app`` delivers on ``c`` cores (the
-    simulator's ground truth): ``X_ref * share(c / gpu_speed)`` (see the module docstring)."""
+    simulator's ground truth): ``X_ref * share(c / gpu_speed)`` (see the module docstring;
+    ``x_ref``: another ``X_ref``, e.g. one GPU's rate at a job's own batch)."""
     if not (math.isfinite(gpu_speed) and gpu_speed > 0):
         raise AllocatorError(f"gpu_speed={gpu_speed!r}: expected a finite number > 0")
-    lo, hi = app.local_bsz_range
-    x_ref = max(b / app.iteration_time((1,), int(b)) for b in np.unique(np.geomspace(lo, hi, 16)))
+    if x_ref is None:
+        lo, hi = app.local_bsz_range
+        bs = np.unique(np.geomspace(lo, hi, 16))
+        x_ref = max(b / app.iteration_time((1,), int(b)) for b in bs)
     return InputModel(tuple((gpu_speed * u, x_ref * f) for u, f in profile.points))

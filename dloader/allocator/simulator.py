@@ -111,9 +111,9 @@ class _SimJob:
     """Its work over its application's (``WorkloadJob.duration_s``; 1: the application's)."""
     truth: InputModel | None = field(default=None, repr=False)
     """Its input pipeline's ground truth (None: unlimited CPUs)."""
-    kind: tuple[str, str] = ("", "")
-    """(application, CPU profile): the jobs whose measured input curves it may bring as a
-    prior (``input_prior``)."""
+    kind: tuple[str, str, float] = ("", "", 0.0)
+    """(application, CPU profile, the profile's ``X_ref``; 0: the application's): the jobs
+    whose measured input curves it may bring as a prior (``input_prior``)."""
 
     @property
     def gpus(self) -> int:
@@ -299,7 +299,7 @@ class Simulator:
         #: Per (application, CPU profile), what its jobs' sidecars measured (one GPU's
         #: pipeline, by cores per GPU, the newest kept): with ``input_prior``, a new job's
         #: curve brought at submission.
-        self._app_seen: dict[tuple[str, str], dict[float, float]] = {}
+        self._app_seen: dict[tuple[str, str, float], dict[float, float]] = {}
         missing = sorted({j.application for j in workload} - set(apps))
         if missing:
             raise AllocatorError(f"workload uses application(s) {missing} without traces")
@@ -310,14 +310,21 @@ class Simulator:
         self._jobs = [_SimJob(w, apps[w.application], w.batch_size) for w in workload]
         self._jobs.sort(key=lambda j: (j.spec.time, j.spec.name))
         #: The ground truth of each application's input pipeline with its own CPU profile
-        #: (empty: unlimited CPUs); a job with a profile of its own has its own.
+        #: (empty: unlimited CPUs). A job with a profile of its own (``cpu_profile``) has its
+        #: own, relative to one GPU's samples/s at its requested batch on its requested GPUs:
+        #: at its GPUs' share of the cores it then runs at the profile's speed there, and at
+        #: the profile's ideal cores its speed-up over that is the profile's, as in Synergy.
         self.inputs: dict[str, InputModel] = {}
-        truths: dict[tuple[str, str], InputModel] = {}
+        truths: dict[tuple[str, str, float], InputModel] = {}
         if cluster.cpus is not None:
             profiles = read_cpu_profiles() if cpu_profiles is None else cpu_profiles
             for job in self._jobs:
-                name = job.spec.application
-                job.kind = (name, job.spec.cpu_profile or APP_PROFILES.get(name, name))
+                name, own = job.spec.application, job.spec.cpu_profile
+                job.kind = (
+                    name,
+                    own or APP_PROFILES.get(name, name),
+                    self._rate(job) if own else 0.0,
+                )
                 if job.kind[1] not in profiles:
                     raise AllocatorError(
                         f"job {job.spec.name!r} of application {name!r} has no CPU profile "
@@ -325,9 +332,11 @@ class Simulator:
                         f"shipped ones are in {PACKAGED_CPU_PROFILES})"
                     )
                 if job.kind not in truths:
-                    truths[job.kind] = input_truth(apps[name], profiles[job.kind[1]], gpu_speed)
+                    profile = profiles[job.kind[1]]
+                    x_ref = job.kind[2] or None
+                    truths[job.kind] = input_truth(apps[name], profile, gpu_speed, x_ref)
                 job.truth = truths[job.kind]
-                if not job.spec.cpu_profile:
+                if not own:
                     self.inputs[name] = job.truth
         for job in self._jobs:
             if job.spec.duration_s is not None:
@@ -338,14 +347,23 @@ class Simulator:
                     )
                 job.work_scale = job.spec.duration_s / self._reference_s(job)
 
+    def _requested(self, job: _SimJob) -> tuple[int, tuple[int, ...], float]:
+        """(GPUs, their packed placement, seconds a step) at the job's request."""
+        k = min(job.spec.num_replicas, self.cluster.capacity)
+        placement = _packed(k, self.cluster.gpus_per_node)
+        return k, placement, job.app.iteration_time(placement, job.spec.batch_size)
+
+    def _rate(self, job: _SimJob) -> float:
+        """One GPU's samples/s at the job's request (GPU-bound)."""
+        k, _, gpu_step = self._requested(job)
+        return job.spec.batch_size / gpu_step / k
+
     def _reference_s(self, job: _SimJob) -> float:
         """Seconds its application's work takes on the job's requested GPUs, packed, at its
         requested batch, fed by the cores of those GPUs' share of the cluster (what
         ``WorkloadJob.duration_s`` is measured at)."""
         app, spec = job.app, job.spec
-        k = min(spec.num_replicas, self.cluster.capacity)
-        placement = _packed(k, self.cluster.gpus_per_node)
-        gpu_step = app.iteration_time(placement, spec.batch_size)
+        k, placement, gpu_step = self._requested(job)
         fed = 1.0
         truth = job.truth
         if truth is not None and self.cluster.cpus is not None:

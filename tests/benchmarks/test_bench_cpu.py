@@ -20,7 +20,7 @@ def test_bench_cpu_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     argv = [
         "--workloads", "3", "--cores-per-gpu", "3", "--philly", "1",
         "--philly-cores-per-gpu", "3", "--policies", "goodput-dp,goodput-dp-cpu-blind,synergy",
-        "--no-mix", "--validate", "--seed", "5", "--processes", "2", "--jitter-seeds", "1",
+        "--no-mix", "--seed", "5", "--processes", "2", "--jitter-seeds", "1",
     ]  # fmt: skip
     assert bench_cpu.main([*argv, "--out-dir", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "bench_cpu.json").read_text())
@@ -32,7 +32,6 @@ def test_bench_cpu_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
             assert r["jobs_completed"] == r["jobs"] == 160
             assert 0 < r["cpu_utilisation"] <= 1
             assert r["jitter"] == 0
-    assert ("synergy-5", "synergy-proportional") in runs
     assert set(data["ratios"]["Pollux workloads, 3 cores/GPU"]) == {
         "goodput-dp-cpu-blind",
         "synergy",
