@@ -185,6 +185,8 @@ def test_cli_steady_load_needs_a_philly_draw_and_no_time_scale(tmp_path, capsys)
     assert "--durations synergy: expected with --philly" in capsys.readouterr().err
     assert main([*philly, "--philly-max-gpus", "0"]) == 2
     assert "--philly-max-gpus 0: expected >= 1" in capsys.readouterr().err
+    assert main([*philly, "--synergy-models", "--cpus-per-node", "24"]) == 2
+    assert "--synergy-models: expected with --class-split" in capsys.readouterr().err
     synergy = ["--durations", "synergy", "--philly-max-gpus", "1", "--policy", "synergy"]
     assert main([*philly, *synergy]) == 0
     assert json.loads((tmp_path / "r.json").read_text())["jobs_completed"] == 4
