@@ -18,8 +18,8 @@ jobs 4000-5000 (``ae-readme.md``, "a quick point of validation" against Fig. 8);
 "up to 3.4x" in average JCT (the abstract). Each ratio (proportional / TUNE, average JCT over
 the window) is given per load as the median over ``--seeds`` draws with its range.
 
-    python -m benchmarks.allocator.bench_synergy                  # ~40 min on 2 cores
-    python -m benchmarks.allocator.bench_synergy --loads 9 --jobs 5500 --window 4000:5000
+    python -m benchmarks.allocator.bench_synergy                  # ~1.5 h on 2 cores
+    python -m benchmarks.allocator.bench_synergy --loads 9 --jobs 1500 --window 500:1000  # ~6 min
 
 Prints the table, writes ``bench_synergy.json`` and ``bench_synergy.png`` (average JCT over
 load per arm, as the paper's figures).
@@ -98,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--loads", default="5,7,9", help="jobs per hour (default 5,7,9)")
-    p.add_argument("--jobs", type=int, default=2500, help="jobs per draw (default 2500)")
+    p.add_argument("--loads", default="6,8,9,10", help="jobs per hour (default 6,8,9,10)")
+    p.add_argument("--jobs", type=int, default=5500, help="jobs per draw (default 5500)")
     p.add_argument(
-        "--window", default="1000:2000", help="A:B, the jobs measured (default 1000:2000)"
+        "--window", default="4000:5000", help="A:B, the jobs measured (default 4000:5000)"
     )
     p.add_argument("--orders", default="fifo,las", help="fifo, las or both (default both)")
     p.add_argument("--seeds", type=int, default=2, help="draws per load (default 2)")
