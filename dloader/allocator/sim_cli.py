@@ -326,8 +326,6 @@ def _workload(args: argparse.Namespace) -> tuple[list[WorkloadJob], dict]:
         return jobs, load_apps(args.traces, sorted({j.application for j in jobs}))
     apps = load_apps(args.traces)
     cluster_gpus = args.nodes * args.gpus_per_node
-    if args.philly_max_gpus is not None and args.philly_max_gpus < 1:
-        raise AllocatorError(f"--philly-max-gpus {args.philly_max_gpus}: expected >= 1")
     jobs = read_philly(
         args.philly,
         apps,
@@ -384,6 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise AllocatorError(
                 "--synergy-models: expected with --class-split and --cpus-per-node"
             )
+        if args.philly_max_gpus is not None and args.philly_max_gpus < 1:
+            raise AllocatorError(f"--philly-max-gpus {args.philly_max_gpus}: expected >= 1")
         if args.durations != "app" and args.philly is None:
             raise AllocatorError(f"--durations {args.durations}: expected with --philly")
         if args.philly is not None and args.seed is None:

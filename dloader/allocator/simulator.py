@@ -65,6 +65,14 @@ LEARNING: tuple[Learning, ...] = ("online", "oracle")
 _PRIOR = ScalingModel(ScalingParams(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0))
 
 
+def _fed(truth: InputModel, parts: Sequence[tuple[int, float]], wanted: float) -> float:
+    """The share of ``wanted`` samples/s (a job's GPUs at their step) its pipeline feeds, its
+    GPUs and cores per node in ``parts``: every node must feed its GPUs' part of each step, so
+    the slowest-fed node sets the pace."""
+    k = sum(g for g, _ in parts)
+    return min(min(feed_rate(truth, g, c) * k / (g * wanted) for g, c in parts), 1.0)
+
+
 def _packed(gpus: int, per_node: int) -> tuple[int, ...]:
     """The most compact placement of ``gpus`` GPUs (whole nodes, then the rest on one)."""
     whole, rest = divmod(gpus, per_node)
@@ -347,31 +355,28 @@ class Simulator:
                     )
                 job.work_scale = job.spec.duration_s / self._reference_s(job)
 
-    def _requested(self, job: _SimJob) -> tuple[int, tuple[int, ...], float]:
-        """(GPUs, their packed placement, seconds a step) at the job's request."""
+    def _requested(self, job: _SimJob) -> tuple[tuple[int, ...], float]:
+        """(its GPUs' packed placement, seconds a step) at the job's request."""
         k = min(job.spec.num_replicas, self.cluster.capacity)
         placement = _packed(k, self.cluster.gpus_per_node)
-        return k, placement, job.app.iteration_time(placement, job.spec.batch_size)
+        return placement, job.app.iteration_time(placement, job.spec.batch_size)
 
     def _rate(self, job: _SimJob) -> float:
         """One GPU's samples/s at the job's request (GPU-bound)."""
-        k, _, gpu_step = self._requested(job)
-        return job.spec.batch_size / gpu_step / k
+        placement, gpu_step = self._requested(job)
+        return job.spec.batch_size / gpu_step / sum(placement)
 
     def _reference_s(self, job: _SimJob) -> float:
         """Seconds its application's work takes on the job's requested GPUs, packed, at its
         requested batch, fed by the cores of those GPUs' share of the cluster (what
         ``WorkloadJob.duration_s`` is measured at)."""
         app, spec = job.app, job.spec
-        k, placement, gpu_step = self._requested(job)
+        placement, gpu_step = self._requested(job)
         fed = 1.0
-        truth = job.truth
-        if truth is not None and self.cluster.cpus is not None:
+        if job.truth is not None and self.cluster.cpus is not None:
             share = sum(self.cluster.cpus) / self.cluster.capacity
-            wanted = spec.batch_size / gpu_step
-            fed = min(
-                min(feed_rate(truth, g, share * g) * k / (g * wanted) for g in placement), 1.0
-            )
+            parts = [(g, share * g) for g in placement]
+            fed = _fed(job.truth, parts, spec.batch_size / gpu_step)
         step = gpu_step / fed
         done, total = 0.0, 0.0
         for epoch in range(app.max_epochs):
@@ -454,7 +459,7 @@ class Simulator:
             for g, c in zip(job.placement, job.cores, strict=True)
             if g > 0
         ]
-        fed = min(min(feed_rate(truth, g, c) * k / (g * wanted) for g, c in parts), 1.0)
+        fed = _fed(truth, parts, wanted)
         used = sum(min(c, feed_cores(truth, g, wanted * fed * g / k)) for g, c in parts)
         return fed, used
 
