@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.allocator import bench_synergy
@@ -57,3 +58,28 @@ def test_bench_synergy_small(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         assert row["tune_h"][k] == pytest.approx(tune / 3600)
     assert (tmp_path / "bench_synergy.png").stat().st_size > 0
     assert "Synergy-TUNE against GPU-proportional cores" in capsys.readouterr().out
+
+
+def test_queue_jct_is_first_come_first_served_on_the_gpus() -> None:
+    # Two GPUs: the third job waits for the first to end at 5 s; the fourth finds one free.
+    jct = bench_synergy.queue_jct(np.array([0.0, 0.0, 0.0, 10.0]), np.array([5, 10, 3, 1.0]), 2)
+    assert jct.tolist() == [5.0, 10.0, 8.0, 1.0]
+
+
+@pytest.mark.timeout(300)
+def test_the_twins_fifo_arms_are_the_queue_they_reduce_to() -> None:
+    """Fidelity: on one-GPU jobs the twin's FIFO with GPU-proportional cores is the pure
+    first-come, first-served queue of the jobs' lengths (up to its 300-s rounds), and FIFO-TUNE
+    is bounded below by the queue with every job at its profile's ideal speed-up and reaches
+    it but for the cores a node cannot give all its jobs."""
+    window = (40, 120)
+    work = bench_synergy.draw(9.0, 11, 150, False)
+    ref = bench_synergy.queue_reference(work, window)
+    assert 0.8 < ref["ideal_load"] < ref["proportional_load"]
+    got = {
+        arm: bench_synergy.simulate(9.0, 11, arm, 150, window, False)[3]["window_jct_s"] / 3600
+        for arm in ("synergy-fifo-proportional", "synergy-fifo")
+    }
+    assert got["synergy-fifo-proportional"] == pytest.approx(ref["proportional_queue_h"], rel=0.02)
+    assert 0.99 * ref["ideal_queue_h"] <= got["synergy-fifo"] <= 1.05 * ref["ideal_queue_h"]
+    assert got["synergy-fifo"] < 0.99 * got["synergy-fifo-proportional"]
