@@ -83,3 +83,20 @@ def test_the_twins_fifo_arms_are_the_queue_they_reduce_to() -> None:
     assert got["synergy-fifo-proportional"] == pytest.approx(ref["proportional_queue_h"], rel=0.02)
     assert 0.99 * ref["ideal_queue_h"] <= got["synergy-fifo"] <= 1.05 * ref["ideal_queue_h"]
     assert got["synergy-fifo"] < 0.99 * got["synergy-fifo-proportional"]
+
+
+@pytest.mark.integration
+def test_queue_only_gives_each_draws_queue(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--queue-only", "--jobs", "300", "--window", "100:200", "--seeds", "3", "--seed", "5",
+            "--out-dir", str(tmp_path)]  # fmt: skip
+    assert bench_synergy.main(argv) == 0
+    data = json.loads((tmp_path / "bench_synergy.json").read_text())
+    assert set(data["queue"]) == {"9/5", "9/6", "9/7"}
+    work = bench_synergy.draw(9.0, 6, 300, False)
+    assert data["queue"]["9/6"] == pytest.approx(bench_synergy.queue_reference(work, (100, 200)))
+    assert "pure FIFO queue of each draw" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench_synergy.main([*argv, "--multi-gpu"])
+    assert "drop --multi-gpu" in capsys.readouterr().err
