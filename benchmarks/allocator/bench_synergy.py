@@ -127,8 +127,8 @@ def queue_reference(work: list[WorkloadJob], window: tuple[int, int]) -> dict[st
     out = {}
     for key, runtime in (("proportional", length), ("ideal", length / speedup)):
         out[f"{key}_load"] = float(runtime.sum() / span)
-        out[f"{key}_queue_h"] = float(queue_jct(arrival, runtime, NODES * GPUS)[measured].mean())
-        out[f"{key}_queue_h"] /= 3600
+        jct = queue_jct(arrival, runtime, NODES * GPUS)[measured]
+        out[f"{key}_queue_h"] = float(jct.mean()) / 3600
     return out
 
 
@@ -146,6 +146,20 @@ def simulate(
     return load, seed, arm, summary
 
 
+def queue_gain(ref: dict[str, float]) -> float:
+    """The pure queue's proportional / TUNE-ceiling average JCT."""
+    return ref["proportional_queue_h"] / ref["ideal_queue_h"]
+
+
+def plot_queue(ax: Any, refs: dict[tuple[float, int], dict[str, float]], label: str) -> None:
+    """Each draw's pure-queue gain against its TUNE-ceiling JCT, and the artifact's point."""
+    for load in sorted({k[0] for k in refs}):
+        q = [r for k, r in refs.items() if k[0] == load]
+        ax.scatter([r["ideal_queue_h"] for r in q], [queue_gain(r) for r in q], marker="x",
+                   label=f"{label}{load:g} jobs/h")  # fmt: skip
+    ax.plot([PUBLISHED_FIFO_TUNE_9_H], [3.4], "k*", ms=12, label="artifact (21.88 h, 3.4x)")
+
+
 def queue_only(
     loads: list[float], seeds: list[int], jobs: int, window: tuple[int, int], out: Any
 ) -> int:
@@ -156,10 +170,7 @@ def queue_only(
     rows = []
     for load in loads:
         q = [refs[load, s] for s in seeds]
-        ratio = {
-            str(s): [r["proportional_queue_h"] / r["ideal_queue_h"]]
-            for s, r in zip(seeds, q, strict=True)
-        }
+        ratio = {str(s): [queue_gain(r)] for s, r in zip(seeds, q, strict=True)}
         mid, lo, hi, _ = interval(ratio, rng)
         ideal = [r["ideal_queue_h"] for r in q]
         rows.append(
@@ -183,15 +194,7 @@ def queue_only(
     print(table(cols, rows))
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for load in loads:
-        q = [refs[load, s] for s in seeds]
-        ax.scatter(
-            [r["ideal_queue_h"] for r in q],
-            [r["proportional_queue_h"] / r["ideal_queue_h"] for r in q],
-            marker="x",
-            label=f"{load:g} jobs/h",
-        )
-    ax.plot([PUBLISHED_FIFO_TUNE_9_H], [3.4], "k*", ms=12, label="artifact (21.88 h, 3.4x)")
+    plot_queue(ax, refs, "")
     ax.set_xlabel("FIFO queue, every job at its ideal: avg JCT (hours)")
     ax.set_ylabel("proportional / ideal")
     ax.set_title("pure FIFO queue of each draw")
@@ -341,8 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{r['proportional_load']:.3f} / {r['ideal_load']:.3f}",
                         f"{prop['window_jct_s'] / 3600:.1f} ({r['proportional_queue_h']:.1f})",
                         f"{tun['window_jct_s'] / 3600:.1f} ({r['ideal_queue_h']:.1f})",
-                        f"{prop['window_jct_s'] / tun['window_jct_s']:.2f} "
-                        f"({r['proportional_queue_h'] / r['ideal_queue_h']:.2f})",
+                        f"{prop['window_jct_s'] / tun['window_jct_s']:.2f} ({queue_gain(r):.2f})",
                     ]
                 )
         cols = ["jobs/h", "seed", "offered load", "proportional h (queue)", "TUNE h (queue)",
@@ -378,14 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             tj = [runs[load, s, ARMS["fifo"][0]]["window_jct_s"] / 3600 for s in seeds]
             fj = [runs[load, s, ARMS["fifo"][1]]["window_jct_s"] / 3600 for s in seeds]
             ax.scatter(tj, np.divide(fj, tj), label=f"twin, {load:g} jobs/h")
-            q = [refs[load, s] for s in seeds]
-            ax.scatter(
-                [r["ideal_queue_h"] for r in q],
-                [r["proportional_queue_h"] / r["ideal_queue_h"] for r in q],
-                marker="x",
-                label=f"pure queue, {load:g} jobs/h",
-            )
-        ax.plot([PUBLISHED_FIFO_TUNE_9_H], [3.4], "k*", ms=12, label="artifact (21.88 h, 3.4x)")
+        plot_queue(ax, refs, "pure queue, ")
         ax.set_xlabel("FIFO-TUNE avg JCT of the draw (hours)")
         ax.set_ylabel("FIFO: proportional / TUNE")
         ax.set_title("each draw: heavier draws gain less")
