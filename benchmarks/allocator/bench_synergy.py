@@ -151,13 +151,20 @@ def queue_gain(ref: dict[str, float]) -> float:
     return ref["proportional_queue_h"] / ref["ideal_queue_h"]
 
 
-def plot_queue(ax: Any, refs: dict[tuple[float, int], dict[str, float]], label: str) -> None:
-    """Each draw's pure-queue gain against its TUNE-ceiling JCT, and the artifact's point."""
+def plot_queue(
+    ax: Any, refs: dict[tuple[float, int], dict[str, float]], label: str, title: str
+) -> None:
+    """Each draw's pure-queue gain against its TUNE-ceiling JCT (beside the twin's, if the
+    caller drew them), the artifact's point, the axes' labels."""
     for load in sorted({k[0] for k in refs}):
         q = [r for k, r in refs.items() if k[0] == load]
         ax.scatter([r["ideal_queue_h"] for r in q], [queue_gain(r) for r in q], marker="x",
                    label=f"{label}{load:g} jobs/h")  # fmt: skip
     ax.plot([PUBLISHED_FIFO_TUNE_9_H], [3.4], "k*", ms=12, label="artifact (21.88 h, 3.4x)")
+    ax.set_xlabel("FIFO-TUNE avg JCT of the draw (hours)")
+    ax.set_ylabel("FIFO: proportional / TUNE")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
 
 
 def queue_only(
@@ -194,11 +201,7 @@ def queue_only(
     print(table(cols, rows))
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    plot_queue(ax, refs, "")
-    ax.set_xlabel("FIFO queue, every job at its ideal: avg JCT (hours)")
-    ax.set_ylabel("proportional / ideal")
-    ax.set_title("pure FIFO queue of each draw")
-    ax.legend(fontsize=8)
+    plot_queue(ax, refs, "", "pure FIFO queue of each draw, every job at its ideal")
     fig.tight_layout()
     fig.savefig(out("bench_synergy.png"), dpi=110)
     plt.close(fig)
@@ -380,11 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             tj = [runs[load, s, ARMS["fifo"][0]]["window_jct_s"] / 3600 for s in seeds]
             fj = [runs[load, s, ARMS["fifo"][1]]["window_jct_s"] / 3600 for s in seeds]
             ax.scatter(tj, np.divide(fj, tj), label=f"twin, {load:g} jobs/h")
-        plot_queue(ax, refs, "pure queue, ")
-        ax.set_xlabel("FIFO-TUNE avg JCT of the draw (hours)")
-        ax.set_ylabel("FIFO: proportional / TUNE")
-        ax.set_title("each draw: heavier draws gain less")
-        ax.legend(fontsize=7)
+        plot_queue(ax, refs, "pure queue, ", "each draw: heavier draws gain less")
     fig.tight_layout()
     fig.savefig(out("bench_synergy.png"), dpi=110)
     plt.close(fig)
