@@ -55,6 +55,7 @@ from dloader.allocator.simulator import Simulator
 from dloader.allocator.traces import (
     PACKAGED_PHILLY,
     PACKAGED_TRACES,
+    AppTrace,
     WorkloadJob,
     load_apps,
     read_philly,
@@ -74,21 +75,29 @@ NODES, GPUS, CORES = 16, 8, 24.0
 PUBLISHED_FIFO_TUNE_9_H = 21.876600555555555
 
 
+def arrival_index(name: str) -> int:
+    """A job's place in its draw's stream: the number ending the name a Philly draw gives it."""
+    return int(name.rsplit("-", 1)[1])
+
+
 def window_jct(jobs: list[Any], window: tuple[int, int]) -> float:
-    """Mean JCT in seconds of the jobs whose arrival index (the number ending the name a
-    Philly draw gives them) is in ``[a, b)``; NaN if one of them did not complete."""
+    """Mean JCT in seconds of the jobs whose arrival index is in ``[a, b)``; NaN if one of them
+    did not complete."""
     a, b = window
-    jct = [j.jct_s for j in jobs if a <= int(j.name.rsplit("-", 1)[1]) < b]
+    jct = [j.jct_s for j in jobs if a <= arrival_index(j.name) < b]
     if not jct or any(x is None for x in jct):
         return float("nan")
     return float(np.mean(jct))
 
 
-def draw(load: float, seed: int, jobs: int, multi_gpu: bool) -> list[WorkloadJob]:
-    """The artifact's workload at ``load`` jobs/h, drawn with ``seed``."""
+def draw(
+    load: float, seed: int, jobs: int, multi_gpu: bool, apps: dict[str, AppTrace] | None = None
+) -> list[WorkloadJob]:
+    """The artifact's workload at ``load`` jobs/h, drawn with ``seed`` (``apps``: the packaged
+    applications, loaded if not given)."""
     return read_philly(
         PACKAGED_PHILLY,
-        load_apps(PACKAGED_TRACES),
+        load_apps(PACKAGED_TRACES) if apps is None else apps,
         num_jobs=jobs,
         seed=seed,
         max_gpus=NODES * GPUS if multi_gpu else 1,
@@ -121,7 +130,7 @@ def queue_reference(work: list[WorkloadJob], window: tuple[int, int]) -> dict[st
     arrival = np.array([j.time for j in order])
     length = np.array([j.duration_s or 0.0 for j in order])
     speedup = np.array([1.0 / profiles[str(j.cpu_profile)].share(CORES / GPUS) for j in order])
-    index = np.array([int(j.name.rsplit("-", 1)[1]) for j in order])
+    index = np.array([arrival_index(j.name) for j in order])
     measured = (index >= window[0]) & (index < window[1])
     span = NODES * GPUS * (arrival[-1] - arrival[0])
     out = {}
@@ -137,7 +146,7 @@ def simulate(
 ) -> tuple[float, int, str, dict[str, Any]]:
     """One arm at one load on one draw: (load, seed, arm, its numbers)."""
     apps = load_apps(PACKAGED_TRACES)
-    work = draw(load, seed, jobs, multi_gpu)
+    work = draw(load, seed, jobs, multi_gpu, apps)
     began = time.perf_counter()
     result = Simulator(work, apps, make_policy(arm), Cluster.uniform(NODES, GPUS, CORES)).run()
     summary = result.summary()
@@ -173,7 +182,10 @@ def queue_only(
     """``--queue-only``: each draw's pure FIFO queues (see ``queue_reference``), the spread of
     TUNE's ceiling and of its speed-up over draws, table, JSON and plot."""
     rng = np.random.default_rng(seeds[0])
-    refs = {(x, s): queue_reference(draw(x, s, jobs, False), window) for x in loads for s in seeds}
+    apps = load_apps(PACKAGED_TRACES)
+    refs = {
+        (x, s): queue_reference(draw(x, s, jobs, False, apps), window) for x in loads for s in seeds
+    }
     rows = []
     for load in loads:
         q = [refs[load, s] for s in seeds]
@@ -282,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     refs: dict[tuple[float, int], dict[str, float]] = {}
     if not args.multi_gpu and "fifo" in orders:
+        apps = load_apps(PACKAGED_TRACES)
         refs = {
-            (x, s): queue_reference(draw(x, s, args.jobs, False), (a, b))
+            (x, s): queue_reference(draw(x, s, args.jobs, False, apps), (a, b))
             for x in loads
             for s in seeds
         }
