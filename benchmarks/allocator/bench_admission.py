@@ -42,13 +42,24 @@ from dloader.allocator.policies import DpPolicy, make_policy
 from dloader.allocator.simulator import Simulator
 from dloader.allocator.traces import jitter_arrivals
 
-PEERS = ("pollux", "goodput-dp-parametric", "goodput-dp-extrapolated", "goodput-dp-cpu-blind")
+PEERS = (
+    "pollux",
+    "goodput-dp-parametric",
+    "goodput-dp-extrapolated",
+    "goodput-dp-cpu-blind",
+    "goodput-dp-no-lengths",
+)
 METRICS = (("avg_jct_s", "avg JCT"), ("p99_jct_s", "p99 JCT"), ("makespan_s", "makespan"))
 BOOTSTRAP = 4000
 
 
 def simulate(
-    label: str, jitter: int, arm: str, jitter_s: float, num_jobs: int
+    label: str,
+    jitter: int,
+    arm: str,
+    jitter_s: float,
+    num_jobs: int,
+    declared: float | None = None,
 ) -> tuple[str, int, str, Any]:
     """One arm of one scenario: (label, jitter, arm, summary with its seconds)."""
     jobs, apps = workload(label, num_jobs)
@@ -60,7 +71,8 @@ def simulate(
     else:
         policy = make_policy("goodput-dp-fifo" if arm == "fifo" else arm)
     began = time.perf_counter()
-    summary = Simulator(jobs, apps, policy, Cluster.uniform(16, 4)).run().summary()
+    sim = Simulator(jobs, apps, policy, Cluster.uniform(16, 4), declared_lengths=declared)
+    summary = sim.run().summary()
     summary["seconds"] = time.perf_counter() - began
     return label, jitter, arm, summary
 
@@ -90,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jitter-s", type=float, default=30.0, help="arrival shift bound (30 s)")
     p.add_argument("--thresholds", default="900", help="las thresholds, GPU-s (default 900)")
     p.add_argument("--peers", default="pollux", help=f"some of {','.join(PEERS)} (pollux)")
+    p.add_argument(
+        "--declared-lengths",
+        type=float,
+        metavar="SIGMA",
+        help="every job declares its length, off by exp(N(0, SIGMA)) (0: exact), which "
+        "goodput-dp weighs (peer goodput-dp-no-lengths ignores it); default: none declared",
+    )
     p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     add_out_dir(p)
     args = p.parse_args(argv)
@@ -107,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("expected --philly >= 0, --jitter-seeds >= 1, --processes >= 1, --jobs >= 1")
     if not (0 <= args.jitter_s < 3600):
         p.error(f"--jitter-s={args.jitter_s}: expected seconds in [0, 3600)")
+    if args.declared_lengths is not None and not 0 <= args.declared_lengths <= 3:
+        p.error(f"--declared-lengths={args.declared_lengths}: expected a sigma in [0, 3]")
     seed = random.randrange(1, 1 << 30) if args.seed is None else args.seed
     labels = [f"pollux-{w}" for w in pollux] + [f"philly-{seed + i}" for i in range(args.philly)]
     if not labels:
@@ -118,14 +139,22 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"16 x 4 GPUs, unlimited cores, online learning; {args.jobs}-job Philly draws, seeds "
         f"{seed}..{seed + args.philly - 1} (--seed {seed} to repeat); {args.jitter_seeds} "
-        f"jitter seeds of +-{args.jitter_s:g} s; arms {', '.join(arms)}",
+        f"jitter seeds of +-{args.jitter_s:g} s; arms {', '.join(arms)}; lengths "
+        + (
+            "not declared"
+            if args.declared_lengths is None
+            else f"declared (sigma {args.declared_lengths:g})"
+        ),
         flush=True,
     )
     tasks = [(lab, k, arm) for lab in labels for k in range(args.jitter_seeds) for arm in arms]
     runs: dict[tuple[str, int, str], dict[str, Any]] = {}
     began = time.perf_counter()
     with ProcessPoolExecutor(args.processes) as pool:
-        futures = [pool.submit(simulate, *t, args.jitter_s, args.jobs) for t in tasks]
+        futures = [
+            pool.submit(simulate, *t, args.jitter_s, args.jobs, args.declared_lengths)
+            for t in tasks
+        ]
         for i, f in enumerate(futures):
             lab, k, arm, summary = f.result()
             runs[lab, k, arm] = summary
@@ -138,7 +167,13 @@ def main(argv: list[str] | None = None) -> int:
             )
     rng = np.random.default_rng(0)
     jitters = range(args.jitter_seeds)
-    result: dict[str, Any] = {"machine": machine(), "seed": seed, "labels": labels, "ratios": {}}
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "seed": seed,
+        "labels": labels,
+        "declared_lengths": args.declared_lengths,
+        "ratios": {},
+    }
     rows = []
     for arm in las:
         for ref in ("fifo", *peers):

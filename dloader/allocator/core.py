@@ -371,12 +371,15 @@ class AllocatorCore:
         gradient: GradientStats | None = None,
         priority: float = 0.0,
         token: str = "",
+        done: float = 0.0,
     ) -> SubmittedJob:
         """The job as it would be after the update (refitted, checked), not yet applied: the
         CPU-heavy half of :meth:`update`, which the servicer runs off the event loop."""
-        return self._staged(
-            self.owned(job_id, token, "UpdateJob"), measurements, gradient, priority
-        )
+        job = self.owned(job_id, token, "UpdateJob")
+        staged = self._staged(job, measurements, gradient, priority)
+        if done:
+            staged = replace(staged, done=finite_within("done", done, 0.0, 1.0))
+        return staged
 
     def _staged(
         self,
@@ -417,6 +420,7 @@ class AllocatorCore:
         job = self.get(staged.job_id)
         refit = staged.model is not job.model
         job.spec, job.model, job.noise = staged.spec, staged.model, staged.noise
+        job.done = staged.done
         self.store.update_spec(
             job.job_id, job.spec.to_json(), _model_json(job.model) if refit else None
         )
@@ -428,9 +432,13 @@ class AllocatorCore:
         gradient: GradientStats | None = None,
         priority: float = 0.0,
         token: str = "",
+        done: float = 0.0,
     ) -> None:
-        """Adds measurements (refitting the model), replaces gradient statistics or priority."""
-        self.apply_update(self.stage_update(job_id, measurements, gradient, priority, token))
+        """Adds measurements (refitting the model), replaces gradient statistics, priority or
+        the share of its declared work done (``done``, (0, 1]; 0: unchanged)."""
+        self.apply_update(
+            self.stage_update(job_id, measurements, gradient, priority, token, done)
+        )
 
     def complete(self, job_id: str, failed: bool = False, token: str = "") -> None:
         """Ends a job and frees its GPUs (an operator, or the holder of the job's token)."""

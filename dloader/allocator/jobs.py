@@ -110,6 +110,9 @@ class SubmittedJob:
     an allocator that restarts counts from 0 again)."""
     counted_at: float | None = None
     """The clock time its GPU-seconds were last counted (None: not yet)."""
+    done: float | None = None
+    """The share of its declared work done, as it last reported (UpdateJob ``done``; None:
+    never reported; not stored, as :attr:`attained_gpu_s`)."""
 
     def count_service(self, now: float) -> None:
         """Adds the GPU-seconds of its placement since the last count (the ``las`` admission
@@ -150,6 +153,7 @@ class SubmittedJob:
             input=self.input or (InputModel.of(r.input_curve) if r.input_curve else None),
             remote_max=sum(self.remote_max.get(n, 0.0) for n in self.placement),
             attained_gpu_s=self.attained_gpu_s,
+            done=self.done,
         )
 
 

@@ -52,6 +52,7 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
             GradientStats.from_pb(request.gradient, request.HasField("gradient")),
             request.priority,
             request.token,
+            request.done,
         )
         self.core.apply_update(staged)
         return pb.UpdateJobResponse()

@@ -145,6 +145,14 @@ def parser() -> argparse.ArgumentParser:
         help="with --cpus-per-node, online: a job that has not run yet brings the input curve "
         "its application's earlier jobs measured (as a JobSpec.input_curve from an earlier run)",
     )
+    p.add_argument(
+        "--declared-lengths",
+        type=finite,
+        metavar="SIGMA",
+        help="every job declares its length (its epochs) and reports the share done, which "
+        "goodput-dp weighs: 0 declares the true length, SIGMA > 0 the true length times "
+        "exp(N(0, SIGMA)) per job (an estimate off by that much); default: none declared",
+    )
     p.add_argument("--interval", type=finite, default=60.0, help="seconds between decisions")
     p.add_argument(
         "--restart-delay",
@@ -413,6 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     gpu_speed=args.gpu_speed,
                     pooled_cores=args.pooled_cores,
                     input_prior=args.input_prior,
+                    declared_lengths=args.declared_lengths,
                 )
                 max_s = None if args.max_hours is None else args.max_hours * 3600
                 result = _run(sim, name + tag, len(jobs), args.quiet, max_s)

@@ -23,6 +23,7 @@ Deterministic: the same workload, traces and settings give the same result.
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -119,6 +120,8 @@ class _SimJob:
     """Its work over its application's (``WorkloadJob.duration_s``; 1: the application's)."""
     truth: InputModel | None = field(default=None, repr=False)
     """Its input pipeline's ground truth (None: unlimited CPUs)."""
+    declared: float = 1.0
+    """Its declared length over its true one (``declared_lengths``)."""
     kind: tuple[str, str, float] = ("", "", 0.0)
     """(application, CPU profile, the profile's ``X_ref``; 0: the application's): the jobs
     whose measured input curves it may bring as a prior (``input_prior``)."""
@@ -275,6 +278,11 @@ class Simulator:
             curve its application's earlier jobs measured (``JobSpec.input_curve``: an
             earlier run's), so that its first decision already sees what its cores feed;
             without it (the default) its input is unknown until it has run.
+        declared_lengths: every job declares its length (its epochs, as a trainer's
+            ``max_epochs``) and reports the share of it done (``JobState.done``). 0: each
+            declares its true length; ``sigma`` > 0: its true length times ``exp(N(0, sigma))``,
+            drawn per job (seeded by its name), so a job may be done before or after it
+            expects. None (the default): no job declares one.
     """
 
     def __init__(
@@ -291,6 +299,7 @@ class Simulator:
         gpu_speed: float = 1.0,
         pooled_cores: bool = False,
         input_prior: bool = False,
+        declared_lengths: float | None = None,
     ) -> None:
         if not interval_s > 0 or restart_s < 0:
             raise AllocatorError(f"{interval_s=} must be > 0 and {restart_s=} >= 0")
@@ -304,6 +313,12 @@ class Simulator:
             )
         self.pooled_cores = pooled_cores
         self.input_prior = input_prior
+        if declared_lengths is not None and not 0.0 <= declared_lengths <= 3.0:
+            raise AllocatorError(
+                f"declared lengths (--declared-lengths) {declared_lengths}: expected a "
+                "log-normal sigma in [0, 3]"
+            )
+        self.declared_lengths = declared_lengths
         #: Per (application, CPU profile), what its jobs' sidecars measured (one GPU's
         #: pipeline, by cores per GPU, the newest kept): with ``input_prior``, a new job's
         #: curve brought at submission.
@@ -316,6 +331,10 @@ class Simulator:
         self.interval_s = interval_s
         self.restart_s = restart_s
         self._jobs = [_SimJob(w, apps[w.application], w.batch_size) for w in workload]
+        if declared_lengths:
+            for job in self._jobs:
+                rng = random.Random(f"declared:{job.spec.name}")
+                job.declared = math.exp(rng.gauss(0.0, declared_lengths))
         self._jobs.sort(key=lambda j: (j.spec.time, j.spec.name))
         #: The ground truth of each application's input pipeline with its own CPU profile
         #: (empty: unlimited CPUs). A job with a profile of its own (``cpu_profile``) has its
@@ -424,6 +443,11 @@ class Simulator:
             attained_gpu_s=job.gpu_seconds,
             input=known,
             remote_max=math.inf if self.cluster.pool > 0 else 0.0,
+            done=(
+                None
+                if self.declared_lengths is None
+                else min(job.progress / float(app.marks[app.max_epochs - 1]) / job.declared, 1.0)
+            ),
         )
 
     def _observe(self, job: _SimJob) -> None:

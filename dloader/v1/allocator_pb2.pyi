@@ -107,18 +107,20 @@ class SubmitJobResponse(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., queue_position: _Optional[int] = ..., token: _Optional[str] = ...) -> None: ...
 
 class UpdateJobRequest(_message.Message):
-    __slots__ = ("job_id", "measurements", "gradient", "priority", "token")
+    __slots__ = ("job_id", "measurements", "gradient", "priority", "token", "done")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     MEASUREMENTS_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     measurements: _containers.RepeatedCompositeFieldContainer[Measurement]
     gradient: GradientStats
     priority: float
     token: str
-    def __init__(self, job_id: _Optional[str] = ..., measurements: _Optional[_Iterable[_Union[Measurement, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., priority: _Optional[float] = ..., token: _Optional[str] = ...) -> None: ...
+    done: float
+    def __init__(self, job_id: _Optional[str] = ..., measurements: _Optional[_Iterable[_Union[Measurement, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., priority: _Optional[float] = ..., token: _Optional[str] = ..., done: _Optional[float] = ...) -> None: ...
 
 class UpdateJobResponse(_message.Message):
     __slots__ = ()

@@ -87,7 +87,7 @@ class ClusterAllocatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UpdateJob(self, request, context):
-        """New measurements or gradient statistics, or a new priority, for a job.
+        """New measurements or gradient statistics, a new priority, or its progress, for a job.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -41,7 +41,7 @@ class ClusterAllocatorStub:
     SubmitJob: _grpc.UnaryUnaryMultiCallable[_allocator_pb2.SubmitJobRequest, _allocator_pb2.SubmitJobResponse]
     """Adds a job to the queue; it is allocated at the next decision (which an arrival triggers)."""
     UpdateJob: _grpc.UnaryUnaryMultiCallable[_allocator_pb2.UpdateJobRequest, _allocator_pb2.UpdateJobResponse]
-    """New measurements or gradient statistics, or a new priority, for a job."""
+    """New measurements or gradient statistics, a new priority, or its progress, for a job."""
     CompleteJob: _grpc.UnaryUnaryMultiCallable[_allocator_pb2.CompleteJobRequest, _allocator_pb2.CompleteJobResponse]
     """The job finished (or was cancelled): its GPUs are freed."""
     RegisterNode: _grpc.UnaryUnaryMultiCallable[_allocator_pb2.RegisterNodeRequest, _allocator_pb2.RegisterNodeResponse]
@@ -60,7 +60,7 @@ class ClusterAllocatorAsyncStub(ClusterAllocatorStub):
     SubmitJob: _aio.UnaryUnaryMultiCallable[_allocator_pb2.SubmitJobRequest, _allocator_pb2.SubmitJobResponse]  # type: ignore[assignment]
     """Adds a job to the queue; it is allocated at the next decision (which an arrival triggers)."""
     UpdateJob: _aio.UnaryUnaryMultiCallable[_allocator_pb2.UpdateJobRequest, _allocator_pb2.UpdateJobResponse]  # type: ignore[assignment]
-    """New measurements or gradient statistics, or a new priority, for a job."""
+    """New measurements or gradient statistics, a new priority, or its progress, for a job."""
     CompleteJob: _aio.UnaryUnaryMultiCallable[_allocator_pb2.CompleteJobRequest, _allocator_pb2.CompleteJobResponse]  # type: ignore[assignment]
     """The job finished (or was cancelled): its GPUs are freed."""
     RegisterNode: _aio.UnaryUnaryMultiCallable[_allocator_pb2.RegisterNodeRequest, _allocator_pb2.RegisterNodeResponse]  # type: ignore[assignment]
@@ -88,7 +88,7 @@ class ClusterAllocatorServicer(metaclass=_abc_1.ABCMeta):
         request: _allocator_pb2.UpdateJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_allocator_pb2.UpdateJobResponse, _abc.Awaitable[_allocator_pb2.UpdateJobResponse]]:
-        """New measurements or gradient statistics, or a new priority, for a job."""
+        """New measurements or gradient statistics, a new priority, or its progress, for a job."""
 
     @_abc_1.abstractmethod
     def CompleteJob(

@@ -136,6 +136,8 @@ def test_bad_requests_name_the_field(alloc: Allocator) -> None:
 
     s.SubmitJob(job("x"))
     assert code_of(s.SubmitJob, job("x"))[0] == grpc.StatusCode.ALREADY_EXISTS
+    code, msg = code_of(s.UpdateJob, pb.UpdateJobRequest(job_id="x", done=1.5))
+    assert code == bad and msg == "done: 1.5 must be a finite number within [0.0, 1.0]"
     nf = grpc.StatusCode.NOT_FOUND
     assert code_of(s.CompleteJob, pb.CompleteJobRequest(job_id="nope"))[0] == nf
     assert code_of(s.UpdateJob, pb.UpdateJobRequest(job_id="nope"))[0] == nf

@@ -14,7 +14,10 @@
   jobs ahead of it already need waits (they run one after another on the cores they need,
   not all at once on a fraction each; :meth:`.DpPolicy._core_queue`).
   When not every job can have its fewest GPUs, the less served go first (two queues by
-  attained GPU-seconds, with hysteresis and a restart budget: :meth:`.DpPolicy.line`).
+  attained GPU-seconds, with hysteresis and a restart budget: :meth:`.DpPolicy.line`). A job
+  that declares its length (``JobState.done``: the share of its epochs done) is weighed by the
+  GPU-seconds it still needs, the nearer done the more (:meth:`.DpPolicy.weigh_lengths`).
+* ``goodput-dp-no-lengths``: ``goodput-dp`` ignoring declared lengths.
 * ``goodput-dp-fifo``: ``goodput-dp`` admitting first come, first served (before #48).
 * ``goodput-dp-parametric``: ``goodput-dp`` deciding on the parametric scaling model alone, as
   before #48 (``goodput-dp`` corrects it per node count where the job has measured steps:
@@ -61,7 +64,7 @@ weigh a restart by the job's age and restart count as Pollux does (``restart_mod
 from __future__ import annotations
 
 from dloader.allocator.optimizer import DEFAULT_HORIZON_S
-from dloader.allocator.policies.dp import REPLAN_MAX_SIZE, DpPolicy, RestartModel
+from dloader.allocator.policies.dp import LENGTH_POWER, REPLAN_MAX_SIZE, DpPolicy, RestartModel
 from dloader.allocator.policies.pollux import PolluxPolicy
 from dloader.allocator.policies.state import ClusterDecision, JobState, Policy
 from dloader.allocator.policies.static import StaticPolicy
@@ -103,6 +106,7 @@ POLICIES = (
     "goodput-dp-extrapolated",
     "goodput-dp-cpu-blind",
     "goodput-dp-no-core-admission",
+    "goodput-dp-no-lengths",
     "pollux",
     "synergy",
     "synergy-fifo",
@@ -142,5 +146,6 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
             per_node_model=name != "goodput-dp-parametric",
             bounded_sync=name != "goodput-dp-extrapolated",
             core_admission=name != "goodput-dp-no-core-admission",
+            length_power=0.0 if name == "goodput-dp-no-lengths" else LENGTH_POWER,
         )
     raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES)}")

@@ -38,6 +38,7 @@ from dloader.predictor import InputModel, ScalingModel
 __all__ = [
     "LAS_RESTART_BUDGET",
     "LAS_THRESHOLD_GPU_S",
+    "LENGTH_POWER",
     "REPLAN_MAX_SIZE",
     "Admission",
     "DpPolicy",
@@ -55,6 +56,12 @@ Admission = Literal["fifo", "las"]
 #: to be preempted once more.
 LAS_THRESHOLD_GPU_S = 900.0
 LAS_RESTART_BUDGET = 0.1
+#: ``goodput-dp``'s ``length_power`` (a job's weight inversely proportional to its remaining
+#: GPU-seconds), and the most that moves its priority either way: the most a power of 0.5 or 1
+#: and a bound of 2, 4 or 8 gained on the development workloads, the bound of 2 giving the
+#: fewest restarts and the least p99 lost (docs/benchmarks.md, "Declared lengths").
+LENGTH_POWER = 1.0
+LENGTH_WEIGHT_MAX = 2.0
 
 
 class DpPolicy:
@@ -79,6 +86,7 @@ class DpPolicy:
         per_node_model: bool = True,
         bounded_sync: bool = True,
         core_admission: bool = False,
+        length_power: float = 0.0,
     ) -> None:
         """``cpu_aware``: with a cluster of limited cores, decide GPUs, batch sizes and cores
         together (:mod:`.cores`); else a node's cores go to its jobs in proportion to their
@@ -87,7 +95,9 @@ class DpPolicy:
         count (False: its parametric model alone). ``bounded_sync``: trust its bound on the
         sync terms beyond the replicas measured (False: the fitted lines everywhere).
         ``core_admission``: with ``cpu_aware``, a waiting CPU-hungry job waits while the jobs
-        ahead of it need the cores it would need (:meth:`_core_queue`)."""
+        ahead of it need the cores it would need (:meth:`_core_queue`). ``length_power``: weigh
+        each job whose length is declared by its remaining GPU-seconds to this power, against
+        the line's typical job (:meth:`weigh_lengths`; 0: lengths are not used)."""
         if restart_model not in ("age", "horizon"):
             raise AllocatorError(f"restart_model={restart_model!r}: expected 'age' or 'horizon'")
         if admission not in ("fifo", "las"):
@@ -97,6 +107,9 @@ class DpPolicy:
                 f"las_threshold_gpu_s={las_threshold_gpu_s}, restart_budget={restart_budget}: "
                 "expected > 0 and >= 0"
             )
+        if not 0.0 <= length_power <= 4.0:
+            raise AllocatorError(f"length_power={length_power}: expected a number in [0, 4]")
+        self.length_power = length_power
         self.per_node_model = per_node_model
         self.bounded_sync = bounded_sync
         self.core_admission = core_admission
@@ -196,8 +209,31 @@ class DpPolicy:
 
         return sorted(jobs, key=key)
 
+    def weigh_lengths(self, jobs: Sequence[JobState]) -> list[JobState]:
+        """``jobs`` with each declared job's priority scaled by ``(R / R_typ) ** -length_power``,
+        ``R`` its remaining GPU-seconds (:attr:`.JobState.remaining_gpu_s`) and ``R_typ`` their
+        geometric mean over the jobs that have one, clipped to ``LENGTH_WEIGHT_MAX`` either way:
+        the nearer a job is to done, the more a GPU given to it shortens the average JCT (the
+        shortest remaining work first, softened: GPUs still go by speed-up). A job without a
+        declared length, or not run yet, keeps its priority."""
+        if not self.length_power:
+            return list(jobs)
+        left = {j.job_id: r for j in jobs if (r := j.remaining_gpu_s) is not None}
+        if not left:
+            return list(jobs)
+        typical = math.exp(sum(math.log(max(r, 1.0)) for r in left.values()) / len(left))
+        out = []
+        for j in jobs:
+            r = left.get(j.job_id)
+            if r is not None:
+                w = (max(r, 1.0) / typical) ** -self.length_power
+                w = min(max(w, 1.0 / LENGTH_WEIGHT_MAX), LENGTH_WEIGHT_MAX)
+                j = replace(j, priority=j.priority * w)
+            out.append(j)
+        return out
+
     def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> ClusterDecision:
-        jobs = self.line(jobs)
+        jobs = self.weigh_lengths(self.line(jobs))
         if cluster.cpus is None:
             return self._decide(jobs, cluster)
         if not (self.cpu_aware and any(j.input is not None for j in jobs)):

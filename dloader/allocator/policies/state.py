@@ -61,6 +61,10 @@ class JobState:
     remote_max: float = 0.0
     """The most cores of the cluster's CPU pool its loaders can use (remote workers; 0: none,
     its loaders have no remote workers configured)."""
+    done: float | None = None
+    """The share of the work it declared (its epochs or steps) that it has done, 0-1 (None: it
+    declared none). With :attr:`attained_gpu_s` it gives the GPU-seconds it still needs, which
+    a length-aware policy (``goodput-dp-lengths``) weighs."""
 
     def __post_init__(self) -> None:
         lo, hi = self.batch_range
@@ -75,6 +79,10 @@ class JobState:
             raise AllocatorError(
                 f"job {self.job_id!r}: attained_gpu_s={self.attained_gpu_s} must be >= 0"
             )
+        if self.done is not None and not 0.0 <= self.done <= 1.0:
+            raise AllocatorError(
+                f"job {self.job_id!r}: done={self.done}: expected a share in [0, 1]"
+            )
         if self.requested_gpus < 1 or self.requested_batch < 1:
             raise AllocatorError(
                 f"job {self.job_id!r}: requested_gpus={self.requested_gpus} and "
@@ -85,6 +93,14 @@ class JobState:
     def gpus(self) -> int:
         """GPUs it holds now."""
         return sum(self.placement)
+
+    @property
+    def remaining_gpu_s(self) -> float | None:
+        """The GPU-seconds it still needs, extrapolated from what its share done has cost so
+        far (None: it declared no length, or has not run yet)."""
+        if self.done is None or not self.done > 0 or not self.attained_gpu_s > 0:
+            return None
+        return self.attained_gpu_s * (1.0 - self.done) / self.done
 
 
 @dataclass(frozen=True)
