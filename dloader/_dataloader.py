@@ -92,6 +92,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             If the sidecar is absent or dies, training goes on unchanged.
         job_name: the job's name at the sidecar (default: ``$DLOADER_JOB_NAME`` or the
             script name and PID).
+        epochs: the epochs the job will run over this loader, its declared length (optional):
+            ``stats().done`` is then the share done, which the sidecar forwards to the cluster
+            allocator; ``goodput-dp`` gives GPUs more readily to jobs nearer done
+            (``docs/allocator.md``).
         remote: loader workers on other machines' CPUs, as Ray actors
             (:class:`dloader.RayWorkers`; needs ``dloader-elastic[ray]``), beside the local
             ``num_workers``. A map-style dataset only, picklable, its files reachable from the
@@ -138,8 +142,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         sidecar: str | None = None,
         job_name: str | None = None,
         remote: RayWorkers | None = None,
+        epochs: int | None = None,
     ) -> None:
         _check_int("min_workers", min_workers, 0)
+        if epochs is not None:
+            _check_int("epochs", epochs, 1)
         if remote is not None:
             if not isinstance(remote, RayWorkers):
                 raise TypeError(f"remote={remote!r}: expected a dloader.RayWorkers")
@@ -192,6 +199,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.max_workers = max_workers
         self.batch_size_range = batch_size_range
         self.remote = remote
+        self.epochs = epochs
         self.remote_workers = remote.workers if remote is not None else 0
         """Remote workers the loader is set to (:meth:`resize_remote`)."""
         self._staged_batch_size: int | None = None
@@ -599,7 +607,29 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             epoch=self._epoch,
             tuner=self.autotuner.summary if self.autotuner is not None else "",
             remote_workers=self.remote_workers,
+            done=self._done(),
         )
+
+    def _done(self) -> float | None:
+        """The share of the declared ``epochs`` done: the epochs before this one, and this
+        one's batches over its length (an iterable dataset's epoch counts when it ends). Read
+        from any thread: plain reads of the iterator's counters."""
+        if self.epochs is None:
+            return None
+        if self._epoch < 1:
+            return 0.0
+        it = self._live() if self._live is not None else None
+        state = self._last_state
+        if it is not None:
+            exhausted, batches = it.exhausted, it.batches_yielded
+        elif state is not None:
+            exhausted, batches = bool(state.get("exhausted")), int(state["batches_yielded"])
+        else:  # its iterator ran to the end and is gone
+            exhausted, batches = True, 0
+        within = 1.0
+        if not exhausted:  # len() of an iterable dataset is not asked for: torch records it
+            within = 0.0 if self._is_iterable else min(batches / max(len(self), 1), 1.0)
+        return min((self._epoch - 1 + within) / self.epochs, 1.0)
 
     def state_dict(self) -> dict[str, Any]:
         """The position in the current epoch, as a few integers and the sampler's seed.

@@ -121,6 +121,8 @@ class LoaderStats:
     """With ``num_workers="auto"``: what the tuner is doing and why (else empty)."""
     remote_workers: int = 0
     """Remote worker count the loader is set to (``RayWorkers``; 0: none)."""
+    done: float | None = None
+    """The share of its declared epochs done (``DataLoader(epochs=N)``; None: none declared)."""
 
 
 @dataclass
@@ -256,6 +258,7 @@ class Telemetry:
         epoch: int,
         tuner: str = "",
         remote_workers: int = 0,
+        done: float | None = None,
     ) -> LoaderStats:
         """A consistent :class:`LoaderStats` at this moment."""
         now = time.monotonic()
@@ -292,6 +295,7 @@ class Telemetry:
                 workers=workers,
                 tuner=tuner,
                 remote_workers=remote_workers,
+                done=done,
             )
 
     def _worker_stats(self, slot: int, r: _WorkerRecord, now: float) -> WorkerStats:

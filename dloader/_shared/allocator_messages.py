@@ -223,6 +223,8 @@ class NodeJobReport:
     """The node's model of the job's input pipeline there (empty: none yet)."""
     remote_cores_max: float = 0.0
     """The most CPU-pool cores the job's loaders on the node can use (0: none)."""
+    done: float = 0.0
+    """The share of its declared epochs done, as its loaders there report it (0: none)."""
 
     def to_pb(self) -> allocator_pb2.NodeJobReport:
         """As a ``dloader.v1.NodeJobReport``."""
@@ -234,6 +236,7 @@ class NodeJobReport:
             gradient=self.gradient.to_pb() if self.gradient else None,
             input_curve=_curve_pb(self.input_curve),
             remote_cores_max=self.remote_cores_max,
+            done=self.done,
         )
 
     @classmethod
@@ -247,6 +250,7 @@ class NodeJobReport:
             _gradient_of(m),
             _curve_of(m.input_curve, "jobs.input_curve"),
             finite_within("jobs.remote_cores_max", m.remote_cores_max, 0.0, MAX_CORES),
+            finite_within("jobs.done", m.done, 0.0, 1.0),
         )
 
 

@@ -111,17 +111,19 @@ class JobReport:
     window_seconds: float
     samples: int
     workers: tuple[WorkerReport, ...] = ()
+    done: float = 0.0
+    """The share of its declared epochs done (``DataLoader(epochs=N)``; 0: none declared)."""
 
     @classmethod
     def from_stats(cls, stats: Any, timestamp: float) -> JobReport:
         """From a loader's ``dloader.LoaderStats`` (whose fields carry the same names; this
         module imports nothing of the loader's, so it takes the object as it is)."""
-        names = [
-            f.name for f in fields(cls) if f.name not in ("timestamp", "batch_size", "workers")
-        ]
+        own = ("timestamp", "batch_size", "workers", "done")
+        names = [f.name for f in fields(cls) if f.name not in own]
         return cls(
             timestamp=timestamp,
             batch_size=stats.batch_size or 1,
+            done=stats.done or 0.0,
             workers=tuple(WorkerReport.from_stats(w) for w in stats.workers if not w.remote),
             **{name: getattr(stats, name) for name in names},
         )
@@ -163,6 +165,7 @@ class JobReport:
             window_seconds=m.window_seconds,
             samples=m.samples,
             workers=tuple(WorkerReport.from_pb(w) for w in m.workers),
+            done=m.done,
         )
 
 

@@ -436,9 +436,7 @@ class AllocatorCore:
     ) -> None:
         """Adds measurements (refitting the model), replaces gradient statistics, priority or
         the share of its declared work done (``done``, (0, 1]; 0: unchanged)."""
-        self.apply_update(
-            self.stage_update(job_id, measurements, gradient, priority, token, done)
-        )
+        self.apply_update(self.stage_update(job_id, measurements, gradient, priority, token, done))
 
     def complete(self, job_id: str, failed: bool = False, token: str = "") -> None:
         """Ends a job and frees its GPUs (an operator, or the holder of the job's token)."""
@@ -470,8 +468,8 @@ class AllocatorCore:
         self._wake.set()
 
     def report_node(self, node_id: str, free: int, jobs: Sequence[NodeJobReport]) -> None:
-        """A node's usable GPUs and, per job on it, samples/s, batch, measurements, gradient;
-        nodes and operators only."""
+        """A node's usable GPUs and, per job on it, samples/s, batch, measurements, gradient,
+        share of its declared epochs done; nodes and operators only."""
         require(Role.NODE, "ReportNode")
         node = self.nodes.get(node_id)
         if len(jobs) > MAX_JOBS_PER_REPORT:
@@ -490,6 +488,8 @@ class AllocatorCore:
                 job.input = InputModel.of(r.input_curve)
             if r.remote_cores_max or node_id in job.remote_max:
                 job.remote_max[node_id] = r.remote_cores_max
+            if r.done:  # checked on arrival (NodeJobReport.from_pb)
+                job.done = r.done
             if r.measurements or r.gradient is not None:
                 # a node reports for the jobs on it: its role, not the job's token, allows it
                 self.apply_update(self._staged(job, r.measurements, r.gradient))

@@ -190,8 +190,9 @@ class AllocatorLink:
                 )
 
     def report(self) -> pb.ReportNodeRequest:
-        """This node's report: usable GPUs, and its allocator-managed jobs' throughput and
-        input curves (each job's loaders found by its key's digest)."""
+        """This node's report: usable GPUs, and its allocator-managed jobs' throughput, input
+        curves and share of their declared epochs done, the mean over their ranks here (each
+        job's loaders found by its key's digest)."""
         settings = self.core.settings
         jobs = []
         for digest, (job_id, _) in sorted(self.managed.items(), key=lambda kv: kv[1][0]):
@@ -203,8 +204,11 @@ class AllocatorLink:
                 [j.model for j in ranks], settings.cpu_budget, settings.worker_budget
             )
             remote = float(sum(j.record.limits.max_remote_workers for j in ranks))
+            done = sum(j.last_report.done for j in ranks if j.last_report) / len(ranks)
             jobs.append(
-                NodeJobReport(job_id, rate, input_curve=curve, remote_cores_max=remote).to_pb()
+                NodeJobReport(
+                    job_id, rate, input_curve=curve, remote_cores_max=remote, done=done
+                ).to_pb()
             )
         return pb.ReportNodeRequest(node_id=self.node_id, free_gpus=self.gpus, jobs=jobs)
 

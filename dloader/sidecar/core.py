@@ -533,6 +533,7 @@ class NodeCore:
         finite_within("idle_share", r.idle_share, 0, 1)
         finite_within("step_seconds", r.step_seconds, 0, 86400)
         finite_within("window_seconds", r.window_seconds, 0, 86400)
+        finite_within("done", r.done, 0, 1)
         if len(r.workers) > _MAX_WORKERS:
             raise InvalidArgument("workers", f"{len(r.workers)} entries: at most {_MAX_WORKERS}")
         for i, w in enumerate(r.workers):

@@ -159,7 +159,7 @@ class RegisterNodeResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeJobReport(_message.Message):
-    __slots__ = ("job_id", "samples_per_second", "batch_size", "measurements", "gradient", "input_curve", "remote_cores_max")
+    __slots__ = ("job_id", "samples_per_second", "batch_size", "measurements", "gradient", "input_curve", "remote_cores_max", "done")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,7 @@ class NodeJobReport(_message.Message):
     GRADIENT_FIELD_NUMBER: _ClassVar[int]
     INPUT_CURVE_FIELD_NUMBER: _ClassVar[int]
     REMOTE_CORES_MAX_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     samples_per_second: float
     batch_size: int
@@ -174,7 +175,8 @@ class NodeJobReport(_message.Message):
     gradient: GradientStats
     input_curve: _containers.RepeatedCompositeFieldContainer[InputPoint]
     remote_cores_max: float
-    def __init__(self, job_id: _Optional[str] = ..., samples_per_second: _Optional[float] = ..., batch_size: _Optional[int] = ..., measurements: _Optional[_Iterable[_Union[Measurement, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., input_curve: _Optional[_Iterable[_Union[InputPoint, _Mapping]]] = ..., remote_cores_max: _Optional[float] = ...) -> None: ...
+    done: float
+    def __init__(self, job_id: _Optional[str] = ..., samples_per_second: _Optional[float] = ..., batch_size: _Optional[int] = ..., measurements: _Optional[_Iterable[_Union[Measurement, _Mapping]]] = ..., gradient: _Optional[_Union[GradientStats, _Mapping]] = ..., input_curve: _Optional[_Iterable[_Union[InputPoint, _Mapping]]] = ..., remote_cores_max: _Optional[float] = ..., done: _Optional[float] = ...) -> None: ...
 
 class ReportNodeRequest(_message.Message):
     __slots__ = ("node_id", "free_gpus", "jobs")

@@ -65,7 +65,7 @@ class WorkerReport(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., fetch_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., batches: _Optional[int] = ..., run_delay_seconds: _Optional[float] = ...) -> None: ...
 
 class JobReport(_message.Message):
-    __slots__ = ("job_id", "token", "timestamp", "num_workers", "batch_size", "samples_per_second", "idle_share", "step_seconds", "wait_seconds", "window_seconds", "samples", "workers")
+    __slots__ = ("job_id", "token", "timestamp", "num_workers", "batch_size", "samples_per_second", "idle_share", "step_seconds", "wait_seconds", "window_seconds", "samples", "workers", "done")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class JobReport(_message.Message):
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     token: str
     timestamp: float
@@ -90,7 +91,8 @@ class JobReport(_message.Message):
     window_seconds: float
     samples: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerReport]
-    def __init__(self, job_id: _Optional[str] = ..., token: _Optional[str] = ..., timestamp: _Optional[float] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., idle_share: _Optional[float] = ..., step_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., window_seconds: _Optional[float] = ..., samples: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerReport, _Mapping]]] = ...) -> None: ...
+    done: float
+    def __init__(self, job_id: _Optional[str] = ..., token: _Optional[str] = ..., timestamp: _Optional[float] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., idle_share: _Optional[float] = ..., step_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., window_seconds: _Optional[float] = ..., samples: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerReport, _Mapping]]] = ..., done: _Optional[float] = ...) -> None: ...
 
 class ReportSummary(_message.Message):
     __slots__ = ("accepted",)

@@ -32,6 +32,7 @@ class FakeLoader:
             wait_seconds=0.0,
             window_seconds=1.0 if batches else 0.0,
             samples=8 * batches,
+            done=None,
             batches=batches,
             workers=(),
         )

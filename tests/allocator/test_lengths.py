@@ -3,6 +3,7 @@ GPU-seconds it still needs (``goodput-dp``), in the policy, the simulator and th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -147,3 +148,50 @@ def test_the_service_takes_a_jobs_share_done_from_its_update(tmp_path: Path) -> 
         with pytest.raises(InvalidArgument, match=r"^done: "):
             c.update("a", [], done=bad)
     assert c.jobs["a"].done == 0.25
+
+
+def test_a_loaders_declared_epochs_reach_the_allocator_through_its_sidecar(
+    tmp_path: Path,
+) -> None:
+    """``DataLoader(epochs=N)`` -> its report (``done``) -> the node's report of the job (the
+    mean over its ranks there) -> the allocator's view of the job; each hop checks the share."""
+    import os
+
+    from dloader._shared.allocator_messages import (
+        Allocation,
+        AllocationSet,
+        NodeJobReport,
+        job_key,
+        key_digest,
+    )
+    from dloader._shared.client import Endpoint
+    from dloader._shared.node_messages import JobReport, Registration
+    from dloader.sidecar.allocator_link import AllocatorLink
+    from dloader.sidecar.config import PolicySettings
+    from dloader.sidecar.core import NodeCore
+    from dloader.sidecar.store import SidecarStore
+
+    node = NodeCore(SidecarStore(tmp_path / "n.db"), PolicySettings("even", 8, 2, 60.0))
+    key = job_key("the job's token")
+    ranks = [
+        node.register(Registration("train", (os.getpid(),), 1, 32, job_key=key)) for _ in range(2)
+    ]
+    link = AllocatorLink(node, Endpoint.of("unix:///nowhere.sock"), node_id="n0", gpus=4)
+    a = Allocation("a", 2, {"n0": 2}, 64, "ok", key_digest=key_digest(key))
+    link.apply(AllocationSet(1, False, "goodput-dp", (a,)))
+    for rank, done in zip(ranks, (0.25, 0.35), strict=True):
+        node.report(rank, JobReport(0.0, 1, 32, 100.0, 0.0, 0.1, 0.0, 1.0, 100, done=done))
+    with pytest.raises(InvalidArgument, match=r"^done: "):
+        node.report(ranks[0], JobReport(0.0, 1, 32, 100.0, 0.0, 0.1, 0.0, 1.0, 100, done=1.5))
+    (sent,) = link.report().jobs
+    assert sent.done == pytest.approx(0.3)
+
+    c = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
+    c.register_node("n0", 4)
+    c.submit(JobSpec(job_id="a", batch_size=64, max_batch_size=64, max_gpus=2, scaling=SCALING))
+    c.report_node("n0", 4, [NodeJobReport.from_pb(sent)])
+    assert c._inputs().states[0].done == pytest.approx(0.3)
+    c.report_node("n0", 4, [NodeJobReport("a", 1.0)])  # 0: nothing new
+    assert c.jobs["a"].done == pytest.approx(0.3)
+    with pytest.raises(InvalidArgument, match=r"^jobs\.done: "):
+        NodeJobReport.from_pb(NodeJobReport("a", 1.0, done=math.nan).to_pb())

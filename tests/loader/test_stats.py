@@ -147,3 +147,30 @@ def test_a_sleeping_worker_waits_for_no_cpu() -> None:
     del it
     assert w.window_run_delay_seconds is not None
     assert w.window_run_delay_seconds < 0.2 * w.window_fetch_seconds
+
+
+def test_the_share_of_the_declared_epochs_done() -> None:
+    """``epochs=N``: ``done`` counts the epochs before this one and this one's batches over its
+    length, also across a break, and for an iterable dataset (whose epoch counts
+    when it ends); without it, None; a bad count is refused."""
+    loader = dloader.DataLoader(D.Range(100), batch_size=10, epochs=4)
+    assert loader.stats().done == 0.0
+    for i, _ in enumerate(loader):
+        if i == 4:  # five batches of ten in the first of four epochs
+            assert loader.stats().done == pytest.approx(0.125)
+    assert loader.stats().done == pytest.approx(0.25)
+    it = iter(loader)
+    next(it), next(it)
+    del it  # a break two batches into the second epoch
+    assert loader.stats().done == pytest.approx(0.3)
+    for _ in range(3):
+        for _ in loader:
+            pass
+    assert loader.stats().done == 1.0  # never more, even past the declared epochs
+    stream = dloader.DataLoader(D.Sharded(30), batch_size=10, epochs=2)
+    for i, _ in enumerate(stream):
+        assert stream.stats().done == 0.0, i
+    assert stream.stats().done == 0.5
+    assert dloader.DataLoader(D.Range(10)).stats().done is None
+    with pytest.raises(ValueError, match="epochs=0 must be >= 1"):
+        dloader.DataLoader(D.Range(10), epochs=0)

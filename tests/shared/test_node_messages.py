@@ -30,3 +30,13 @@ def test_a_report_carries_each_local_workers_window_and_leaves_out_remote_ones()
     assert [(w.pid, w.fetch_seconds, w.cpu_seconds, w.batches, w.run_delay_seconds)
             for w in r.workers] == [(101, 0.3, 0.2, 9, 0.05), (102, 0.7, 0.1, 1, None)]  # fmt: skip
     assert (r.num_workers, r.batch_size, r.samples_per_second) == (2, 32, 128.0)
+
+
+def test_a_report_carries_the_share_of_the_declared_epochs_done() -> None:
+    from dataclasses import replace
+
+    assert JobReport.from_stats(stats(), 1.0).done == 0.0  # none declared
+    r = JobReport.from_stats(replace(stats(), done=0.4), 1.0)
+    assert r.done == 0.4
+    assert JobReport.from_pb(r.to_pb("j", "t")).done == 0.4
+    assert JobReport.from_json(r.to_json()).done == 0.4
