@@ -61,7 +61,7 @@ from dloader.integrations._sharding import (
 __all__ = ["AcceleratedDataLoader", "prepare", "prepare_data_loader", "skip_first_batches"]
 
 # dloader's own constructor arguments, carried over to the prepared loader
-_DLOADER_ARGS = ("min_workers", "max_workers", "batch_size_range")
+_DLOADER_ARGS = ("min_workers", "max_workers", "batch_size_range", "epochs")
 
 
 class AcceleratedDataLoader(DataLoader[Any], DataLoaderStateMixin):

@@ -26,6 +26,7 @@ Evaluation and test loaders stay the Trainer's own (their speed rarely matters a
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,13 +61,17 @@ class DLoaderTrainer(Trainer):
 
     Args:
         dloader_options: dloader's own arguments for the training loader (``min_workers``,
-            ``max_workers``, ``batch_size_range``, ``sidecar``, ``job_name``, ...).
+            ``max_workers``, ``batch_size_range``, ``sidecar``, ``job_name``, ...). ``epochs``
+            (the job's declared length, which the sidecar forwards to the cluster allocator)
+            defaults to ``num_train_epochs`` rounded up where no ``max_steps`` is set.
         *args, **kwargs: the Trainer's.
     """
 
     def __init__(self, *args: Any, dloader_options: dict[str, Any] | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.dloader_options = dict(dloader_options or {})
+        if self.args.max_steps <= 0 and self.args.num_train_epochs > 0:
+            self.dloader_options.setdefault("epochs", math.ceil(self.args.num_train_epochs))
         self.train_loader: Any = None  # the AcceleratedDataLoader, once built
 
     def get_train_dataloader(self) -> Any:

@@ -78,8 +78,9 @@ def test_hf_trainer_trains_on_dloader_and_resumes_exactly(tmp_path: Path) -> Non
         assert mine[1] is True  # the training loader was a dloader.DataLoader
         assert mine[0] == own[0] and len(mine[0]) == 14  # 2 epochs x ceil(38 / 6) steps
         assert mine[2] == own[2]  # trained weight
+        assert mine[3] == 1.0  # its 2 declared epochs (num_train_epochs) done
         first, resumed = r["first"], r["resumed"]
-        assert len(first[0]) == 9
+        assert len(first[0]) == 9 and first[3] is None  # max_steps: no epochs declared
         assert first[0] + resumed[0] == mine[0]
         assert resumed[2] == pytest.approx(mine[2], abs=1e-6)
     for epoch in range(2):

@@ -80,7 +80,9 @@ def run(cls: type, out: Path, name: str, resume: bool = False, **overrides: Any)
     )
     trainer.train(resume_from_checkpoint=resume or None)
     loader = getattr(trainer, "train_loader", None)
-    return model.seen, isinstance(loader, dloader.DataLoader), model.linear.weight.item()
+    mine = isinstance(loader, dloader.DataLoader)
+    done = loader.stats().done if mine else None  # type: ignore[union-attr]
+    return model.seen, mine, model.linear.weight.item(), done
 
 
 def main() -> None:
