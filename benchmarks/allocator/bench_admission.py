@@ -8,7 +8,9 @@ online learning, unlimited cores (the setting of #48's comparison). Workloads: P
 ``--jitter-s`` seconds (:func:`dloader.allocator.traces.jitter_arrivals`, seed = the jitter's
 index). Arms: ``goodput-dp-fifo`` (first-come admission: ``fifo``), ``goodput-dp`` (``las``
 admission) at each threshold of ``--thresholds`` (``las@T``, GPU-seconds), and the peers of
-``--peers`` (``pollux``: its genetic search makes it the slow arm).
+``--peers`` (``pollux``: its genetic search makes it the slow arm). With ``--declared-lengths
+SIGMA`` every job declares its length (its true one times ``exp(N(0, SIGMA))``), which the
+``goodput-dp`` arms weigh and the peer ``goodput-dp-no-lengths`` ignores.
 
 Per ratio (an ``las`` arm over ``fifo`` or a peer; average JCT, p99 JCT, makespan): the median
 over all scenarios with a 95% interval (a bootstrap that resamples workloads, keeping each
@@ -17,6 +19,8 @@ over its jitters). Restarts per job for every arm.
 
     python -m benchmarks.allocator.bench_admission                 # ~2.5 h on 2 cores
     python -m benchmarks.allocator.bench_admission --philly 16 --peers '' --thresholds 450,900,1800
+    python -m benchmarks.allocator.bench_admission --declared-lengths 0 \\
+        --peers goodput-dp-no-lengths
 
 Prints the tables, writes ``bench_admission.json`` and ``bench_admission.png``.
 """
