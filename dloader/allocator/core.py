@@ -420,7 +420,8 @@ class AllocatorCore:
         job = self.get(staged.job_id)
         refit = staged.model is not job.model
         job.spec, job.model, job.noise = staged.spec, staged.model, staged.noise
-        job.done = staged.done
+        if staged.done is not None and staged.done != job.done:
+            job.report_done(staged.done)
         self.store.update_spec(
             job.job_id, job.spec.to_json(), _model_json(job.model) if refit else None
         )
@@ -489,7 +490,7 @@ class AllocatorCore:
             if r.remote_cores_max or node_id in job.remote_max:
                 job.remote_max[node_id] = r.remote_cores_max
             if r.done:  # checked on arrival (NodeJobReport.from_pb)
-                job.done = r.done
+                job.report_done(r.done)
             if r.measurements or r.gradient is not None:
                 # a node reports for the jobs on it: its role, not the job's token, allows it
                 self.apply_update(self._staged(job, r.measurements, r.gradient))

@@ -111,8 +111,17 @@ class SubmittedJob:
     counted_at: float | None = None
     """The clock time its GPU-seconds were last counted (None: not yet)."""
     done: float | None = None
-    """The share of its declared work done, as it last reported (UpdateJob ``done``; None:
-    never reported; not stored, as :attr:`attained_gpu_s`)."""
+    """The share of its declared work done, as it last reported (UpdateJob ``done``, or its
+    nodes' reports; None: never reported; not stored, as :attr:`attained_gpu_s`)."""
+    done_origin: tuple[float, float] = (0.0, 0.0)
+    """(GPU-seconds, share done) at its first report of a share done (``JobState.done_origin``:
+    it may have resumed from a checkpoint, or this service restarted)."""
+
+    def report_done(self, done: float) -> None:
+        """Takes the share of its declared work done (checked by the caller)."""
+        if self.done is None:
+            self.done_origin = (self.attained_gpu_s, done)
+        self.done = done
 
     def count_service(self, now: float) -> None:
         """Adds the GPU-seconds of its placement since the last count (the ``las`` admission
@@ -154,6 +163,7 @@ class SubmittedJob:
             remote_max=sum(self.remote_max.get(n, 0.0) for n in self.placement),
             attained_gpu_s=self.attained_gpu_s,
             done=self.done,
+            done_origin=self.done_origin,
         )
 
 

@@ -54,6 +54,10 @@ def test_remaining_gpu_seconds_extrapolate_the_share_done(apps) -> None:
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(AllocatorError, match="done="):
             _job(apps, "a", bad)
+    # from where its share was first known: 1,000 GPU-s for 0.5 -> 0.75, so 1,000 more
+    resumed = replace(_job(apps, "a", 0.75, served=1_500.0), done_origin=(500.0, 0.5))
+    assert resumed.remaining_gpu_s == pytest.approx(1_000.0)
+    assert replace(resumed, done=0.5).remaining_gpu_s is None  # nothing done since
 
 
 def test_the_job_nearer_done_gets_more_gpus_and_undeclared_jobs_are_as_before(apps) -> None:
@@ -148,6 +152,29 @@ def test_the_service_takes_a_jobs_share_done_from_its_update(tmp_path: Path) -> 
         with pytest.raises(InvalidArgument, match=r"^done: "):
             c.update("a", [], done=bad)
     assert c.jobs["a"].done == 0.25
+
+
+def test_the_service_extrapolates_from_a_jobs_first_reported_share(tmp_path: Path) -> None:
+    """A job that resumed from a checkpoint (or a service that restarted, counting GPU-seconds
+    from 0 again) first reports a share already done: what it still needs is extrapolated from
+    the GPU-seconds and the share since then, not from all of it."""
+    now = [1000.0]
+    c = AllocatorCore(
+        AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60), clock=lambda: now[0]
+    )
+    c.register_node("n0", 1)
+    c.submit(JobSpec(job_id="a", batch_size=64, max_batch_size=64, max_gpus=1, scaling=SCALING))
+    c.decide()
+    now[0] += 100.0
+    c.decide()  # 100 GPU-seconds
+    c.update("a", [], done=0.5)  # resumed at half way
+    assert c._inputs().states[0].remaining_gpu_s is None
+    now[0] += 200.0
+    c.decide()
+    c.update("a", [], done=0.6)  # 200 GPU-s for 0.1: 800 more for the last 0.4
+    state = c._inputs().states[0]
+    assert state.done_origin == (100.0, 0.5)
+    assert state.remaining_gpu_s == pytest.approx(800.0)
 
 
 def test_a_loaders_declared_epochs_reach_the_allocator_through_its_sidecar(

@@ -63,8 +63,12 @@ class JobState:
     its loaders have no remote workers configured)."""
     done: float | None = None
     """The share of the work it declared (its epochs or steps) that it has done, 0-1 (None: it
-    declared none). With :attr:`attained_gpu_s` it gives the GPU-seconds it still needs, which
-    a length-aware policy (``goodput-dp-lengths``) weighs."""
+    declared none). With :attr:`attained_gpu_s` it gives the GPU-seconds it still needs
+    (:attr:`remaining_gpu_s`), which ``goodput-dp`` weighs."""
+    done_origin: tuple[float, float] = (0.0, 0.0)
+    """(:attr:`attained_gpu_s`, :attr:`done`) when its share done was first known: a job that
+    resumed from a checkpoint, or a service that restarted and counts GPU-seconds from 0 again,
+    extrapolates from there."""
 
     def __post_init__(self) -> None:
         lo, hi = self.batch_range
@@ -96,11 +100,12 @@ class JobState:
 
     @property
     def remaining_gpu_s(self) -> float | None:
-        """The GPU-seconds it still needs, extrapolated from what its share done has cost so
-        far (None: it declared no length, or has not run yet)."""
-        if self.done is None or not self.done > 0 or not self.attained_gpu_s > 0:
+        """The GPU-seconds it still needs, extrapolated from what its share done has cost since
+        :attr:`done_origin` (None: it declared no length, or has not run since)."""
+        served, done = self.done_origin
+        if self.done is None or not self.done > done or not self.attained_gpu_s > served:
             return None
-        return self.attained_gpu_s * (1.0 - self.done) / self.done
+        return (self.attained_gpu_s - served) * (1.0 - self.done) / (self.done - done)
 
 
 @dataclass(frozen=True)
