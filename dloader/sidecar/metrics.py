@@ -23,6 +23,7 @@ _PER_JOB = {
     "workers": "Loader workers",
     "batch_size": "Batch size",
     "cpu_percent": "CPU of the job's process tree, 100/core",
+    "done": "Share of its declared epochs done (DataLoader(epochs=N); 0: none declared)",
 }
 
 
@@ -59,6 +60,7 @@ class Metrics(Collector):
             families["workers"].add_metric(lab, job.record.num_workers)
             families["batch_size"].add_metric(lab, job.record.batch_size)
             families["cpu_percent"].add_metric(lab, job.tree.cpu_percent if job.tree else 0.0)
+            families["done"].add_metric(lab, r.done if r else 0.0)
         yield from families.values()
         yield GaugeMetricFamily("dloader_node_jobs", "Registered jobs", value=len(jobs))
         yield GaugeMetricFamily(

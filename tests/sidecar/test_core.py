@@ -773,6 +773,10 @@ def test_metrics_are_read_from_the_core_when_scraped(tmp_path: Path) -> None:
     assert "dloader_node_jobs 1.0" in text
     assert f'dloader_job_samples_per_second{{job_id="{job.job_id}",name="a"}} 300.0' in text
     assert f'dloader_job_workers{{job_id="{job.job_id}",name="a"}} 2.0' in text
+    assert f'dloader_job_done{{job_id="{job.job_id}",name="a"}} 0.0' in text  # none declared
+    core.report(job, replace(report(2, 300.0), done=0.25))
+    text = generate_latest(metrics.registry).decode()
+    assert f'dloader_job_done{{job_id="{job.job_id}",name="a"}} 0.25' in text
     assert "dloader_node_cpu_percent 150.0" in text
     assert "dloader_node_normalized_throughput 0.5" in text
     core.deregister(job.job_id, job.record.token)
