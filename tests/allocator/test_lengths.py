@@ -222,3 +222,11 @@ def test_a_loaders_declared_epochs_reach_the_allocator_through_its_sidecar(
     assert c.jobs["a"].done == pytest.approx(0.3)
     with pytest.raises(InvalidArgument, match=r"^jobs\.done: "):
         NodeJobReport.from_pb(NodeJobReport("a", 1.0, done=math.nan).to_pb())
+
+
+def test_the_decision_says_how_a_declared_length_weighed(apps) -> None:
+    d = _dp().decide([_job(apps, "a", 0.9), _job(apps, "b", 0.1)], Cluster.uniform(1, 8))
+    assert d.reasons["a"].endswith("; x1.50 for its declared length (90% done)")
+    assert d.reasons["b"].endswith("; x0.67 for its declared length (10% done)")
+    plain = _dp().decide([_job(apps, "a", None), _job(apps, "b", None)], Cluster.uniform(1, 8))
+    assert not any("declared" in r for r in plain.reasons.values())

@@ -234,7 +234,18 @@ class DpPolicy:
         return out
 
     def decide(self, jobs: Sequence[JobState], cluster: Cluster) -> ClusterDecision:
-        jobs = self.weigh_lengths(self.line(jobs))
+        line = self.line(jobs)
+        weighed = self.weigh_lengths(line)
+        decision = self._decide_weighed(weighed, cluster)
+        reasons = {
+            j.job_id: decision.reasons[j.job_id]
+            + f"; x{w.priority / j.priority:.2f} for its declared length ({j.done:.0%} done)"
+            for j, w in zip(line, weighed, strict=True)
+            if w.priority != j.priority and j.job_id in decision.placements
+        }
+        return replace(decision, reasons={**decision.reasons, **reasons}) if reasons else decision
+
+    def _decide_weighed(self, jobs: Sequence[JobState], cluster: Cluster) -> ClusterDecision:
         if cluster.cpus is None:
             return self._decide(jobs, cluster)
         if not (self.cpu_aware and any(j.input is not None for j in jobs)):
