@@ -374,12 +374,13 @@ class AllocatorCore:
         done: float = 0.0,
     ) -> SubmittedJob:
         """The job as it would be after the update (refitted, checked), not yet applied: the
-        CPU-heavy half of :meth:`update`, which the servicer runs off the event loop."""
+        CPU-heavy half of :meth:`update`, which the servicer runs off the event loop. ``done``
+        is checked here and applied by :meth:`apply_update` (not carried in the staged copy,
+        whose share a node's report may outdate meanwhile)."""
         job = self.owned(job_id, token, "UpdateJob")
-        staged = self._staged(job, measurements, gradient, priority)
         if done:
-            staged = replace(staged, done=finite_within("done", done, 0.0, 1.0))
-        return staged
+            finite_within("done", done, 0.0, 1.0)
+        return self._staged(job, measurements, gradient, priority)
 
     def _staged(
         self,
@@ -415,13 +416,14 @@ class AllocatorCore:
                 )
         return staged
 
-    def apply_update(self, staged: SubmittedJob) -> None:
-        """Applies an update from :meth:`stage_update` (NOT_FOUND if the job ended meanwhile)."""
+    def apply_update(self, staged: SubmittedJob, done: float = 0.0) -> None:
+        """Applies an update from :meth:`stage_update` and the share ``done`` it checked (0:
+        unchanged); NOT_FOUND if the job ended meanwhile."""
         job = self.get(staged.job_id)
         refit = staged.model is not job.model
         job.spec, job.model, job.noise = staged.spec, staged.model, staged.noise
-        if staged.done is not None and staged.done != job.done:
-            job.report_done(staged.done)
+        if done:
+            job.report_done(done)
         self.store.update_spec(
             job.job_id, job.spec.to_json(), _model_json(job.model) if refit else None
         )
@@ -437,7 +439,8 @@ class AllocatorCore:
     ) -> None:
         """Adds measurements (refitting the model), replaces gradient statistics, priority or
         the share of its declared work done (``done``, (0, 1]; 0: unchanged)."""
-        self.apply_update(self.stage_update(job_id, measurements, gradient, priority, token, done))
+        staged = self.stage_update(job_id, measurements, gradient, priority, token, done)
+        self.apply_update(staged, done)
 
     def complete(self, job_id: str, failed: bool = False, token: str = "") -> None:
         """Ends a job and frees its GPUs (an operator, or the holder of the job's token)."""

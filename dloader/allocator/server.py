@@ -54,7 +54,7 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
             request.token,
             request.done,
         )
-        self.core.apply_update(staged)
+        self.core.apply_update(staged, request.done)
         return pb.UpdateJobResponse()
 
     async def CompleteJob(
