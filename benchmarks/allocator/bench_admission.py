@@ -43,7 +43,7 @@ from benchmarks.allocator import plots
 from benchmarks.allocator.bench_pool import workload
 from dloader.allocator import Cluster
 from dloader.allocator.policies import DpPolicy, make_policy
-from dloader.allocator.simulator import Simulator
+from dloader.allocator.simulator import MAX_DECLARED_SIGMA, Simulator
 from dloader.allocator.traces import jitter_arrivals
 
 PEERS = (
@@ -130,8 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("expected --philly >= 0, --jitter-seeds >= 1, --processes >= 1, --jobs >= 1")
     if not (0 <= args.jitter_s < 3600):
         p.error(f"--jitter-s={args.jitter_s}: expected seconds in [0, 3600)")
-    if args.declared_lengths is not None and not 0 <= args.declared_lengths <= 3:
-        p.error(f"--declared-lengths={args.declared_lengths}: expected a sigma in [0, 3]")
+    if args.declared_lengths is not None and not 0 <= args.declared_lengths <= MAX_DECLARED_SIGMA:
+        p.error(
+            f"--declared-lengths={args.declared_lengths}: expected a sigma in "
+            f"[0, {MAX_DECLARED_SIGMA:g}]"
+        )
     seed = random.randrange(1, 1 << 30) if args.seed is None else args.seed
     labels = [f"pollux-{w}" for w in pollux] + [f"philly-{seed + i}" for i in range(args.philly)]
     if not labels:

@@ -62,6 +62,8 @@ __all__ = ["LEARNING", "Learning", "SimJobResult", "SimResult", "Simulator"]
 Learning = Literal["online", "oracle"]
 #: How jobs' throughput models are learned (see :class:`Simulator`).
 LEARNING: tuple[Learning, ...] = ("online", "oracle")
+#: ``declared_lengths``: the largest log-normal error of a declared length (a factor of e**3).
+MAX_DECLARED_SIGMA = 3.0
 #: Before a job has run: throughput proportional to GPUs, the same at every batch size.
 _PRIOR = ScalingModel(ScalingParams(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0))
 
@@ -313,10 +315,10 @@ class Simulator:
             )
         self.pooled_cores = pooled_cores
         self.input_prior = input_prior
-        if declared_lengths is not None and not 0.0 <= declared_lengths <= 3.0:
+        if declared_lengths is not None and not 0.0 <= declared_lengths <= MAX_DECLARED_SIGMA:
             raise AllocatorError(
                 f"declared lengths (--declared-lengths) {declared_lengths}: expected a "
-                "log-normal sigma in [0, 3]"
+                f"log-normal sigma in [0, {MAX_DECLARED_SIGMA:g}]"
             )
         self.declared_lengths = declared_lengths
         #: Per (application, CPU profile), what its jobs' sidecars measured (one GPU's
