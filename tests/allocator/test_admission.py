@@ -160,15 +160,22 @@ def test_a_class_split_draws_image_language_and_speech_jobs_at_its_weights() -> 
             read_philly(PACKAGED_PHILLY, apps, num_jobs=10, seed=7, class_split=bad)
 
 
-def test_the_live_allocator_counts_each_jobs_gpu_seconds(tmp_path: Path) -> None:
-    """The service's jobs carry the GPU-seconds they held into the policy's view (``las`` and
-    ``pollux`` order by it): counted at each decision, for the GPUs held since the last."""
+def one_job_service(tmp_path: Path, gpus: int) -> tuple[AllocatorCore, list[float]]:
+    """A live allocator on a clock it is given (``now[0]``, from 1,000 s), one node ``n0`` of
+    ``gpus`` GPUs and one one-GPU job ``a``."""
     now = [1000.0]
     c = AllocatorCore(
         AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60), clock=lambda: now[0]
     )
-    c.register_node("n0", 2)
+    c.register_node("n0", gpus)
     c.submit(JobSpec(job_id="a", batch_size=64, max_batch_size=64, max_gpus=1, scaling=SCALING))
+    return c, now
+
+
+def test_the_live_allocator_counts_each_jobs_gpu_seconds(tmp_path: Path) -> None:
+    """The service's jobs carry the GPU-seconds they held into the policy's view (``las`` and
+    ``pollux`` order by it): counted at each decision, for the GPUs held since the last."""
+    c, now = one_job_service(tmp_path, 2)
     c.decide()
     assert c.jobs["a"].attained_gpu_s == 0.0 and c.jobs["a"].placement == {"n0": 1}
     now[0] += 120.0

@@ -20,6 +20,7 @@ from dloader.allocator.simulator import Simulator
 from dloader.allocator.store import AllocatorStore
 from dloader.allocator.traces import load_apps, read_workload
 from dloader.errors import InvalidArgument
+from tests.allocator.test_admission import one_job_service
 from tests.allocator.test_hostile import GOOD as SCALING
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pollux-sim"
@@ -140,9 +141,7 @@ def test_the_simulators_declared_errors_are_drawn_per_job_and_repeat(apps) -> No
 
 
 def test_the_service_takes_a_jobs_share_done_from_its_update(tmp_path: Path) -> None:
-    c = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
-    c.register_node("n0", 2)
-    c.submit(JobSpec(job_id="a", batch_size=64, max_batch_size=64, max_gpus=1, scaling=SCALING))
+    c, _ = one_job_service(tmp_path, 2)
     assert c._inputs().states[0].done is None
     c.update("a", [], done=0.25)
     assert c._inputs().states[0].done == 0.25
@@ -158,12 +157,7 @@ def test_the_service_extrapolates_from_a_jobs_first_reported_share(tmp_path: Pat
     """A job that resumed from a checkpoint (or a service that restarted, counting GPU-seconds
     from 0 again) first reports a share already done: what it still needs is extrapolated from
     the GPU-seconds and the share since then, not from all of it."""
-    now = [1000.0]
-    c = AllocatorCore(
-        AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60), clock=lambda: now[0]
-    )
-    c.register_node("n0", 1)
-    c.submit(JobSpec(job_id="a", batch_size=64, max_batch_size=64, max_gpus=1, scaling=SCALING))
+    c, now = one_job_service(tmp_path, 1)
     c.decide()
     now[0] += 100.0
     c.decide()  # 100 GPU-seconds
@@ -230,3 +224,16 @@ def test_the_decision_says_how_a_declared_length_weighed(apps) -> None:
     assert d.reasons["b"].endswith("; x0.67 for its declared length (10% done)")
     plain = _dp().decide([_job(apps, "a", None), _job(apps, "b", None)], Cluster.uniform(1, 8))
     assert not any("declared" in r for r in plain.reasons.values())
+
+
+def test_an_update_staged_before_a_nodes_report_does_not_undo_its_share(tmp_path: Path) -> None:
+    """UpdateJob is staged off the event loop and applied after: a node's report of a newer
+    share in between stands (the staged copy's older share is not written back)."""
+    from dloader._shared.allocator_messages import NodeJobReport
+
+    c, _ = one_job_service(tmp_path, 2)
+    c.update("a", [], done=0.25)
+    staged = c.stage_update("a", [], priority=2.0)
+    c.report_node("n0", 2, [NodeJobReport("a", 1.0, done=0.5)])
+    c.apply_update(staged)
+    assert c.jobs["a"].done == 0.5 and c.jobs["a"].spec.priority == 2.0
