@@ -412,6 +412,8 @@ class Allocation:
     """:func:`key_digest` of the job's key: what a node's sidecar ties its local jobs to."""
     remote_cpus: float = 0.0
     """Cores of the cluster's CPU pool for its remote loader workers (0: none)."""
+    done: float = 0.0
+    """The share of its declared work done when this was decided (0: none declared or done)."""
 
     def to_pb(self) -> allocator_pb2.Allocation:
         """As a ``dloader.v1.Allocation``."""
@@ -441,6 +443,7 @@ class Allocation:
             max(m.accumulation_steps, 1),
             m.key_digest,
             m.remote_cpus,
+            m.done,
         )
 
 

@@ -616,6 +616,7 @@ class AllocatorCore:
                     steps,
                     _digest_of(job.token),
                     job.remote_cpus if jid not in rec else 0.0,
+                    job.done or 0.0,
                 )
             )
         return AllocationSet(

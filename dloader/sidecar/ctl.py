@@ -46,6 +46,7 @@ def jobs_table(jobs: list[pb.JobStatus], title: str = "jobs") -> Table:
         "idle",
         "CPU %",
         "RSS MB",
+        "done",
         "last report",
         "why",
     ):
@@ -65,6 +66,7 @@ def jobs_table(jobs: list[pb.JobStatus], title: str = "jobs") -> Table:
             f"{j.idle_share:.0%}",
             f"{j.cpu_percent:.0f}",
             f"{j.rss_bytes / 2**20:,.0f}",
+            f"{j.done:.0%}" if j.done else "-",
             f"{j.last_report_age_seconds:.0f}s ago",
             j.directive.reason,
         )

@@ -98,6 +98,7 @@ class NodeServicer(pb_grpc.NodeServiceServicer):
             rss_bytes=tree.rss_bytes if tree else 0,
             last_report_age_seconds=self.core.report_age(job),
             directive=job.directive.to_pb(job.job_id),
+            done=r.done if r else 0.0,
         )
 
     async def GetNodeStatus(

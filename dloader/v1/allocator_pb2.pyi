@@ -203,7 +203,7 @@ class NodeShare(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ..., cpus: _Optional[float] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("job_id", "gpus", "nodes", "batch_size", "reason", "queue_position", "rendezvous", "generation", "local_batch_size", "accumulation_steps", "key_digest", "remote_cpus")
+    __slots__ = ("job_id", "gpus", "nodes", "batch_size", "reason", "queue_position", "rendezvous", "generation", "local_batch_size", "accumulation_steps", "key_digest", "remote_cpus", "done")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +216,7 @@ class Allocation(_message.Message):
     ACCUMULATION_STEPS_FIELD_NUMBER: _ClassVar[int]
     KEY_DIGEST_FIELD_NUMBER: _ClassVar[int]
     REMOTE_CPUS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     gpus: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeShare]
@@ -228,7 +229,8 @@ class Allocation(_message.Message):
     accumulation_steps: int
     key_digest: str
     remote_cpus: float
-    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeShare, _Mapping]]] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., queue_position: _Optional[int] = ..., rendezvous: _Optional[str] = ..., generation: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accumulation_steps: _Optional[int] = ..., key_digest: _Optional[str] = ..., remote_cpus: _Optional[float] = ...) -> None: ...
+    done: float
+    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeShare, _Mapping]]] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., queue_position: _Optional[int] = ..., rendezvous: _Optional[str] = ..., generation: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accumulation_steps: _Optional[int] = ..., key_digest: _Optional[str] = ..., remote_cpus: _Optional[float] = ..., done: _Optional[float] = ...) -> None: ...
 
 class GetAllocationsRequest(_message.Message):
     __slots__ = ()

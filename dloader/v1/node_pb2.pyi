@@ -147,7 +147,7 @@ class ListJobsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job_id", "name", "limits", "pids", "num_workers", "batch_size", "samples_per_second", "idle_share", "accelerator_limit", "cpu_percent", "rss_bytes", "last_report_age_seconds", "directive")
+    __slots__ = ("job_id", "name", "limits", "pids", "num_workers", "batch_size", "samples_per_second", "idle_share", "accelerator_limit", "cpu_percent", "rss_bytes", "last_report_age_seconds", "directive", "done")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,7 @@ class JobStatus(_message.Message):
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     LAST_REPORT_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     limits: JobLimits
@@ -174,7 +175,8 @@ class JobStatus(_message.Message):
     rss_bytes: int
     last_report_age_seconds: float
     directive: Directive
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., limits: _Optional[_Union[JobLimits, _Mapping]] = ..., pids: _Optional[_Iterable[int]] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., idle_share: _Optional[float] = ..., accelerator_limit: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., last_report_age_seconds: _Optional[float] = ..., directive: _Optional[_Union[Directive, _Mapping]] = ...) -> None: ...
+    done: float
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., limits: _Optional[_Union[JobLimits, _Mapping]] = ..., pids: _Optional[_Iterable[int]] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., idle_share: _Optional[float] = ..., accelerator_limit: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., last_report_age_seconds: _Optional[float] = ..., directive: _Optional[_Union[Directive, _Mapping]] = ..., done: _Optional[float] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs",)

@@ -214,6 +214,8 @@ def test_a_loaders_declared_epochs_reach_the_allocator_through_its_sidecar(
     assert c._inputs().states[0].done == pytest.approx(0.3)
     c.report_node("n0", 4, [NodeJobReport("a", 1.0)])  # 0: nothing new
     assert c.jobs["a"].done == pytest.approx(0.3)
+    (shown,) = c.decide().allocations  # what GetAllocations serves
+    assert Allocation.from_pb(shown.to_pb()).done == pytest.approx(0.3)
     with pytest.raises(InvalidArgument, match=r"^jobs\.done: "):
         NodeJobReport.from_pb(NodeJobReport("a", 1.0, done=math.nan).to_pb())
 

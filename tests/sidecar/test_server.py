@@ -13,8 +13,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from rich.console import Console
 
 from dloader._daemon import MAX_MESSAGE_BYTES, ListenConfig
+from dloader.sidecar.ctl import jobs_table
 from dloader.sidecar.monitors import GpuInfo, GpuMonitor
 from dloader.v1 import node_pb2 as pb
 from tests._daemon import free_port
@@ -48,11 +50,15 @@ def test_register_report_list_explain(sidecar: Sidecar) -> None:
     job = register(sidecar.stub, os.getpid(), name="trainer")
     assert job.job_id and job.token and job.directive.num_workers >= 1
     summary = sidecar.stub.Report(
-        iter([report(job), report(job, samples_per_second=300.0)]), timeout=5
+        iter([report(job), report(job, samples_per_second=300.0, done=0.25)]), timeout=5
     )
     assert summary.accepted == 2
     jobs = sidecar.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs
     assert [j.name for j in jobs] == ["trainer"] and jobs[0].samples_per_second == 300.0
+    assert jobs[0].done == 0.25  # its declared epochs (DataLoader(epochs=N))
+    shown = Console(width=400, record=True)
+    shown.print(jobs_table(list(jobs)))
+    assert " 25% " in shown.export_text()
     explain = sidecar.stub.Explain(pb.ExplainRequest(job_id=job.job_id), timeout=5)
     assert explain.policy == "adaptive" and explain.reason
     status = sidecar.stub.GetNodeStatus(pb.GetNodeStatusRequest(), timeout=5)
