@@ -1,6 +1,7 @@
 """Integrations of dloader with launchers and frameworks: torchrun elastic resume
 (:mod:`.torchrun`), ``dloader-launch`` (:mod:`.launcher`), Hugging Face Accelerate
-(:mod:`.accelerate`) and Trainer (:mod:`.transformers`).
+(:mod:`.accelerate`) and Trainer (:mod:`.transformers`); for Lightning, a callback that declares
+the run's length (:mod:`.lightning`).
 
 They use dloader's public API (``dloader``, ``dloader.elastic``, ``dloader.errors``), what every
 client shares (``dloader._shared``: the typed messages, the client, the environment) and three

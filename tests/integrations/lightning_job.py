@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import Dataset
 
 import dloader
+from dloader.integrations.lightning import DeclareEpochs
 
 sys.path.insert(0, os.getcwd())  # torchrun runs in the repository root
 
@@ -71,11 +72,16 @@ class Model(L.LightningModule):
                 "max_workers": getattr(loader, "max_workers", None),
                 "sampler": type(loader.sampler).__name__,
                 "stats": loader.stats().batches >= 1,
+                "epochs": loader.epochs,
+                "first_done": loader.stats().done,
             }
         if batch_idx == self.resize_at:
             loader.resize(2)
             self.loader_info["resized_to"] = loader.num_workers
         return torch.nn.functional.mse_loss(self.linear(x), x)
+
+    def on_train_end(self) -> None:
+        self.loader_info["done"] = self.trainer.train_dataloader.stats().done
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -101,7 +107,7 @@ def main() -> None:
         max_epochs=1,
         max_steps=4 if args.phase == "save" else -1,
         use_distributed_sampler=not elastic,
-        callbacks=[every] if args.phase == "save" else [],
+        callbacks=[DeclareEpochs(), *([every] if args.phase == "save" else [])],
         enable_checkpointing=args.phase == "save",
         enable_progress_bar=False,
         enable_model_summary=False,

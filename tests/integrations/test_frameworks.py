@@ -114,6 +114,9 @@ def test_lightning_ddp_keeps_dloader_features(tmp_path: Path) -> None:
         assert r["loader"]["max_workers"] == 2
         assert r["loader"]["sampler"] == "DistributedSampler"
         assert r["loader"]["stats"] and r["loader"]["resized_to"] == 2
+        # DeclareEpochs: the trainer's max_epochs (1), done from its first batch to its end
+        assert r["loader"]["epochs"] == 1 and 0 < r["loader"]["first_done"] < 1
+        assert r["loader"]["done"] == 1.0
     seen = Counter(i for r in ranks for b in r["seen"] for i in b)
     assert sorted(seen) == list(range(60)) and set(seen.values()) == {1}
     assert ranks[0]["weight"] == ranks[1]["weight"]  # DDP kept the replicas equal
@@ -129,6 +132,7 @@ def test_lightning_elastic_sampler_resumes_mid_epoch_under_another_world_size(
     saved = _lightning(tmp_path, "save", 2)
     resumed = _lightning(tmp_path, "resume", 3)
     assert [len(r["seen"]) for r in saved] == [4, 4]  # 2 x 4 x 3 = 24 samples
+    assert all(r["loader"]["epochs"] is None for r in saved)  # max_steps: no length declared
     assert [len(r["seen"]) for r in resumed] == [4, 4, 4]  # the other 36 over 3 ranks
     seen = Counter(i for r in saved + resumed for b in r["seen"] for i in b)
     assert sorted(seen) == list(range(60)) and set(seen.values()) == {1}
