@@ -15,7 +15,7 @@ from dloader.allocator import AllocatorError, Cluster
 from dloader.allocator.config import Settings
 from dloader.allocator.core import AllocatorCore
 from dloader.allocator.policies import ClusterDecision, DpPolicy, JobState, Policy, make_policy
-from dloader.allocator.policies.dp import LENGTH_WEIGHT_MAX
+from dloader.allocator.policies.dp import LENGTH_WEIGHT_MAX, SHORT_LEFT_GPU_S
 from dloader.allocator.simulator import Simulator
 from dloader.allocator.store import AllocatorStore
 from dloader.allocator.traces import load_apps, read_workload
@@ -92,6 +92,25 @@ def test_the_weights_are_bounded_and_relative_to_the_lines_typical_job(apps) -> 
     assert [j.priority for j in policy.weigh_lengths(same)] == pytest.approx([1.0, 1.0])
     with pytest.raises(AllocatorError, match="length_power=-1"):
         DpPolicy("x", objective="goodput", fixed_batch=False, length_power=-1)
+
+
+def test_a_job_its_length_says_is_nearly_done_joins_the_first_queue(apps) -> None:
+    """The LAS line: served jobs (past the threshold) wait behind new ones, except one whose
+    declared length leaves it at most ``SHORT_LEFT_GPU_S``; ignoring lengths, it waits too."""
+    near = replace(_job(apps, "near", 0.9), arrival=2.0)  # 400 GPU-s left
+    far = replace(_job(apps, "far", 0.1), arrival=1.0)  # 32,400 left
+    mute = _job(apps, "mute", None)  # served, declared nothing
+    new = replace(_job(apps, "new", None, served=0.0), arrival=3.0)
+    jobs = [mute, far, near, new]
+    assert near.remaining_gpu_s is not None and near.remaining_gpu_s <= SHORT_LEFT_GPU_S
+    assert [j.job_id for j in _dp().line(jobs)] == ["near", "new", "mute", "far"]
+    blind = _dp("goodput-dp-no-lengths").line(jobs)
+    assert [j.job_id for j in blind] == ["new", "mute", "far", "near"]
+    # on a full cluster the nearly done job runs and the long one waits
+    d = _dp().decide([far, near, new], Cluster.uniform(1, 2))
+    assert set(d.placements) == {"near", "new"} and d.waiting == ("far",)
+    with pytest.raises(AllocatorError, match="short_left_gpu_s=-1"):
+        DpPolicy("x", objective="goodput", fixed_batch=False, short_left_gpu_s=-1)
 
 
 class _Recording:

@@ -16,7 +16,8 @@
   When not every job can have its fewest GPUs, the less served go first (two queues by
   attained GPU-seconds, with hysteresis and a restart budget: :meth:`.DpPolicy.line`). A job
   that declares its length (``JobState.done``: the share of its epochs done) is weighed by the
-  GPU-seconds it still needs, the nearer done the more (:meth:`.DpPolicy.weigh_lengths`).
+  GPU-seconds it still needs, the nearer done the more (:meth:`.DpPolicy.weigh_lengths`), and
+  joins the first queue when it needs at most ``SHORT_LEFT_GPU_S`` more.
 * ``goodput-dp-no-lengths``: ``goodput-dp`` ignoring declared lengths.
 * ``goodput-dp-fifo``: ``goodput-dp`` admitting first come, first served (before #48).
 * ``goodput-dp-parametric``: ``goodput-dp`` deciding on the parametric scaling model alone, as
@@ -64,7 +65,13 @@ weigh a restart by the job's age and restart count as Pollux does (``restart_mod
 from __future__ import annotations
 
 from dloader.allocator.optimizer import DEFAULT_HORIZON_S
-from dloader.allocator.policies.dp import LENGTH_POWER, REPLAN_MAX_SIZE, DpPolicy, RestartModel
+from dloader.allocator.policies.dp import (
+    LENGTH_POWER,
+    REPLAN_MAX_SIZE,
+    SHORT_LEFT_GPU_S,
+    DpPolicy,
+    RestartModel,
+)
 from dloader.allocator.policies.pollux import PolluxPolicy
 from dloader.allocator.policies.state import ClusterDecision, JobState, Policy
 from dloader.allocator.policies.static import StaticPolicy
@@ -147,5 +154,6 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
             bounded_sync=name != "goodput-dp-extrapolated",
             core_admission=name != "goodput-dp-no-core-admission",
             length_power=0.0 if name == "goodput-dp-no-lengths" else LENGTH_POWER,
+            short_left_gpu_s=0.0 if name == "goodput-dp-no-lengths" else SHORT_LEFT_GPU_S,
         )
     raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES)}")

@@ -40,6 +40,7 @@ __all__ = [
     "LAS_THRESHOLD_GPU_S",
     "LENGTH_POWER",
     "REPLAN_MAX_SIZE",
+    "SHORT_LEFT_GPU_S",
     "Admission",
     "DpPolicy",
     "RestartModel",
@@ -63,6 +64,13 @@ LAS_RESTART_BUDGET = 0.1
 #: "Declared lengths").
 LENGTH_POWER = 1.0
 LENGTH_WEIGHT_MAX = 1.5
+#: ``goodput-dp``'s ``short_left_gpu_s``: a job whose declared length leaves it at most this
+#: many GPU-seconds (one GPU-hour) is in the LAS line's first queue whatever it has attained.
+#: Attained service is the line's guess at who is short; a job that says how far it is needs no
+#: guess. Chosen on development draws (docs/benchmarks.md, "Declared lengths"): 4x the
+#: threshold gained 8-11% on the three most queued of them, 1x and 2x little, 8x and 16x
+#: about as much as 4x.
+SHORT_LEFT_GPU_S = 3_600.0
 
 
 class DpPolicy:
@@ -88,6 +96,7 @@ class DpPolicy:
         bounded_sync: bool = True,
         core_admission: bool = False,
         length_power: float = 0.0,
+        short_left_gpu_s: float = 0.0,
     ) -> None:
         """``cpu_aware``: with a cluster of limited cores, decide GPUs, batch sizes and cores
         together (:mod:`.cores`); else a node's cores go to its jobs in proportion to their
@@ -98,7 +107,9 @@ class DpPolicy:
         ``core_admission``: with ``cpu_aware``, a waiting CPU-hungry job waits while the jobs
         ahead of it need the cores it would need (:meth:`_core_queue`). ``length_power``: weigh
         each job whose length is declared by its remaining GPU-seconds to this power, against
-        the line's typical job (:meth:`weigh_lengths`; 0: lengths are not used)."""
+        the line's typical job (:meth:`weigh_lengths`; 0: lengths are not used).
+        ``short_left_gpu_s``: with ``las`` admission, a job whose declared length leaves it at
+        most this many GPU-seconds is in the first queue (:meth:`line`; 0: not used)."""
         if restart_model not in ("age", "horizon"):
             raise AllocatorError(f"restart_model={restart_model!r}: expected 'age' or 'horizon'")
         if admission not in ("fifo", "las"):
@@ -110,6 +121,11 @@ class DpPolicy:
             )
         if not 0.0 <= length_power <= 4.0:
             raise AllocatorError(f"length_power={length_power}: expected a number in [0, 4]")
+        if not 0.0 <= short_left_gpu_s < math.inf:
+            raise AllocatorError(
+                f"short_left_gpu_s={short_left_gpu_s}: expected a finite number >= 0"
+            )
+        self.short_left_gpu_s = short_left_gpu_s
         self.length_power = length_power
         self.per_node_model = per_node_model
         self.bounded_sync = bounded_sync
@@ -197,12 +213,18 @@ class DpPolicy:
         arrival. A running job of the second queue is placed behind the waiting first-queue
         jobs, and so preempted if they need its GPUs, only where one more restart keeps its
         restarts within ``restart_budget`` of its age; else it keeps its place in the first
-        queue."""
+        queue. A job whose declared length leaves it at most ``short_left_gpu_s`` GPU-seconds
+        (:attr:`.JobState.remaining_gpu_s`) is in the first queue however much it has had: a
+        nearly done job of a busy cluster does not wait behind every new job's first
+        ``las_threshold_gpu_s``."""
         if self.admission == "fifo":
             return list(jobs)
 
         def key(j: JobState) -> tuple[int, int, float, str]:
             served = j.attained_gpu_s >= self.las_threshold_gpu_s
+            if served and self.short_left_gpu_s:
+                left = j.remaining_gpu_s
+                served = left is None or left > self.short_left_gpu_s
             if served and j.placement and j.age_s is not None:
                 # a job restarted as often as its age allows is not preempted again
                 served = (j.restarts + 1) * j.restart_s <= self.restart_budget * j.age_s
