@@ -94,16 +94,17 @@ def test_the_weights_are_bounded_and_relative_to_the_lines_typical_job(apps) -> 
         DpPolicy("x", objective="goodput", fixed_batch=False, length_power=-1)
 
 
-def test_a_job_its_length_says_is_nearly_done_joins_the_first_queue(apps) -> None:
-    """The LAS line: served jobs (past the threshold) wait behind new ones, except one whose
-    declared length leaves it at most ``SHORT_LEFT_GPU_S``; ignoring lengths, it waits too."""
+def test_a_job_its_length_says_is_nearly_done_goes_before_the_other_served_jobs(apps) -> None:
+    """The LAS line: new jobs first, then a served job (past the threshold) whose declared
+    length leaves it at most ``SHORT_LEFT_GPU_S``, then the other served jobs; ignoring
+    lengths, it waits with them in arrival order."""
     near = replace(_job(apps, "near", 0.9), arrival=2.0)  # 400 GPU-s left
     far = replace(_job(apps, "far", 0.1), arrival=1.0)  # 32,400 left
     mute = _job(apps, "mute", None)  # served, declared nothing
     new = replace(_job(apps, "new", None, served=0.0), arrival=3.0)
     jobs = [mute, far, near, new]
     assert near.remaining_gpu_s is not None and near.remaining_gpu_s <= SHORT_LEFT_GPU_S
-    assert [j.job_id for j in _dp().line(jobs)] == ["near", "new", "mute", "far"]
+    assert [j.job_id for j in _dp().line(jobs)] == ["new", "near", "mute", "far"]
     blind = _dp("goodput-dp-no-lengths").line(jobs)
     assert [j.job_id for j in blind] == ["new", "mute", "far", "near"]
     # on a full cluster the nearly done job runs and the long one waits
