@@ -95,9 +95,10 @@ def test_the_weights_are_bounded_and_relative_to_the_lines_typical_job(apps) -> 
 
 
 def test_a_job_its_length_says_is_nearly_done_goes_before_the_other_served_jobs(apps) -> None:
-    """The LAS line: new jobs first, then a served job (past the threshold) whose declared
-    length leaves it at most ``SHORT_LEFT_GPU_S``, then the other served jobs; ignoring
-    lengths, it waits with them in arrival order."""
+    """The LAS line: new jobs first, then the running served jobs (past the threshold), then a
+    waiting served job whose declared length leaves it at most ``SHORT_LEFT_GPU_S``, then the
+    other waiting ones; ignoring lengths, it waits with them in arrival order. It preempts no
+    running job."""
     near = replace(_job(apps, "near", 0.9), arrival=2.0)  # 400 GPU-s left
     far = replace(_job(apps, "far", 0.1), arrival=1.0)  # 32,400 left
     mute = _job(apps, "mute", None)  # served, declared nothing
@@ -110,6 +111,11 @@ def test_a_job_its_length_says_is_nearly_done_goes_before_the_other_served_jobs(
     # on a full cluster the nearly done job runs and the long one waits
     d = _dp().decide([far, near, new], Cluster.uniform(1, 2))
     assert set(d.placements) == {"near", "new"} and d.waiting == ("far",)
+    # but a running long job keeps its GPU
+    running = replace(far, placement=(1,))
+    assert [j.job_id for j in _dp().line([near, running, new])] == ["new", "far", "near"]
+    d = _dp().decide([near, running, new], Cluster.uniform(1, 2))
+    assert set(d.placements) == {"far", "new"} and d.waiting == ("near",)
     with pytest.raises(AllocatorError, match="short_left_gpu_s=-1"):
         DpPolicy("x", objective="goodput", fixed_batch=False, short_left_gpu_s=-1)
 

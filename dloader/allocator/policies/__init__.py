@@ -17,8 +17,8 @@
   attained GPU-seconds, with hysteresis and a restart budget: :meth:`.DpPolicy.line`). A job
   that declares its length (``JobState.done``: the share of its epochs done) is weighed by the
   GPU-seconds it still needs, the nearer done the more (:meth:`.DpPolicy.weigh_lengths`), and
-  once served goes before the other served jobs when it needs at most ``SHORT_LEFT_GPU_S``
-  more.
+  once served and waiting goes before the other waiting served jobs when it needs at most
+  ``SHORT_LEFT_GPU_S`` more.
 * ``goodput-dp-no-lengths``: ``goodput-dp`` ignoring declared lengths.
 * ``goodput-dp-fifo``: ``goodput-dp`` admitting first come, first served (before #48).
 * ``goodput-dp-parametric``: ``goodput-dp`` deciding on the parametric scaling model alone, as

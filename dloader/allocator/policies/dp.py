@@ -64,12 +64,11 @@ LAS_RESTART_BUDGET = 0.1
 #: "Declared lengths").
 LENGTH_POWER = 1.0
 LENGTH_WEIGHT_MAX = 1.5
-#: ``goodput-dp``'s ``short_left_gpu_s``: a served job whose declared length leaves it at most
-#: this many GPU-seconds (one GPU-hour) goes before the other served jobs in the LAS line.
-#: Attained service is the line's guess at who is short; a job that says how far it is needs no
-#: guess. Chosen on development draws (docs/benchmarks.md, "Declared lengths"): 4x the
-#: threshold gained 8-11% on the three most queued of them, 1x and 2x little, 8x and 16x
-#: about as much as 4x.
+#: ``goodput-dp``'s ``short_left_gpu_s``: a waiting served job whose declared length leaves it
+#: at most this many GPU-seconds (one GPU-hour) goes before the other waiting served jobs in
+#: the LAS line. Attained service is the line's guess at who is short; a job that says how far
+#: it is needs no guess. Chosen on development draws (docs/benchmarks.md, "Declared lengths"):
+#: 4x the threshold gained the most, 1x and 2x little, 8x and 16x about as much as 4x.
 SHORT_LEFT_GPU_S = 3_600.0
 
 
@@ -108,9 +107,9 @@ class DpPolicy:
         ahead of it need the cores it would need (:meth:`_core_queue`). ``length_power``: weigh
         each job whose length is declared by its remaining GPU-seconds to this power, against
         the line's typical job (:meth:`weigh_lengths`; 0: lengths are not used).
-        ``short_left_gpu_s``: with ``las`` admission, a served job whose declared length leaves
-        it at most this many GPU-seconds goes before the other served jobs (:meth:`line`; 0:
-        not used)."""
+        ``short_left_gpu_s``: with ``las`` admission, a waiting served job whose declared length
+        leaves it at most this many GPU-seconds goes before the other waiting served jobs
+        (:meth:`line`; 0: not used)."""
         if restart_model not in ("age", "horizon"):
             raise AllocatorError(f"restart_model={restart_model!r}: expected 'age' or 'horizon'")
         if admission not in ("fifo", "las"):
@@ -214,10 +213,11 @@ class DpPolicy:
         arrival. A running job of the second queue is placed behind the waiting first-queue
         jobs, and so preempted if they need its GPUs, only where one more restart keeps its
         restarts within ``restart_budget`` of its age; else it keeps its place in the first
-        queue. Between the two, a queue of the served jobs whose declared length leaves them at
-        most ``short_left_gpu_s`` GPU-seconds (:attr:`.JobState.remaining_gpu_s`): a nearly
-        done job of a busy cluster does not wait behind every long one, and still lets new jobs
-        (which may be shorter yet) go first."""
+        queue. A waiting served job whose declared length leaves it at most ``short_left_gpu_s``
+        GPU-seconds (:attr:`.JobState.remaining_gpu_s`) goes right behind the running served
+        jobs, before the other waiting ones: a nearly done job of a busy cluster does not wait
+        behind every long one, and preempts none (new jobs, which may be shorter yet, still go
+        first)."""
         if self.admission == "fifo":
             return list(jobs)
 
@@ -225,7 +225,8 @@ class DpPolicy:
             queue = 0
             if j.attained_gpu_s >= self.las_threshold_gpu_s:
                 left = j.remaining_gpu_s if self.short_left_gpu_s else None
-                queue = 1 if left is not None and left <= self.short_left_gpu_s else 2
+                near = left is not None and left <= self.short_left_gpu_s
+                queue = 1 if j.placement or near else 2
                 # a running job restarted as often as its age allows is not preempted again
                 spent = j.age_s is not None and (j.restarts + 1) * j.restart_s > (
                     self.restart_budget * j.age_s
