@@ -13,10 +13,10 @@ Requires ``lightning`` (``pip install 'dloader-elastic[lightning]'``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
+from lightning_utilities.core.apply_func import apply_to_collection
 
 import dloader
 
@@ -53,23 +53,9 @@ class DeclareEpochs(Callback):
                 self.declared = None
                 return
             epochs = most
-        loaders = [
-            x
-            for x in _leaves(trainer.train_dataloader)
-            if isinstance(x, dloader.DataLoader) and x.epochs is None
-        ]
+        found: list[dloader.DataLoader] = []  # in what it holds: one, or a list or dict
+        apply_to_collection(trainer.train_dataloader, dloader.DataLoader, found.append)
+        loaders = [x for x in found if x.epochs is None]
         for loader in loaders:
             loader.epochs = epochs
         self.declared = epochs if loaders else None
-
-
-def _leaves(tree: object) -> Iterator[object]:
-    """The loaders in what ``Trainer.train_dataloader`` holds (one, or a list or dict)."""
-    if isinstance(tree, Mapping):
-        for v in tree.values():
-            yield from _leaves(v)
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            yield from _leaves(v)
-    elif tree is not None:
-        yield tree
