@@ -61,7 +61,7 @@ from dloader.allocator.jobs import (
 from dloader.allocator.nodes import DEFAULT_RENDEZVOUS_PORTS, Node, NodeRegistry
 from dloader.allocator.optimizer import Cluster
 from dloader.allocator.policies import JobState, Policy, make_policy
-from dloader.allocator.store import AllocatorStore, placement_of
+from dloader.allocator.store import AllocatorStore, placement_of, service_of
 from dloader.errors import (
     AlreadyExists,
     DLoaderError,
@@ -212,6 +212,7 @@ class AllocatorCore:
                     submitted_at=row.submitted_at,
                     owner=row.owner,
                 )
+                job.restore_service(service_of(row))
             except (ValueError, TypeError, KeyError, DLoaderError) as exc:
                 # one row that no longer validates must not keep the allocator down
                 store.set_aside(row.job_id)
@@ -571,6 +572,8 @@ class AllocatorCore:
                 job.placement, job.batch_size = new, batch if new else job.batch_size
                 applied.append((jid, job.placement, job.batch_size, job.generation, job.rendezvous))
         version = self._snapshot.version + 1
+        # the service counted for this decision (_inputs), so that a restart goes on from it
+        self.store.save_service([j.service() for j in inputs.jobs if self.jobs.get(j.job_id) is j])
         if changed:
             self.store.add_decisions(version, changed, dry, applied)
             for jid, g, new, b, why in changed:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from dloader._shared.allocator_messages import MAX_BATCH, GradientStats, JobSpec, check_scaling
 from dloader.allocator.optimizer import Cluster
 from dloader.allocator.policies import JobState, Policy
+from dloader.allocator.store import Service
 from dloader.errors import InvalidArgument, finite_within
 from dloader.predictor import (
     GradientNoise,
@@ -106,13 +107,13 @@ class SubmittedJob:
     remote_cpus: float = 0.0
     """Its cores of the CPU pool (the policy's last word)."""
     attained_gpu_s: float = 0.0
-    """GPU-seconds it has held, counted at each decision (:meth:`count_service`; not stored:
-    an allocator that restarts counts from 0 again)."""
+    """GPU-seconds it has held, counted at each decision (:meth:`count_service`; stored with
+    the decision, :meth:`service`: a restarted allocator goes on from there)."""
     counted_at: float | None = None
     """The clock time its GPU-seconds were last counted (None: not yet)."""
     done: float | None = None
     """The share of its declared work done, as it last reported (UpdateJob ``done``, or its
-    nodes' reports; None: never reported; not stored, as :attr:`attained_gpu_s`)."""
+    nodes' reports; None: never reported; stored, as :attr:`attained_gpu_s`)."""
     done_origin: tuple[float, float] = (0.0, 0.0)
     """(GPU-seconds, share done) at its first report of a share done (``JobState.done_origin``:
     it may have resumed from a checkpoint, or this service restarted)."""
@@ -131,6 +132,18 @@ class SubmittedJob:
         elif now > self.counted_at:  # a clock that steps back counts nothing, nor twice
             self.attained_gpu_s += sum(self.placement.values()) * (now - self.counted_at)
             self.counted_at = now
+
+    def service(self) -> Service:
+        """What it has had and done, as stored (:meth:`restore_service` takes it back)."""
+        return Service(
+            self.job_id, self.attained_gpu_s, self.counted_at, self.done, self.done_origin
+        )
+
+    def restore_service(self, s: Service) -> None:
+        """Takes back a stored :meth:`service`: the time since ``counted_at`` (the allocator
+        down, its allocations kept) is counted at the next decision, at the stored placement."""
+        self.attained_gpu_s, self.counted_at = s.attained_gpu_s, s.counted_at
+        self.done, self.done_origin = s.done, s.done_origin
 
     @property
     def job_id(self) -> str:

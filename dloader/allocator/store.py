@@ -21,7 +21,9 @@ __all__ = [
     "AllocatorStore",
     "JobRow",
     "NodeRow",
+    "Service",
     "placement_of",
+    "service_of",
 ]
 
 #: The schema, one migration per version (see :class:`dloader._daemon.SqliteState`).
@@ -72,6 +74,14 @@ CREATE INDEX IF NOT EXISTS jobs_completed ON jobs (completed_at);
     """
 ALTER TABLE nodes ADD COLUMN cpus REAL NOT NULL DEFAULT 0;
 """,
+    # 4: a job's service (attained GPU-seconds, share done) survives a restart
+    """
+ALTER TABLE jobs ADD COLUMN attained_gpu_s REAL NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN counted_at REAL;
+ALTER TABLE jobs ADD COLUMN done REAL;
+ALTER TABLE jobs ADD COLUMN done_origin_gpu_s REAL NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN done_origin REAL NOT NULL DEFAULT 0;
+""",
 )
 
 
@@ -97,6 +107,45 @@ class JobRow:
     """``host:port`` of its rendezvous while it spans nodes."""
     owner: str = ""
     """Who submitted it (``uid N`` or a TCP token's role; "": an operator)."""
+    attained_gpu_s: float = 0.0
+    counted_at: float | None = None
+    done: float | None = None
+    done_origin_gpu_s: float = 0.0
+    done_origin: float = 0.0
+    """Its service as last stored (:class:`Service`; checked by :func:`service_of`)."""
+
+
+@dataclass(frozen=True)
+class Service:
+    """What a job has had and done, stored at each decision so that a restarted allocator
+    neither serves the most served again as new (``las``, ``pollux``) nor forgets how far a
+    job that declared its length has come (:class:`dloader.allocator.jobs.SubmittedJob`)."""
+
+    job_id: str
+    attained_gpu_s: float
+    counted_at: float | None
+    done: float | None
+    done_origin: tuple[float, float]
+
+
+def service_of(row: JobRow) -> Service:
+    """A stored row's service; ``ValueError`` saying which value is wrong."""
+
+    def checked(name: str, v: object, most: float) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= most:
+            raise ValueError(f"{name} {v!r} is not a number in [0, {most}]")
+        return float(v)
+
+    return Service(
+        row.job_id,
+        checked("attained_gpu_s", row.attained_gpu_s, 1e15),
+        None if row.counted_at is None else checked("counted_at", row.counted_at, 1e15),
+        None if row.done is None else checked("done", row.done, 1.0),
+        (
+            checked("done_origin_gpu_s", row.done_origin_gpu_s, 1e15),
+            checked("done_origin", row.done_origin, 1.0),
+        ),
+    )
 
 
 def placement_of(text: str) -> dict[str, int]:
@@ -183,7 +232,8 @@ class AllocatorStore(SqliteState):
         """Jobs not completed, in submission order."""
         rows = self._exec(
             "SELECT job_id, seq, spec, submitted_at, placement, batch_size, model, token, "
-            "generation, rendezvous, owner FROM jobs WHERE completed_at IS NULL ORDER BY seq"
+            "generation, rendezvous, owner, attained_gpu_s, counted_at, done, done_origin_gpu_s, "
+            "done_origin FROM jobs WHERE completed_at IS NULL ORDER BY seq"
         )
         return [JobRow(*r) for r in rows]
 
@@ -233,6 +283,19 @@ class AllocatorStore(SqliteState):
                 "UPDATE jobs SET placement = ?, batch_size = ?, generation = ?, rendezvous = ? "
                 "WHERE job_id = ?",
                 [(json.dumps(p), b, g, rv, j) for j, p, b, g, rv in applied],
+            )
+            self._db.execute("COMMIT")
+
+    def save_service(self, rows: Sequence[Service]) -> None:
+        """Stores the jobs' service (:class:`Service`), in one transaction."""
+        if not rows:
+            return
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "UPDATE jobs SET attained_gpu_s = ?, counted_at = ?, done = ?, "
+                "done_origin_gpu_s = ?, done_origin = ? WHERE job_id = ?",
+                [(r.attained_gpu_s, r.counted_at, r.done, *r.done_origin, r.job_id) for r in rows],
             )
             self._db.execute("COMMIT")
 

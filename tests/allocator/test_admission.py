@@ -3,6 +3,7 @@ when not every job can have its fewest."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -188,6 +189,40 @@ def test_the_live_allocator_counts_each_jobs_gpu_seconds(tmp_path: Path) -> None
     now[0] += 80.0
     c.decide()
     assert c.jobs["a"].attained_gpu_s == pytest.approx(150.0)
+
+
+def test_a_restarted_allocator_goes_on_from_each_jobs_stored_service(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attained GPU-seconds and the share done are stored with each decision: a restarted
+    allocator does not see its most served job as new (``las`` would put it first again), and
+    the time it was down counts at the job's kept placement. A stored value that no longer
+    validates sets that job aside, by name."""
+    c, now = one_job_service(tmp_path, 2)
+    c.decide()
+    c.update("a", [], done=0.25)
+    now[0] += 120.0
+    c.decide()
+    c.store.close()
+    now[0] += 60.0  # down for a minute; the job kept its GPU
+    again = AllocatorCore(
+        AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60), clock=lambda: now[0]
+    )
+    job = again.jobs["a"]
+    assert (job.attained_gpu_s, job.done, job.done_origin) == (120.0, 0.25, (0.0, 0.25))
+    assert job.placement == {"n0": 1}
+    again.register_node("n0", 2)
+    again.decide()
+    assert again.jobs["a"].attained_gpu_s == pytest.approx(180.0)
+    (state,) = again._inputs().states
+    assert state.done == 0.25 and state.done_origin == (0.0, 0.25)
+    again.store._exec("UPDATE jobs SET done = 1.5 WHERE job_id = 'a'")
+    again.store.close()
+    with caplog.at_level(logging.ERROR, logger="dloader.allocator"):
+        third = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
+    assert "a" not in third.jobs
+    assert "done 1.5 is not a number in [0, 1.0]" in caplog.text
+    third.store.close()
 
 
 def test_durations_as_synergys_artifact_draws_them() -> None:
