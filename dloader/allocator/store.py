@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dloader._daemon import store as base
 from dloader._daemon.store import HISTORY_KEEP_S, SETTINGS_TABLE, SqliteState
+from dloader.errors import finite_within
 
 __all__ = [
     "MIGRATIONS",
@@ -129,21 +130,16 @@ class Service:
 
 
 def service_of(row: JobRow) -> Service:
-    """A stored row's service; ``ValueError`` saying which value is wrong."""
-
-    def checked(name: str, v: object, most: float) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= most:
-            raise ValueError(f"{name} {v!r} is not a number in [0, {most}]")
-        return float(v)
-
+    """A stored row's service; :class:`dloader.errors.InvalidArgument` naming the value that
+    is out of range."""
     return Service(
         row.job_id,
-        checked("attained_gpu_s", row.attained_gpu_s, 1e15),
-        None if row.counted_at is None else checked("counted_at", row.counted_at, 1e15),
-        None if row.done is None else checked("done", row.done, 1.0),
+        finite_within("attained_gpu_s", row.attained_gpu_s, 0.0, 1e15),
+        None if row.counted_at is None else finite_within("counted_at", row.counted_at, 0.0, 1e15),
+        None if row.done is None else finite_within("done", row.done, 0.0, 1.0),
         (
-            checked("done_origin_gpu_s", row.done_origin_gpu_s, 1e15),
-            checked("done_origin", row.done_origin, 1.0),
+            finite_within("done_origin_gpu_s", row.done_origin_gpu_s, 0.0, 1e15),
+            finite_within("done_origin", row.done_origin, 0.0, 1.0),
         ),
     )
 

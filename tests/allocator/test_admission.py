@@ -221,7 +221,7 @@ def test_a_restarted_allocator_goes_on_from_each_jobs_stored_service(
     with caplog.at_level(logging.ERROR, logger="dloader.allocator"):
         third = AllocatorCore(AllocatorStore(tmp_path / "a.db"), Settings(interval_s=60))
     assert "a" not in third.jobs
-    assert "done 1.5 is not a number in [0, 1.0]" in caplog.text
+    assert "done: 1.5 must be a finite number within [0.0, 1.0]" in caplog.text
     third.store.close()
 
 
