@@ -664,7 +664,11 @@ def test_a_probe_that_does_not_pay_is_undone_and_the_next_waits_longer(
     run(12)  # 2/2 measured and steady
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
-    run(6)  # the probe measures the same: it did not pay
+    run(6)  # the probe measures the same, short of its bar by less than the noise of a few
+    core.decide()  # windows (WINDOW_SPREAD): measured longer
+    assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
+    assert core.policy.truth.probed == pol.split_of({a.job_id: 3, b.job_id: 1})  # not judged
+    run(8)  # PROBE_WINDOWS windows (one each 2 s here): judged, it did not pay
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
     assert a.directive.reason.endswith("(a probe that did not pay)")
@@ -715,7 +719,7 @@ def test_the_models_cpu_bound_worker_more_on_a_full_node_is_on_trial(
     monkeypatch.setattr(measured_mod, "heavier", lambda *args: True)
     core, a, b, run, _ = moved_to_3_1(tmp_path, monkeypatch)  # the model insists on 3/1
     assert core.policy.truth.probed == pol.split_of({a.job_id: 3, b.job_id: 1})
-    run(6)  # measured the same as 2/2: a probe would not have paid
+    run(14)  # the same as 2/2 over PROBE_WINDOWS windows: a probe would not have paid
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
     assert a.directive.reason.endswith("(a probe that did not pay)")
@@ -751,7 +755,7 @@ def test_a_probe_is_held_against_the_models_proposal_until_measured(
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (3, 1)
     assert "measuring it" in a.decision.reason  # type: ignore[union-attr]
-    run(6)  # measured, the same as 2/2: it did not pay
+    run(12)  # measured, the same as 2/2 over PROBE_WINDOWS windows: it did not pay
     core.decide()
     assert (a.directive.num_workers, b.directive.num_workers) == (2, 2)
 

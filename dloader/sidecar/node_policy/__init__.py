@@ -68,7 +68,11 @@ pay, one worker at a time). On a node whose cores the model says are all taken, 
 give a CPU-bound job a worker less come first (more runnable threads than cores cost switching
 and the trainers' wait for a core, which the model's sharing does not see). A probe stays only
 if it measures better (such a lighter one: if it measures no worse; a tie goes to fewer
-threads); each that does not doubles the wait before the next. Measurements are forgotten after
+threads); each that does not doubles the wait before the next. Whether a difference is noise
+is judged from each job's window-to-window spread pooled over every split it was measured at
+(``WINDOW_SPREAD`` until its windows say otherwise), not from the two windows of each split;
+a probe that fails its bar by less than that noise is measured longer (up to
+``PROBE_WINDOWS`` windows) before it is judged. Measurements are forgotten after
 ``MEASURE_STALE_S`` (costs change), and all at once when a job measures unlike before at the
 same split beyond their usual spread (``MEASURE_CHANGED``, ``CHANGE_Z``: its costs, or a
 neighbour's, changed under it).
@@ -116,7 +120,9 @@ from dloader.sidecar.node_policy.measured import (
     PROBE_LOSS,
     PROBE_MAX_WAIT_S,
     PROBE_REACH,
+    PROBE_WINDOWS,
     RELEASE_LOSS,
+    WINDOW_SPREAD,
     MeasuredTruth,
     Measurements,
     Probe,
@@ -126,6 +132,7 @@ from dloader.sidecar.node_policy.measured import (
     same_jobs,
     show_split,
     split_of,
+    undecided,
 )
 from dloader.sidecar.node_policy.node import (
     CORES_STEP,
@@ -191,12 +198,14 @@ __all__ = [
     "PROBE_LOSS",
     "PROBE_MAX_WAIT_S",
     "PROBE_REACH",
+    "PROBE_WINDOWS",
     "RELEASE_LOSS",
     "SETTLE_S",
     "STEADY_AFTER",
     "STEADY_EVERY",
     "SURPRISE",
     "TARGET_CHANGE",
+    "WINDOW_SPREAD",
     "Budget",
     "Candidate",
     "CostChange",
@@ -234,4 +243,5 @@ __all__ = [
     "split_of",
     "steady_window",
     "trainer_weight",
+    "undecided",
 ]

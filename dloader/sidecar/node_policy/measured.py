@@ -33,7 +33,9 @@ __all__ = [
     "PROBE_LOSS",
     "PROBE_MAX_WAIT_S",
     "PROBE_REACH",
+    "PROBE_WINDOWS",
     "RELEASE_LOSS",
+    "WINDOW_SPREAD",
     "MeasuredTruth",
     "Measurements",
     "Probe",
@@ -43,6 +45,7 @@ __all__ = [
     "same_jobs",
     "show_split",
     "split_of",
+    "undecided",
 ]
 
 
@@ -55,8 +58,24 @@ MEASURE_WINDOWS = 2
 
 NOISE_Z = 2.0
 """Standard errors of a difference between two splits' measured scores (from the spread of
-their windows) within which the difference is noise: a split is left, or a probe kept, only
-past both this and the fixed margins (``MEASURE_MARGIN``, ``PROBE_GAIN``)."""
+their windows: :meth:`Measurements.spread`) within which the difference is noise: a split is
+left, or a probe kept, only past both this and the fixed margins (``MEASURE_MARGIN``,
+``PROBE_GAIN``)."""
+
+WINDOW_SPREAD = 0.03
+"""A job's window-to-window spread at one split (relative standard deviation) before its own
+windows say what it is: a steady window of most jobs varies by a few per cent
+(:meth:`Measurements.spread` pools the job's windows with ``_PRIOR_WINDOWS`` of these)."""
+
+_PRIOR_WINDOWS = 2
+"""Degrees of freedom the ``WINDOW_SPREAD`` prior counts for: a job's first two windows at a
+split do not yet say its spread alone (two windows' standard deviation, one degree of freedom,
+was as often 0 as three times the truth), a dozen outweigh it."""
+
+PROBE_WINDOWS = 6
+"""Steady windows per job over which a probe is measured at most while its difference from the
+split it left lies within the noise of its bar (:func:`undecided`): a close call is measured
+longer, each window narrowing the noise, rather than decided on the first two."""
 
 MEASURE_STALE_S = 90.0
 """A split's measurements older than this are forgotten: the jobs' costs may have changed."""
@@ -153,15 +172,38 @@ class Measurements:
         self.samples.pop(split, None)
         self.last.pop(split, None)
 
+    def spread(self, job_id: str) -> float:
+        """The relative standard deviation of one steady window of ``job_id`` at a split: its
+        windows' deviations from their split's mean, pooled over every split it was measured
+        at (the same job under the same costs: the measurements are forgotten when those
+        change), with ``_PRIOR_WINDOWS`` degrees of freedom at ``WINDOW_SPREAD``. Two windows
+        of one split alone give a spread of one degree of freedom: 0 as often as triple."""
+        squares, dof = _PRIOR_WINDOWS * WINDOW_SPREAD**2, float(_PRIOR_WINDOWS)
+        for per in self.samples.values():
+            values = per.get(job_id, ())
+            if len(values) >= 2:
+                v = np.asarray(values, dtype=float)
+                mean = float(v.mean())
+                if mean > 0:
+                    squares += float(((v / mean - 1.0) ** 2).sum())
+                    dof += len(v) - 1
+        return (squares / dof) ** 0.5
+
+    def windows(self, split: Split) -> int:
+        """The fewest steady windows any job of ``split`` has there (0: one has none)."""
+        per = self.samples.get(split, {})
+        return min((len(per.get(job_id, ())) for job_id, _ in split), default=0)
+
     def error(self, split: Split, limits: dict[str, float]) -> float:
-        """The standard error of ``split``'s score (:meth:`score`): each job's windows' spread
-        over the root of their count, over its limit, the jobs' added in quadrature (0 where a
-        job has a single window or none)."""
+        """The standard error of ``split``'s score (:meth:`score`): per job, its window spread
+        (:meth:`spread`) times its mean there over its limit, over the root of its windows'
+        count; the jobs' added in quadrature."""
         total = 0.0
         for job_id, values in self.samples.get(split, {}).items():
             limit = limits.get(job_id, 0.0)
-            if len(values) >= 2 and limit > 0:
-                total += float(np.var(values, ddof=1)) / len(values) / limit**2
+            if values and limit > 0:
+                level = sum(values) / len(values) / limit
+                total += (self.spread(job_id) * level) ** 2 / len(values)
         return total**0.5
 
     def score(self, split: Split, limits: dict[str, float], now: float) -> float | None:
@@ -242,6 +284,30 @@ def measured_guard(
                     f"{show_split(current)}" + (" (a probe that did not pay)" if trial else "")
                 )
     return current, ""
+
+
+def undecided(
+    current: Split,
+    previous: Split,
+    measured: Measurements,
+    limits: dict[str, float],
+    now: float,
+    *,
+    lighter: bool = False,
+) -> bool:
+    """Whether a probe at ``current`` (which left ``previous``), measured and failing its bar
+    (:func:`measured_guard`: ``PROBE_GAIN`` better than ``previous``; a ``lighter`` one, no
+    worse by it), fails it by less than the noise of the difference, with fewer than
+    ``PROBE_WINDOWS`` windows per job: more windows can tell it."""
+    here = measured.score(current, limits, now)
+    before = measured.score(previous, limits, now)
+    if here is None or before is None or measured.windows(current) >= PROBE_WINDOWS:
+        return False
+    noise = _apart(measured, previous, current, limits)
+    gain = max(PROBE_GAIN * before, noise)
+    need = before - gain if lighter else before + gain
+    bar = before - PROBE_GAIN * before if lighter else before + PROBE_GAIN * before
+    return here < need and here > bar - noise
 
 
 def show_split(split: Split) -> str:
@@ -398,10 +464,11 @@ class MeasuredTruth:
 
     States: at a split the model moved to, or a probe's (``probed``), the split is held until
     it is measured (at most ``PROBE_HOLD_S``), then judged against the split left for it
-    (``previous``); steady for ``probe_wait`` at a measured split, the model's best untried
-    near-tie is probed. A probe that does not pay doubles ``probe_wait`` (up to
-    ``PROBE_MAX_WAIT_S``); one that pays resets it and is followed by the same move once more
-    (``paid``). A job arriving or leaving starts afresh (a new node)."""
+    (``previous``), a close call only once more windows tell it (:func:`undecided`); steady
+    for ``probe_wait`` at a measured split, the model's best untried near-tie is probed. A
+    probe that does not pay doubles ``probe_wait`` (up to ``PROBE_MAX_WAIT_S``); one that pays
+    resets it and is followed by the same move once more (``paid``). A job arriving or leaving
+    starts afresh (a new node)."""
 
     measured: Measurements = field(default_factory=Measurements)
     previous: Split | None = None
@@ -484,14 +551,22 @@ class MeasuredTruth:
                     else f"measuring {shown} before the next move"
                 ),
             )
-        if current == self.probed and known:  # the probe is judged
+        if (
+            current == self.probed
+            and known
+            and held
+            and self.previous is not None
+            and undecided(current, self.previous, self.measured, limits, now, lighter=self.lighter)
+        ):  # a close call: measured longer before it is judged
+            chosen, why = current, f"probing {show_split(current)}: within the noise, measuring it"
+        elif current == self.probed and known:  # the probe is judged
             paid = chosen == current
             left = dict(self.previous or ())
             self.paid = {j: k - left.get(j, k) for j, k in current} if paid else None
             self.probed = None
             self.probe_wait = PROBE_AFTER_S if paid else min(2 * self.probe_wait, PROBE_MAX_WAIT_S)
         steady = now - changed_at >= self.probe_wait
-        if chosen == current == proposed and steady and known:
+        if chosen == current == proposed and steady and known and current != self.probed:
             tried = probe(jobs, budget, self.measured, limits, now, again=self.paid)
             self.paid = None
             if tried is not None:
