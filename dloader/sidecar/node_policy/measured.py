@@ -70,7 +70,7 @@ windows say what it is: a steady window of most jobs varies by a few per cent
 _PRIOR_WINDOWS = 2
 """Degrees of freedom the ``WINDOW_SPREAD`` prior counts for: a job's first two windows at a
 split do not yet say its spread alone (two windows' standard deviation, one degree of freedom,
-was as often 0 as three times the truth), a dozen outweigh it."""
+is under half the true spread 38% of the time), a dozen outweigh it."""
 
 PROBE_WINDOWS = 6
 """Steady windows per job over which a probe is measured at most while its difference from the
@@ -177,7 +177,8 @@ class Measurements:
         windows' deviations from their split's mean, pooled over every split it was measured
         at (the same job under the same costs: the measurements are forgotten when those
         change), with ``_PRIOR_WINDOWS`` degrees of freedom at ``WINDOW_SPREAD``. Two windows
-        of one split alone give a spread of one degree of freedom: 0 as often as triple."""
+        of one split alone give a spread of one degree of freedom, under half the truth 38%
+        of the time."""
         squares, dof = _PRIOR_WINDOWS * WINDOW_SPREAD**2, float(_PRIOR_WINDOWS)
         for per in self.samples.values():
             values = per.get(job_id, ())
