@@ -699,9 +699,9 @@ def test_a_noise_sized_difference_is_never_acted_on() -> None:
 
 
 def test_a_jobs_window_spread_is_pooled_over_the_splits_it_was_measured_at() -> None:
-    """Two windows of one split give a spread of one degree of freedom (here 0, as often as
-    not): a job's spread is its windows' deviations from their split's mean pooled over every
-    split, shrunk towards WINDOW_SPREAD while they are few."""
+    """Two windows of one split give a spread of one degree of freedom (here 0; under half
+    the truth 38% of the time): a job's spread is its windows' deviations from their split's
+    mean pooled over every split, shrunk towards WINDOW_SPREAD while they are few."""
     a, b = split_of({"x": 1}), split_of({"x": 2})
     m = Measurements()
     assert m.spread("x") == pytest.approx(WINDOW_SPREAD)  # nothing measured: the prior

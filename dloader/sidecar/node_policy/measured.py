@@ -275,8 +275,7 @@ def measured_guard(
             # measurably worse
             noise = _apart(measured, previous, current, limits)
             if trial:
-                gain = max(PROBE_GAIN * before, noise)
-                need = before - gain if lighter else before + gain
+                need = _probe_need(before, noise, lighter)
             else:
                 need = before - max(MEASURE_MARGIN * before, noise)
             if here < need:
@@ -305,10 +304,15 @@ def undecided(
     if here is None or before is None or measured.windows(current) >= PROBE_WINDOWS:
         return False
     noise = _apart(measured, previous, current, limits)
+    return _probe_need(before, noise, lighter) > here > _probe_need(before, 0.0, lighter) - noise
+
+
+def _probe_need(before: float, noise: float, lighter: bool) -> float:
+    """What a probe must measure to stay, the split it left having measured ``before``:
+    ``PROBE_GAIN`` and ``noise`` better (a ``lighter`` one: no worse by both); ``noise`` 0:
+    the bar itself."""
     gain = max(PROBE_GAIN * before, noise)
-    need = before - gain if lighter else before + gain
-    bar = before - PROBE_GAIN * before if lighter else before + PROBE_GAIN * before
-    return here < need and here > bar - noise
+    return before - gain if lighter else before + gain
 
 
 def show_split(split: Split) -> str:
