@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+import uuid
 from pathlib import Path
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
 
 
-def torchrun(script: str, nproc: int, *args: str, timeout: float = 240) -> None:
+def torchrun(script: str, nproc: int, *args: str, timeout: float = 100) -> None:
     """``torchrun --standalone --nproc-per-node=nproc tests/integrations/<script> args``, in the
-    repository root, one thread per process; fails the test with its output's tail."""
+    repository root, one thread per process; fails the test with its output's tail.
+
+    Every process of the run (torchrun, the ranks it starts in sessions of their own, their
+    loader workers) carries ``RUN_TAG`` in its environment, which is how they are found. Past
+    ``timeout`` s (under the test's own limit, so that the failure says why) each gets SIGABRT,
+    which Python's faulthandler (on for the run) answers with every thread's stack: a hang fails
+    showing where each process stood. A process still alive ``LEFTOVER_GRACE_S`` after torchrun
+    ended (a worker that outlived its rank) is killed and fails the run. The output goes to a
+    file, not a pipe, so no leftover can hold the test by keeping a pipe open."""
     cmd = [
         sys.executable,
         "-m",
@@ -23,9 +36,64 @@ def torchrun(script: str, nproc: int, *args: str, timeout: float = 240) -> None:
         str(HERE / script),
         *args,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    tag = uuid.uuid4().hex
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+        "PYTHONFAULTHANDLER": "1",
+        RUN_TAG: tag,
+    }
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        why = ""
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            why = f"torchrun did not end within {timeout:g} s: the stacks of its processes above"
+            _signal_run(tag, signal.SIGABRT)
+            time.sleep(3)  # the stacks written
+            _signal_run(tag, signal.SIGKILL)
+            proc.wait()
+        else:
+            deadline = time.monotonic() + LEFTOVER_GRACE_S
+            while _run_processes(tag) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if left := _run_processes(tag):
+                _signal_run(tag, signal.SIGKILL)
+                why = f"processes of the run outlived it by {LEFTOVER_GRACE_S:g} s: {left}"
+            elif proc.returncode != 0:
+                why = f"torchrun exited with {proc.returncode}"
+        log.seek(0)
+        out = log.read().decode(errors="replace")
+    assert not why, out[-10000:] + "\n" + why
+
+
+RUN_TAG = "TORCHRUN_TEST_TAG"  # read back from /proc by this helper; not a dloader setting
+LEFTOVER_GRACE_S = 10.0
+
+
+def _run_processes(tag: str) -> dict[int, str]:
+    """``pid -> command line`` of the live processes whose environment holds ``RUN_TAG=tag``."""
+    mark = f"{RUN_TAG}={tag}".encode()
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if mark not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:  # gone, or not ours to read
+            continue
+        found[int(proc.name)] = cmdline.decode(errors="replace")[:200]
+    return found
+
+
+def _signal_run(tag: str, sig: int) -> None:
+    for pid in _run_processes(tag):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 def end_ranks() -> None:

@@ -54,6 +54,7 @@ def test_accelerate_prepare_keeps_dloader_and_accelerates_samples(
     assert len(set(skipped)) == 16
 
 
+@pytest.mark.timeout(240)  # two torchrun runs, each bounded by the helper's 100 s
 def test_accelerate_save_state_load_state_resumes_exactly(tmp_path: Path) -> None:
     pytest.importorskip("accelerate")
     torchrun("accelerate_job.py", 2, "--out", str(tmp_path), "--phase", "save")
@@ -122,6 +123,7 @@ def test_lightning_ddp_keeps_dloader_features(tmp_path: Path) -> None:
     assert ranks[0]["weight"] == ranks[1]["weight"]  # DDP kept the replicas equal
 
 
+@pytest.mark.timeout(240)  # two torchrun runs, each bounded by the helper's 100 s
 def test_lightning_elastic_sampler_resumes_mid_epoch_under_another_world_size(
     tmp_path: Path,
 ) -> None:

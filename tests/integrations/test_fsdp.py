@@ -15,6 +15,7 @@ from tests.integrations import torchrun
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.timeout(240)  # two torchrun runs, each bounded by the helper's 100 s
 def test_fully_shard_saved_at_world_2_loads_at_world_3(tmp_path: Path) -> None:
     torchrun("fsdp_job.py", 2, "--out", str(tmp_path), "--phase", "save")
     torchrun("fsdp_job.py", 3, "--out", str(tmp_path), "--phase", "load")
