@@ -22,6 +22,7 @@ Deterministic: the same workload, traces and settings give the same result.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
@@ -66,6 +67,15 @@ LEARNING: tuple[Learning, ...] = ("online", "oracle")
 MAX_DECLARED_SIGMA = 3.0
 #: Before a job has run: throughput proportional to GPUs, the same at every batch size.
 _PRIOR = ScalingModel(ScalingParams(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fit_observed(points: tuple[ScalingPoint, ...]) -> ScalingModel:
+    """``ScalingModel.fit_observed(points)``, memoised: an application measures the same at the
+    same configuration, so its jobs (and the same workload under other policies or jitters)
+    often see the same points in the same order, and the fits were most of a simulation's time
+    (models are not changed in place, so one can be shared)."""
+    return ScalingModel.fit_observed(list(points))
 
 
 def _fed(truth: InputModel, parts: Sequence[tuple[int, float]], wanted: float) -> float:
@@ -457,7 +467,7 @@ class Simulator:
         key = (point.nodes, point.replicas, point.local_bsz)
         if key not in job.seen:
             job.seen[key] = point
-            job.model = ScalingModel.fit_observed(list(job.seen.values()))
+            job.model = _fit_observed(tuple(job.seen.values()))
         truth = job.truth
         if truth is not None:
             for g, c in zip(job.placement, job.cores, strict=True):

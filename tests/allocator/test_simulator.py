@@ -11,7 +11,7 @@ import pytest
 from dloader.allocator import AllocatorError, Cluster
 from dloader.allocator.policies import POLICIES, JobState, make_policy
 from dloader.allocator.sim_cli import main
-from dloader.allocator.simulator import Simulator
+from dloader.allocator.simulator import Simulator, _fit_observed
 from dloader.allocator.traces import WorkloadJob, load_apps, read_workload
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pollux-sim"
@@ -64,9 +64,16 @@ def test_elastic_policies_move_jobs_and_goodput_dp_is_fastest(results):
     assert avg["goodput-dp"] < avg["elastic-dp"]
 
 
-def test_deterministic(apps, workload, results):
-    again = Simulator(workload, apps, make_policy("goodput-dp"), CLUSTER).run()
-    assert again.jobs == results["goodput-dp"].jobs
+def test_deterministic_with_and_without_the_fit_memo(apps, workload, results):
+    """The same run again with its online models from the memo, and with every model fitted
+    afresh: the same jobs, to the last number."""
+    hits = _fit_observed.cache_info().hits
+    warm = Simulator(workload, apps, make_policy("goodput-dp"), CLUSTER).run()
+    assert _fit_observed.cache_info().hits > hits
+    _fit_observed.cache_clear()
+    cold = Simulator(workload, apps, make_policy("goodput-dp"), CLUSTER).run()
+    assert _fit_observed.cache_info().misses > 0
+    assert warm.jobs == cold.jobs == results["goodput-dp"].jobs
 
 
 def test_restart_delay_costs_time(apps, workload):
