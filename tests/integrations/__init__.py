@@ -12,6 +12,8 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
+
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
 
@@ -69,25 +71,17 @@ def torchrun(script: str, nproc: int, *args: str, timeout: float = 100) -> None:
     assert not why, out[-10000:] + "\n" + why
 
 
-RUN_TAG = "TORCHRUN_TEST_TAG"  # read back from /proc by this helper; not a dloader setting
+RUN_TAG = "TORCHRUN_TEST_TAG"  # read back by this helper; not a dloader setting
 LEFTOVER_GRACE_S = 10.0
 
 
 def _run_processes(tag: str) -> dict[int, str]:
     """``pid -> command line`` of the live processes whose environment holds ``RUN_TAG=tag``."""
-    mark = f"{RUN_TAG}={tag}".encode()
-    found = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if mark not in (proc / "environ").read_bytes().split(b"\0"):
-                continue
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:  # gone, or not ours to read
-            continue
-        found[int(proc.name)] = cmdline.decode(errors="replace")[:200]
-    return found
+    return {
+        proc.pid: " ".join(proc.info["cmdline"] or ())[:200]
+        for proc in psutil.process_iter(["environ", "cmdline"])  # unreadable ones: None
+        if (proc.info["environ"] or {}).get(RUN_TAG) == tag
+    }
 
 
 def _signal_run(tag: str, sig: int) -> None:
