@@ -14,7 +14,8 @@ import pytest
 
 from dloader.apps.experiment import sidecar_process
 
-pytestmark = pytest.mark.integration
+# 40 s of a real job under the sidecar: with the slow tests (the default run stays short)
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MiB = 2**20
 BUDGET = 600 * MiB
