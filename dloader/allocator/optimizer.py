@@ -204,7 +204,7 @@ class OptimizerJob:
         return 1.0 - min(self.restart_s / horizon_s, 1.0)
 
     def __post_init__(self) -> None:
-        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise AllocatorError(
                 f"job {self.job_id!r}: batch_sizes={self.batch_sizes!r} must be >= 1 and non-empty"
             )

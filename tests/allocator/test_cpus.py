@@ -97,6 +97,12 @@ def test_a_nodes_cores_go_first_to_what_each_job_needs() -> None:
     short = divide_cores(wide, {"a": 40.0, "b": 30.0}, {"b": 3.0}, cluster)
     assert short["a"][0] == pytest.approx(3.0) and short["b"][0] == pytest.approx(9.0)
     assert divide_cores({}, {}, {}, cluster) == {}
+    # a job holding no GPU gets no core; a node no job holds gives none
+    assert divide_cores({"none": (0, 0), "b": (0, 2)}, {}, {}, cluster) == {
+        "none": (0.0, 0.0),
+        "b": (0.0, 12.0),
+    }
+    assert divide_cores({"none": (0, 0)}, {}, {}, cluster) == {"none": (0.0, 0.0)}
 
 
 def test_the_dp_values_a_count_at_what_its_cores_feed() -> None:

@@ -122,17 +122,19 @@ def divide_cores(
     jobs = list(placements)
     if not jobs:
         return {}
-    gpus = np.array([placements[j] for j in jobs], dtype=float).reshape(len(jobs), -1)
+    gpus = np.array([placements[j] for j in jobs], dtype=np.int64).reshape(len(jobs), -1)
     # each job's need per GPU (inf: as much as it can get) and its weight
     per_gpu = np.array([need.get(j, math.inf) for j in jobs]) / np.maximum(gpus.sum(axis=1), 1)
     weight = np.array([weights.get(j, 1.0) for j in jobs])
-    out = np.zeros_like(gpus)
-    nodes, rows = np.nonzero(gpus.T)  # node by node, its jobs in the placements' order
+    # node by node, its jobs in the placements' order; each job's row is built from the few
+    # nodes it holds GPUs on (a dense jobs x nodes array of floats costs more than the rest)
+    rows = [[0.0] * gpus.shape[1] for _ in jobs]
+    nodes, at = np.nonzero(gpus.T)
     cut = np.flatnonzero(np.diff(nodes)) + 1
-    groups = zip(nodes[np.r_[0, cut]], np.split(rows, cut), strict=True) if len(nodes) else ()
-    for n, here in groups:
-        cores = cluster.cpus[int(n)]
-        g = gpus[here, n]
+    firsts = nodes[np.r_[0, cut]].tolist() if len(nodes) else []
+    for n, here in zip(firsts, np.split(at, cut) if len(nodes) else [], strict=True):
+        cores = cluster.cpus[n]
+        g = gpus[here, n].astype(float)
         demand = per_gpu[here] * g
         demand = np.where(np.isfinite(demand), demand, cores)  # inf: as much as it can get
         w = weight[here] * g
@@ -142,8 +144,9 @@ def divide_cores(
         spare = cores - float(got.sum())
         if spare > 1e-9:
             got = got + spare * w / w.sum()
-        out[here, n] = got
-    return {j: tuple(row) for j, row in zip(jobs, out.tolist(), strict=True)}
+        for i, x in zip(here.tolist(), got.tolist(), strict=True):
+            rows[i][n] = x
+    return {j: tuple(row) for j, row in zip(jobs, rows, strict=True)}
 
 
 def divide_pool(

@@ -144,8 +144,14 @@ class DpPolicy:
         self.batch_choices = batch_choices
         self.cpu_aware = cpu_aware
 
-    def spec(self, job: JobState, cluster: Cluster) -> OptimizerJob:
-        """The optimizer's view of ``job`` under this policy."""
+    def spec(
+        self,
+        job: JobState,
+        cluster: Cluster,
+        feed: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    ) -> OptimizerJob:
+        """The optimizer's view of ``job`` under this policy (``feed``: what its input pipeline
+        lets through, :attr:`OptimizerJob.feed`)."""
         lo_local, hi_local = job.local_bsz_range
         first = job.explored_gpus == 0 and (self.accumulate or job.requested_batch <= hi_local)
         if self.fixed_batch or first:
@@ -180,6 +186,7 @@ class DpPolicy:
             current_batch=job.batch_size,
             restart_s=job.restart_s,
             restart_factor=self.restart_factor(job),
+            feed=feed,
         )
 
     def model(self, job: JobState) -> ScalingModel:
@@ -284,13 +291,21 @@ class DpPolicy:
         # it got
         local = sum(cluster.cpus) / cluster.capacity
         pooled = cluster.pool_efficiency * cluster.pool / cluster.capacity
-        rho = {j.job_id: local + (pooled if j.remote_max > 0 else 0.0) for j in jobs}
-        specs = [self.spec(j, cluster) for j in jobs]
+        specs = [
+            self.spec(
+                j,
+                cluster,
+                fed_table(j.input, local + (pooled if j.remote_max > 0 else 0.0))
+                if j.input is not None
+                else None,
+            )
+            for j in jobs
+        ]
         queued = self._core_queue(jobs, specs, cluster) if self.core_admission else {}
         if queued:
             kept = [(j, s) for j, s in zip(jobs, specs, strict=True) if j.job_id not in queued]
             jobs, specs = [j for j, _ in kept], [s for _, s in kept]
-        decision = self._decide(jobs, cluster, rho, specs)
+        decision = self._decide(jobs, cluster, specs, fed=True)
         if queued:
             decision = replace(
                 decision,
@@ -409,25 +424,22 @@ class DpPolicy:
         self,
         jobs: Sequence[JobState],
         cluster: Cluster,
-        rho: Mapping[str, float] | None = None,
         specs: list[OptimizerJob] | None = None,
+        *,
+        fed: bool = False,
     ) -> ClusterDecision:
-        """The decision, each job with a known input valued at what ``rho[job]`` cores per GPU
-        feed (None: CPU-blind); ``specs``: the jobs' :meth:`spec` (None: made here)."""
+        """The decision; ``specs``: the jobs' :meth:`spec` (None: made here, CPU-blind). ``fed``:
+        each job with a known input is valued at what its spec's feed lets through, and placed
+        where the cores its pipeline needs are free."""
         if specs is None:
             specs = [self.spec(j, cluster) for j in jobs]
         by_id = {s.job_id: s for s in specs}  # their throughput (a feed applies to tables only)
         inputs = {j.job_id: j.input for j in jobs if j.input is not None}
-        if rho is not None:
-            specs = [
-                replace(s, feed=fed_table(j.input, rho[j.job_id])) if j.input else s
-                for j, s in zip(jobs, specs, strict=True)
-            ]
         held = held_placements(jobs)
         repack = self._repack(jobs, specs, held, cluster) if self.placement_aware else set()
 
         def needs(plan: Plan) -> dict[str, float] | None:
-            if rho is None:
+            if not fed:
                 return None
             counts = {k: (a.gpus,) for k, a in plan.assignments.items()}
             batches = {k: a.batch_size for k, a in plan.assignments.items()}
