@@ -136,6 +136,29 @@ def test_forgetting_drops_every_measurement() -> None:
     assert not truth.known(START, LIMITS, 1.0)
 
 
+def test_a_probe_under_way_when_the_costs_change_is_not_judged_on_them() -> None:
+    """Seen live: a probe was under way when a job's costs changed and every measurement was
+    forgotten; measured again, it "paid" (the split it left had no measurement left to beat),
+    and its move was made once more and held, while the job whose costs had halved waited
+    40 s for the model's move. After a forgetting the node starts afresh: the model's proposal
+    runs at once, and nothing is followed as having paid."""
+    for forget in (MeasuredTruth.forget, None):
+        truth = MeasuredTruth()
+        probed_from_start(truth)
+        truth.probe_wait = 80.0
+        if forget is not None:
+            forget(truth)
+        else:  # a window unlike before at the split: the node changed
+            measure(truth, PROBED, 1.0, now=12.0)
+            assert truth.record(PROBED, "io", 5.0, now=13.0)
+        assert truth.probed is None and truth.paid is None and truth.previous is None
+        assert truth.probe_wait == PROBE_AFTER_S
+        measure(truth, PROBED, 1.0, now=14.0)
+        model = split_of({"io": 12, "cpu": 6})
+        out = steer(truth, PROBED, model, now=14.5, changed=10.0)
+        assert counts(out) == model and out["io"].reason == "the model's"
+
+
 def test_a_split_that_no_longer_fits_is_not_returned_to() -> None:
     """Back to the split left, unless it no longer fits the budgets (memory grew since)."""
     truth = MeasuredTruth()

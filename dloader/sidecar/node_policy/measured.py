@@ -473,7 +473,7 @@ class MeasuredTruth:
     for ``probe_wait`` at a measured split, the model's best untried near-tie is probed. A
     probe that does not pay doubles ``probe_wait`` (up to ``PROBE_MAX_WAIT_S``); one that pays
     resets it and is followed by the same move once more (``paid``). A job arriving or leaving
-    starts afresh (a new node)."""
+    starts afresh (a new node), and so does a change of costs that forgets the measurements."""
 
     measured: Measurements = field(default_factory=Measurements)
     previous: Split | None = None
@@ -489,16 +489,28 @@ class MeasuredTruth:
 
     def record(self, split: Split, job_id: str, samples_per_s: float, now: float) -> bool:
         """One steady window of a job at ``split`` (:meth:`Measurements.add`); True when it
-        says the node changed and every split's measurements were forgotten."""
-        return self.measured.add(split, job_id, samples_per_s, now)
+        says the node changed and every split's measurements were forgotten (the probe state
+        too, as :meth:`forget`)."""
+        changed = self.measured.add(split, job_id, samples_per_s, now)
+        if changed:
+            self._afresh()
+        return changed
 
     def known(self, split: Split, limits: dict[str, float], now: float) -> bool:
         """Whether ``split`` has a measured score now."""
         return self.measured.score(split, limits, now) is not None
 
     def forget(self) -> None:
-        """Forgets every split's measurements (the jobs' costs changed under them)."""
+        """Forgets every split's measurements (the jobs' costs changed under them), and starts
+        afresh as for a new node: a probe under way, or the move a probe measured to pay, was
+        judged under the old costs (a probe judged after the forgetting would "pay" only because
+        the split it left has no measurement left to beat), so the model's next proposal runs."""
         self.measured = Measurements()
+        self._afresh()
+
+    def _afresh(self) -> None:
+        self.previous, self.probed, self.paid = None, None, None
+        self.probe_wait = PROBE_AFTER_S
 
     def steer(
         self,
@@ -524,9 +536,7 @@ class MeasuredTruth:
             self.previous, self.probe_wait = None, PROBE_AFTER_S
             return decisions
         if self.previous is not None and not same_jobs(self.previous, current):
-            # a job came or went: a new node
-            self.previous, self.probed, self.probe_wait = None, None, PROBE_AFTER_S
-            self.paid = None
+            self._afresh()  # a job came or went: a new node
         proposed = split_of({j: d.num_workers for j, d in decisions.items()})
         heavy = proposed != current and heavier(jobs, budget, dict(current), dict(proposed))
         chosen, why = measured_guard(
