@@ -140,7 +140,7 @@ def test_a_probe_under_way_when_the_costs_change_is_not_judged_on_them() -> None
     """Seen live: a probe was under way when a job's costs changed and every measurement was
     forgotten; measured again, it "paid" (the split it left had no measurement left to beat),
     and its move was made once more and held, while the job whose costs had halved waited
-    40 s for the model's move. After a forgetting the node starts afresh: the model's proposal
+    40 s for the model's move. After a forgetting the probe is dropped: the model's proposal
     runs at once, and nothing is followed as having paid."""
     for forget in (MeasuredTruth.forget, None):
         truth = MeasuredTruth()
@@ -152,7 +152,7 @@ def test_a_probe_under_way_when_the_costs_change_is_not_judged_on_them() -> None
             measure(truth, PROBED, 1.0, now=12.0)
             assert truth.record(PROBED, "io", 5.0, now=13.0)
         assert truth.probed is None and truth.paid is None and truth.previous is None
-        assert truth.probe_wait == PROBE_AFTER_S
+        assert truth.probe_wait == 80.0  # the wait before the next probe is kept
         measure(truth, PROBED, 1.0, now=14.0)
         model = split_of({"io": 12, "cpu": 6})
         out = steer(truth, PROBED, model, now=14.5, changed=10.0)

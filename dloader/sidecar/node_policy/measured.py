@@ -473,7 +473,8 @@ class MeasuredTruth:
     for ``probe_wait`` at a measured split, the model's best untried near-tie is probed. A
     probe that does not pay doubles ``probe_wait`` (up to ``PROBE_MAX_WAIT_S``); one that pays
     resets it and is followed by the same move once more (``paid``). A job arriving or leaving
-    starts afresh (a new node), and so does a change of costs that forgets the measurements."""
+    starts afresh (a new node); a change of costs that forgets the measurements drops the probe
+    under way (:meth:`forget`)."""
 
     measured: Measurements = field(default_factory=Measurements)
     previous: Split | None = None
@@ -493,7 +494,7 @@ class MeasuredTruth:
         too, as :meth:`forget`)."""
         changed = self.measured.add(split, job_id, samples_per_s, now)
         if changed:
-            self._afresh()
+            self.forget()
         return changed
 
     def known(self, split: Split, limits: dict[str, float], now: float) -> bool:
@@ -501,16 +502,14 @@ class MeasuredTruth:
         return self.measured.score(split, limits, now) is not None
 
     def forget(self) -> None:
-        """Forgets every split's measurements (the jobs' costs changed under them), and starts
-        afresh as for a new node: a probe under way, or the move a probe measured to pay, was
+        """Forgets every split's measurements (the jobs' costs changed under them), and the
+        probe under way with the split it left and the move a probe measured to pay: they were
         judged under the old costs (a probe judged after the forgetting would "pay" only because
-        the split it left has no measurement left to beat), so the model's next proposal runs."""
+        the split it left has no measurement left to beat), so the model's next proposal runs.
+        The wait before the next probe is kept (a job whose windows often look changed would
+        otherwise be probed every few seconds)."""
         self.measured = Measurements()
-        self._afresh()
-
-    def _afresh(self) -> None:
         self.previous, self.probed, self.paid = None, None, None
-        self.probe_wait = PROBE_AFTER_S
 
     def steer(
         self,
@@ -536,7 +535,9 @@ class MeasuredTruth:
             self.previous, self.probe_wait = None, PROBE_AFTER_S
             return decisions
         if self.previous is not None and not same_jobs(self.previous, current):
-            self._afresh()  # a job came or went: a new node
+            # a job came or went: a new node
+            self.previous, self.probed, self.probe_wait = None, None, PROBE_AFTER_S
+            self.paid = None
         proposed = split_of({j: d.num_workers for j, d in decisions.items()})
         heavy = proposed != current and heavier(jobs, budget, dict(current), dict(proposed))
         chosen, why = measured_guard(
