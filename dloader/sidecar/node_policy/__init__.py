@@ -75,7 +75,8 @@ a probe that fails its bar by less than that noise is measured longer (up to
 ``PROBE_WINDOWS`` windows) before it is judged. Measurements are forgotten after
 ``MEASURE_STALE_S`` (costs change), and all at once when a job measures unlike before at the
 same split beyond their usual spread (``MEASURE_CHANGED``, ``CHANGE_Z``: its costs, or a
-neighbour's, changed under it).
+neighbour's, changed under it); the probe under way goes with them (judged against nothing, it
+would "pay"), and the model's next proposal runs.
 """
 
 from dloader.sidecar.node_policy.allocation import (
