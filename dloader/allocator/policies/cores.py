@@ -131,8 +131,9 @@ def divide_cores(
     rows = [[0.0] * gpus.shape[1] for _ in jobs]
     nodes, at = np.nonzero(gpus.T)
     cut = np.flatnonzero(np.diff(nodes)) + 1
-    firsts = nodes[np.r_[0, cut]].tolist() if len(nodes) else []
-    for n, here in zip(firsts, np.split(at, cut) if len(nodes) else [], strict=True):
+    groups = zip(nodes[np.r_[0, cut]], np.split(at, cut), strict=True) if len(nodes) else ()
+    for node, here in groups:
+        n = int(node)
         cores = cluster.cpus[n]
         g = gpus[here, n].astype(float)
         demand = per_gpu[here] * g
