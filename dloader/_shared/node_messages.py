@@ -76,6 +76,14 @@ class WorkerReport:
     run_delay_seconds: float | None = None
     """Mean time per batch it waited, runnable, for a CPU, over the window's batches (Linux
     schedstat); ``None``: unknown."""
+    window_batches: int | None = None
+    """Batches in the window the means are over; 0: none (the means are then its moving
+    average, as old as its last batch); ``None``: unknown (a loader older than the field)."""
+
+    @property
+    def in_window(self) -> bool:
+        """Whether it delivered a batch in the window (unknown: whether it ever did)."""
+        return bool(self.batches if self.window_batches is None else self.window_batches)
 
     @classmethod
     def from_stats(cls, w: Any) -> WorkerReport:
@@ -87,14 +95,16 @@ class WorkerReport:
                 w.window_cpu_seconds,
                 w.batches,
                 w.window_run_delay_seconds,
+                w.window_batches,
             )
-        return cls(w.pid or 0, w.fetch_seconds, w.cpu_seconds, w.batches)
+        return cls(w.pid or 0, w.fetch_seconds, w.cpu_seconds, w.batches, window_batches=0)
 
     @classmethod
     def from_pb(cls, m: Any) -> WorkerReport:
         """From a ``dloader.v1.WorkerReport``."""
         delay = m.run_delay_seconds if m.HasField("run_delay_seconds") else None
-        return cls(m.pid, m.fetch_seconds, m.cpu_seconds, m.batches, delay)
+        window = m.window_batches if m.HasField("window_batches") else None
+        return cls(m.pid, m.fetch_seconds, m.cpu_seconds, m.batches, delay, window)
 
 
 @dataclass(frozen=True)

@@ -51,18 +51,20 @@ class RegisterJobResponse(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., token: _Optional[str] = ..., directive: _Optional[_Union[Directive, _Mapping]] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
-    __slots__ = ("pid", "fetch_seconds", "cpu_seconds", "batches", "run_delay_seconds")
+    __slots__ = ("pid", "fetch_seconds", "cpu_seconds", "batches", "run_delay_seconds", "window_batches")
     PID_FIELD_NUMBER: _ClassVar[int]
     FETCH_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     RUN_DELAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_BATCHES_FIELD_NUMBER: _ClassVar[int]
     pid: int
     fetch_seconds: float
     cpu_seconds: float
     batches: int
     run_delay_seconds: float
-    def __init__(self, pid: _Optional[int] = ..., fetch_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., batches: _Optional[int] = ..., run_delay_seconds: _Optional[float] = ...) -> None: ...
+    window_batches: int
+    def __init__(self, pid: _Optional[int] = ..., fetch_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., batches: _Optional[int] = ..., run_delay_seconds: _Optional[float] = ..., window_batches: _Optional[int] = ...) -> None: ...
 
 class JobReport(_message.Message):
     __slots__ = ("job_id", "token", "timestamp", "num_workers", "batch_size", "samples_per_second", "idle_share", "step_seconds", "wait_seconds", "window_seconds", "samples", "workers", "done")

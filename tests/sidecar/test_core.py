@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -138,6 +139,55 @@ def test_the_first_window_takes_the_waits_its_workers_timed(tmp_path: Path) -> N
     assert other.model.observations[-1].cpu_wait_s is None
 
 
+def test_a_worker_with_no_batch_in_the_window_is_left_out_of_its_timings(tmp_path: Path) -> None:
+    """A worker that delivered nothing in the window (slow, or retiring after a cut) sends its
+    moving average and no wait: counted, its stale timings and the walks' estimate of its wait
+    moved a steady job's storage time by 148% and restarted its model. The window's timings are
+    those of the workers that delivered in it; a loader too old to say keeps being read whole."""
+    node = FakeNode(0.0)
+    core = node_core(tmp_path, PolicySettings("adaptive", 4, 2, 1.0), node)
+    job = core.register(Registration("a", pids=(100,), num_workers=2, batch_size=32))
+    node.now += 2.0
+    fresh = WorkerReport(201, 0.2, 0.11, 10, 0.09, window_batches=4)
+    stale = WorkerReport(202, 0.9, 0.5, 10, window_batches=0)
+    core.report(job, replace(report(2, 300.0), workers=(fresh, stale)))
+    obs = job.model.observations[-1]
+    assert (obs.fetch_s, obs.cpu_s, obs.cpu_wait_s) == pytest.approx((0.2, 0.11, 0.09))
+    old = core.register(Registration("b", pids=(101,), num_workers=2, batch_size=32))
+    node.now += 2.0
+    unknown = (WorkerReport(201, 0.2, 0.1, 10), WorkerReport(202, 0.4, 0.1, 10))
+    core.report(old, replace(report(2, 300.0), workers=unknown))
+    assert old.model.observations[-1].fetch_s == pytest.approx(0.3)
+
+
+def test_a_loaders_workers_say_which_delivered_in_the_window() -> None:
+    """What a loader sends: a worker's window means with their batch count, or (none in the
+    window) its moving average marked as such."""
+    stats = SimpleNamespace(
+        pid=7,
+        batches=9,
+        fetch_seconds=0.5,
+        cpu_seconds=0.4,
+        window_batches=0,
+        window_fetch_seconds=0.0,
+        window_cpu_seconds=0.0,
+        window_run_delay_seconds=None,
+    )
+    assert WorkerReport.from_stats(stats) == WorkerReport(7, 0.5, 0.4, 9, None, 0)
+    assert not WorkerReport.from_stats(stats).in_window
+    busy = SimpleNamespace(
+        **{
+            **vars(stats),
+            "window_batches": 3,
+            "window_fetch_seconds": 0.2,
+            "window_cpu_seconds": 0.1,
+            "window_run_delay_seconds": 0.05,
+        }
+    )
+    assert WorkerReport.from_stats(busy) == WorkerReport(7, 0.2, 0.1, 9, 0.05, 3)
+    assert WorkerReport.from_stats(busy).in_window
+
+
 @pytest.mark.parametrize("delay", [-0.5, math.nan, math.inf])
 def test_a_timed_wait_that_cannot_be_is_refused_naming_it(tmp_path: Path, delay: float) -> None:
     node = FakeNode(0.0)
@@ -148,9 +198,11 @@ def test_a_timed_wait_that_cannot_be_is_refused_naming_it(tmp_path: Path, delay:
         core.report(job, bad)
 
 
-@pytest.mark.parametrize("delay", [None, 0.0, 0.125])
-def test_a_workers_timed_wait_crosses_both_transports(delay: float | None) -> None:
-    r = replace(report(2, 300.0), workers=(WorkerReport(201, 0.2, 0.1, 10, delay),))
+@pytest.mark.parametrize(("delay", "window"), [(None, None), (0.0, 0), (0.125, 6)])
+def test_a_workers_timed_wait_crosses_both_transports(
+    delay: float | None, window: int | None
+) -> None:
+    r = replace(report(2, 300.0), workers=(WorkerReport(201, 0.2, 0.1, 10, delay, window),))
     assert JobReport.from_json(json.loads(json.dumps(r.to_json()))) == r
     assert JobReport.from_pb(r.to_pb("job", "token")) == r
 
