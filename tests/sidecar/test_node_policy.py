@@ -175,6 +175,7 @@ def test_the_cost_of_a_window_against_the_recent_ones() -> None:
     slower = LoaderObservation(**base, fetch_s=0.5, cpu_s=0.1, cpu_wait_s=0.1)  # 0.1 s of it a wait
     assert pol.cost_change([before], slower).change == pytest.approx(math.log(2.0))  # 0.4, not 0.2
     assert pol.cost_change([before], slower).moved
+    assert not pol.cost_change([before], slower, cpu_only=True).moved  # its CPU is the same
     # the wait for a CPU unknown: the wall time cannot tell storage from contention; CPU can
     busy = LoaderObservation(**base, fetch_s=0.9, cpu_s=0.1)
     assert pol.cost_change([before], busy).change == pytest.approx(0.0, abs=1e-6)
@@ -294,6 +295,29 @@ def test_a_neighbours_new_count_is_not_a_cost_change() -> None:
         if again.learned:
             break
     assert [e.kind for e in again.events] == ["restarted"]
+
+
+def test_a_cost_change_just_after_a_neighbours_move_is_seen_in_its_cpu_time() -> None:
+    """A job's samples become twice as dear in CPU in the first window after a neighbour's
+    count changed: no window at the new split to compare with, but CPU time per sample does
+    not move with the split as wall time does, so the change is seen in that window (it was
+    missed until the model relearnt the job at the new split, 40 s in one run)."""
+    p = pol.NodePolicy("adaptive", BUDGET)
+    for j in ("a", "b"):
+        p.add(job(j, registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+
+    def timed(cpu: float, rate: float) -> pol.ReportWindow:
+        return replace(window(2, rate, fetch=2 * cpu, cpu=cpu), run_delay_s=(0.0,) * 2)
+
+    now = 2.5
+    for _ in range(3):
+        p.report("a", timed(0.1, 300.0), now)
+        now += 2.0
+    p.jobs["b"].directed += 3  # the neighbour moved
+    dearer = p.report("a", timed(0.2, 150.0), now)
+    assert [e.kind for e in dearer.events] == ["restarted"]
+    assert any("CPU time per sample +100%" in n for n in dearer.notes), dearer.notes
+    assert dearer.wake
 
 
 def test_a_loader_never_iterated_holds_no_workers_in_the_budget() -> None:

@@ -213,24 +213,31 @@ class CostChange(NamedTuple):
         return abs(self.change) > self.threshold
 
 
-def cost_change(before: Sequence[LoaderObservation], obs: LoaderObservation) -> CostChange:
+def cost_change(
+    before: Sequence[LoaderObservation], obs: LoaderObservation, *, cpu_only: bool = False
+) -> CostChange:
     """The workers' time per sample in window ``obs`` against the median of the job's recent
     windows ``before`` at the same worker count (others are skipped; no change where none
     compares, or ``obs`` has no timings or no workers). CPU time per sample alone where any of
-    those windows' wait for a CPU is unknown (wall time then mixes storage with contention);
-    CPU and storage time where all are known. Measured against measured windows, not the model's
-    fitted costs: on a real pipeline the fit's ``t_io`` and ``t_cpu`` are whatever reproduces its
-    throughput curve best, and may sit far (2-7x, seen) from what its workers time. The caller
-    passes windows at the same split of the node only (cores shared by other workers move the
-    time per sample too); at the same count only, since a change of count moves it for the
-    curve's own reasons (storage answering more requests at once)."""
+    those windows' wait for a CPU is unknown (wall time then mixes storage with contention), or
+    ``cpu_only``; CPU and storage time where all are known. Measured against measured windows,
+    not the model's fitted costs: on a real pipeline the fit's ``t_io`` and ``t_cpu`` are
+    whatever reproduces its throughput curve best, and may sit far (2-7x, seen) from what its
+    workers time. Storage time is compared at the same split of the node only (the caller
+    passes ``cpu_only`` for windows at other splits: cores shared by other workers move the
+    wall time, and a wait for a CPU estimated rather than timed with it); CPU time per sample
+    moves little with the split (+15-25% on a 2-core node under three busy neighbours,
+    measured: within ``COST_CHANGE``). At the same count only, since a change of count moves
+    the time per sample for the curve's own reasons (storage answering more requests at once)."""
     fixed = math.log(COST_CHANGE)
     same = [
         b for b in before if b.num_workers == obs.num_workers and None not in (b.cpu_s, b.fetch_s)
     ]
     if not same or obs.num_workers == 0 or None in (obs.cpu_s, obs.fetch_s):
         return CostChange(0.0, fixed)
-    storage = obs.cpu_wait_s is not None and all(b.cpu_wait_s is not None for b in same)
+    storage = (
+        not cpu_only and obs.cpu_wait_s is not None and all(b.cpu_wait_s is not None for b in same)
+    )
     measured = _per_sample(obs, storage)
     then = [t for t in (_per_sample(b, storage) for b in same) if t > 0]
     if not (measured > 0 and then):

@@ -145,11 +145,9 @@ class PolicyJob:
     """Windows observed in a row at its current worker count."""
     drift: int = 0
     """Surprising windows in a row: > 0 faster than predicted, < 0 slower."""
-    learnt_at: Split | None = None
-    """The node's split when its model last learnt from a window (None: never)."""
-    recent: list[LoaderObservation] = field(default_factory=list)
-    """The last windows (``COST_HISTORY``) its model learnt from at ``learnt_at``, since its
-    costs last changed: what a new window's time per sample is compared with."""
+    recent: list[tuple[Split, LoaderObservation]] = field(default_factory=list)
+    """The last windows (``COST_HISTORY``) its model learnt from since its costs last changed,
+    each with the node's split then: what a new window's time per sample is compared with."""
     placed: bool = False
     """Its model has decided its worker count at least once."""
     worker_memory_bytes: float = 0.0
@@ -370,17 +368,22 @@ class NodePolicy:
         if not gate.observe:
             return Reported(False, False, tuple(notes), tuple(events))
         split = self.split()
-        # against the recent windows the model learnt from, at the same split of the node
-        recent = s.recent if s.learnt_at == split else []
-        cost = cost_change(recent, obs)
+        # against the recent windows the model learnt from at the same split of the node; where
+        # none is (the split moved since), their CPU time per sample alone, which the split
+        # barely moves: a cost that changed just after a move was otherwise missed (a job whose
+        # samples became half as dear ran 40 s at the count of the dearer ones)
+        same = [o for at, o in s.recent if at == split]
+        cost = cost_change(same or [o for _, o in s.recent], obs, cpu_only=not same)
         moved = cost.moved
         s.model.update(obs, refit=gate.redecide_now and not moved)  # refit on news only
-        s.learnt_at, s.recent = split, [*recent, obs][-COST_HISTORY:]
+        s.recent = [*s.recent, (split, obs)][-COST_HISTORY:]
         why = ""
         if moved:
+            what = "time per sample" if same else "CPU time per sample"
+            where = "at this split" if same else "before the split moved"
             why = (
-                f"its workers' time per sample {100 * math.expm1(cost.change):+.0f}% from its "
-                f"recent windows' at this split (beyond {100 * math.expm1(cost.threshold):.0f}%)"
+                f"its workers' {what} {100 * math.expm1(cost.change):+.0f}% from its recent "
+                f"windows' {where} (beyond {100 * math.expm1(cost.threshold):.0f}%)"
             )
             keep = 1
         elif self._note_drift(s, obs, gate.surprise):
@@ -391,7 +394,7 @@ class NodePolicy:
             keep = DRIFT_WINDOWS
         if why:
             s.model.keep_recent(keep, keep_shape=True)
-            s.drift, s.recent = 0, [obs]
+            s.drift, s.recent = 0, [(split, obs)]
             self.truth.forget()
             self.dirty = True
             notes.append(
