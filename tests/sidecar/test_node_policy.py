@@ -316,7 +316,7 @@ def test_a_cost_change_just_after_a_neighbours_move_is_seen_in_its_cpu_time() ->
     p.jobs["b"].directed += 3  # the neighbour moved
     dearer = p.report("a", timed(0.2, 150.0), now)
     assert [e.kind for e in dearer.events] == ["restarted"]
-    assert any("CPU time per sample +100%" in n for n in dearer.notes), dearer.notes
+    assert any("CPU time per sample +100%" in n and "(beyond +40%)" in n for n in dearer.notes)
     assert dearer.wake
 
 

@@ -379,11 +379,12 @@ class NodePolicy:
         s.recent = [*s.recent, (split, obs)][-COST_HISTORY:]
         why = ""
         if moved:
+            bound = math.copysign(cost.threshold, cost.change)  # 1.4x more, or 1.4x less
             what = "time per sample" if same else "CPU time per sample"
             where = "at this split" if same else "before the split moved"
             why = (
                 f"its workers' {what} {100 * math.expm1(cost.change):+.0f}% from its recent "
-                f"windows' {where} (beyond {100 * math.expm1(cost.threshold):.0f}%)"
+                f"windows' {where} (beyond {100 * math.expm1(bound):+.0f}%)"
             )
             keep = 1
         elif self._note_drift(s, obs, gate.surprise):
