@@ -175,12 +175,17 @@ def test_the_cost_of_a_window_against_the_recent_ones() -> None:
     slower = LoaderObservation(**base, fetch_s=0.5, cpu_s=0.1, cpu_wait_s=0.1)  # 0.1 s of it a wait
     assert pol.cost_change([before], slower).change == pytest.approx(math.log(2.0))  # 0.4, not 0.2
     assert pol.cost_change([before], slower).moved
-    assert not pol.cost_change([before], slower, cpu_only=True).moved  # its CPU is the same
+    assert not pol.cost_change([before], slower, split_moved=True).moved  # its CPU is the same
     # the wait for a CPU unknown: the wall time cannot tell storage from contention; CPU can
     busy = LoaderObservation(**base, fetch_s=0.9, cpu_s=0.1)
     assert pol.cost_change([before], busy).change == pytest.approx(0.0, abs=1e-6)
     heavier = LoaderObservation(**base, fetch_s=0.9, cpu_s=0.2)
     assert pol.cost_change([before], heavier).change == pytest.approx(math.log(2.0))
+    # across a move of the split: CPU alone, and only beyond what sharing a core does to it
+    assert pol.cost_change([before], heavier, split_moved=True).moved
+    shared = LoaderObservation(**base, fetch_s=0.9, cpu_s=0.15, cpu_wait_s=0.0)
+    assert pol.cost_change([before], shared).moved
+    assert not pol.cost_change([before], shared, split_moved=True).moved
     assert pol.cost_change([before], LoaderObservation(**base)).change == 0.0  # no timings
     other = LoaderObservation(**{**base, "num_workers": 4}, fetch_s=0.5, cpu_s=0.2, cpu_wait_s=0)
     assert pol.cost_change([before], other).change == 0.0  # another count: its curve, not costs
@@ -316,7 +321,7 @@ def test_a_cost_change_just_after_a_neighbours_move_is_seen_in_its_cpu_time() ->
     p.jobs["b"].directed += 3  # the neighbour moved
     dearer = p.report("a", timed(0.2, 150.0), now)
     assert [e.kind for e in dearer.events] == ["restarted"]
-    assert any("CPU time per sample +100%" in n and "(beyond +40%)" in n for n in dearer.notes)
+    assert any("CPU time per sample +100%" in n and "(beyond +70%)" in n for n in dearer.notes)
     assert dearer.wake
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "FIRST_WINDOW_S",
     "MIN_WINDOW_S",
     "SETTLE_S",
+    "SPLIT_MOVED_CHANGE",
     "STEADY_AFTER",
     "STEADY_EVERY",
     "SURPRISE",
@@ -62,6 +63,15 @@ from that window at once, keeping its shape. Two windows' times per sample at on
 steady pipeline vary by a few per cent; a pipeline whose cost doubles moves them by 100%.
 Where the timings cannot tell (none, or I/O with an unmeasured wait for a CPU, which contention
 inflates), ``DRIFT_WINDOWS`` surprising windows are the route."""
+
+SPLIT_MOVED_CHANGE = 1.7
+"""The bound of :data:`COST_CHANGE` for a window whose only comparable ones are at another
+split of the node (just after it moved), on CPU time per sample alone: the split moves a
+worker's CPU time per sample by what sharing a core does to it, +15-25% measured here (a 2-core
+node, three busy neighbours) and up to ~1.6x where two hardware threads of one core are both
+busy (each runs at ~60-65% of its speed alone: common on GPU nodes). A change beyond that is
+the job's own: a doubled or halved cost is seen in that window; a smaller one in the next
+window at the new split, where the comparison is against the same split again."""
 
 CHANGE_Z = 3.0
 """Standard deviations of a job's own recent windows (their time per sample, or their
@@ -205,7 +215,8 @@ class CostChange(NamedTuple):
     change: float
     """``log(now / typical)`` (0: they cannot tell)."""
     threshold: float
-    """How far ``change`` must go to say the costs changed: ``log(COST_CHANGE)``, or
+    """How far ``change`` must go to say the costs changed: ``log(COST_CHANGE)`` (across a
+    move of the split, ``log(SPLIT_MOVED_CHANGE)``), or
     ``CHANGE_Z`` times the spread of the recent windows' log time per sample if that is wider."""
 
     @property
@@ -214,29 +225,30 @@ class CostChange(NamedTuple):
 
 
 def cost_change(
-    before: Sequence[LoaderObservation], obs: LoaderObservation, *, cpu_only: bool = False
+    before: Sequence[LoaderObservation], obs: LoaderObservation, *, split_moved: bool = False
 ) -> CostChange:
     """The workers' time per sample in window ``obs`` against the median of the job's recent
     windows ``before`` at the same worker count (others are skipped; no change where none
     compares, or ``obs`` has no timings or no workers). CPU time per sample alone where any of
     those windows' wait for a CPU is unknown (wall time then mixes storage with contention), or
-    ``cpu_only``; CPU and storage time where all are known. Measured against measured windows,
+    ``split_moved``; CPU and storage time where all are known. Measured against measured windows,
     not the model's fitted costs: on a real pipeline the fit's ``t_io`` and ``t_cpu`` are
     whatever reproduces its throughput curve best, and may sit far (2-7x, seen) from what its
-    workers time. Storage time is compared at the same split of the node only (the caller
-    passes ``cpu_only`` for windows at other splits: cores shared by other workers move the
-    wall time, and a wait for a CPU estimated rather than timed with it); CPU time per sample
-    moves little with the split (+15-25% on a 2-core node under three busy neighbours,
-    measured: within ``COST_CHANGE``). At the same count only, since a change of count moves
+    workers time. Storage time is compared at the same split of the node only (the caller passes
+    ``split_moved`` where ``before`` is at another split: cores shared by other workers move the
+    wall time); CPU time per sample moves less with the split, and is compared against the wider
+    :data:`SPLIT_MOVED_CHANGE`. At the same count only, since a change of count moves
     the time per sample for the curve's own reasons (storage answering more requests at once)."""
-    fixed = math.log(COST_CHANGE)
+    fixed = math.log(SPLIT_MOVED_CHANGE if split_moved else COST_CHANGE)
     same = [
         b for b in before if b.num_workers == obs.num_workers and None not in (b.cpu_s, b.fetch_s)
     ]
     if not same or obs.num_workers == 0 or None in (obs.cpu_s, obs.fetch_s):
         return CostChange(0.0, fixed)
     storage = (
-        not cpu_only and obs.cpu_wait_s is not None and all(b.cpu_wait_s is not None for b in same)
+        not split_moved
+        and obs.cpu_wait_s is not None
+        and all(b.cpu_wait_s is not None for b in same)
     )
     measured = _per_sample(obs, storage)
     then = [t for t in (_per_sample(b, storage) for b in same) if t > 0]

@@ -370,10 +370,10 @@ class NodePolicy:
         split = self.split()
         # against the recent windows the model learnt from at the same split of the node; where
         # none is (the split moved since), their CPU time per sample alone, which the split
-        # barely moves: a cost that changed just after a move was otherwise missed (a job whose
+        # moves less: a cost that changed just after a move was otherwise missed (a job whose
         # samples became half as dear ran 40 s at the count of the dearer ones)
         same = [o for at, o in s.recent if at == split]
-        cost = cost_change(same or [o for _, o in s.recent], obs, cpu_only=not same)
+        cost = cost_change(same or [o for _, o in s.recent], obs, split_moved=not same)
         moved = cost.moved
         s.model.update(obs, refit=gate.redecide_now and not moved)  # refit on news only
         s.recent = [*s.recent, (split, obs)][-COST_HISTORY:]
