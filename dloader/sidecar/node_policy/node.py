@@ -379,7 +379,7 @@ class NodePolicy:
         s.recent = [*s.recent, (split, obs)][-COST_HISTORY:]
         why = ""
         if moved:
-            bound = math.copysign(cost.threshold, cost.change)  # 1.4x more, or 1.4x less
+            bound = math.copysign(cost.threshold, cost.change)  # e.g. 1.4x more, or 1.4x less
             what = "time per sample" if same else "CPU time per sample"
             where = "at this split" if same else "before the split moved"
             why = (
