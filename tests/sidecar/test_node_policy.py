@@ -274,22 +274,29 @@ def test_a_timed_window_breaks_a_row_of_surprises() -> None:
             now += 2.0
 
 
-def test_a_neighbours_new_count_is_not_a_cost_change() -> None:
-    """The same job, the same count, twice the time per sample, but a neighbour's count changed
-    between the windows (cores shared by more workers): no restart; the next window at the
-    new split is the reference."""
+def neighbour_moved(steady: pol.ReportWindow) -> tuple[pol.NodePolicy, float]:
+    """Jobs ``a`` and ``b``; ``a`` learns three ``steady`` windows, then ``b``'s count moves by
+    three. Returns the policy and when ``a``'s next window comes."""
     p = pol.NodePolicy("adaptive", BUDGET)
     for j in ("a", "b"):
         p.add(job(j, registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+    now = 2.5
+    for _ in range(3):
+        p.report("a", steady, now)
+        now += 2.0
+    p.jobs["b"].directed += 3
+    return p, now
+
+
+def test_a_neighbours_new_count_is_not_a_cost_change() -> None:
+    """The same job, the same count, twice the wall time per sample (its CPU time the same),
+    but a neighbour's count changed between the windows (cores shared by more workers): no
+    restart; the next window at the new split is the reference."""
 
     def timed(fetch: float, rate: float) -> pol.ReportWindow:
         return replace(window(2, rate, fetch=fetch), run_delay_s=(0.0,) * 2)
 
-    now = 2.5
-    for _ in range(3):
-        p.report("a", timed(0.2, 300.0), now)
-        now += 2.0
-    p.jobs["b"].directed += 3  # the neighbour moved
+    p, now = neighbour_moved(timed(0.2, 300.0))
     slower = p.report("a", timed(0.4, 150.0), now)
     assert not any(e.kind == "restarted" for e in slower.events)
     learnt = p.jobs["a"].model.observations
@@ -307,18 +314,11 @@ def test_a_cost_change_just_after_a_neighbours_move_is_seen_in_its_cpu_time() ->
     count changed: no window at the new split to compare with, but CPU time per sample does
     not move with the split as wall time does, so the change is seen in that window (it was
     missed until the model relearnt the job at the new split, 40 s in one run)."""
-    p = pol.NodePolicy("adaptive", BUDGET)
-    for j in ("a", "b"):
-        p.add(job(j, registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
 
     def timed(cpu: float, rate: float) -> pol.ReportWindow:
         return replace(window(2, rate, fetch=2 * cpu, cpu=cpu), run_delay_s=(0.0,) * 2)
 
-    now = 2.5
-    for _ in range(3):
-        p.report("a", timed(0.1, 300.0), now)
-        now += 2.0
-    p.jobs["b"].directed += 3  # the neighbour moved
+    p, now = neighbour_moved(timed(0.1, 300.0))
     dearer = p.report("a", timed(0.2, 150.0), now)
     assert [e.kind for e in dearer.events] == ["restarted"]
     assert any("CPU time per sample +100%" in n and "(beyond +70%)" in n for n in dearer.notes)
