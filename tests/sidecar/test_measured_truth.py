@@ -151,6 +151,7 @@ def test_a_probe_under_way_when_the_costs_change_is_not_judged_on_them() -> None
         else:  # a window unlike before at the split: the node changed
             measure(truth, PROBED, 1.0, now=12.0)
             assert truth.record(PROBED, "io", 5.0, now=13.0)
+            assert truth.measured.samples == {PROBED: {"io": [5.0]}}  # the new costs' first
         assert truth.probed is None and truth.paid is None and truth.previous is None
         assert truth.probe_wait == 80.0  # the wait before the next probe is kept
         measure(truth, PROBED, 1.0, now=14.0)

@@ -490,11 +490,11 @@ class MeasuredTruth:
 
     def record(self, split: Split, job_id: str, samples_per_s: float, now: float) -> bool:
         """One steady window of a job at ``split`` (:meth:`Measurements.add`); True when it
-        says the node changed and every split's measurements were forgotten (the probe state
-        too, as :meth:`forget`)."""
+        says the node changed: every split's measurements were forgotten but this window, which
+        starts anew, and the probe state goes as in :meth:`forget`."""
         changed = self.measured.add(split, job_id, samples_per_s, now)
         if changed:
-            self.forget()
+            self._drop_probe()
         return changed
 
     def known(self, split: Split, limits: dict[str, float], now: float) -> bool:
@@ -509,6 +509,9 @@ class MeasuredTruth:
         The wait before the next probe is kept (a job whose windows often look changed would
         otherwise be probed every few seconds)."""
         self.measured = Measurements()
+        self._drop_probe()
+
+    def _drop_probe(self) -> None:
         self.previous, self.probed, self.paid = None, None, None
 
     def steer(
