@@ -58,8 +58,9 @@ from benchmarks._common import add_out_dir, machine, outputs, table
 from benchmarks.allocator import plots
 from benchmarks.allocator.bench_admission import interval
 from dloader.allocator import Cluster
+from dloader.allocator.optimizer import POOL_EFFICIENCY
 from dloader.allocator.policies import POLICIES as KNOWN
-from dloader.allocator.policies import Policy, make_policy
+from dloader.allocator.policies import SIM_POLICIES, Policy, make_policy
 from dloader.allocator.simulator import Simulator
 from dloader.allocator.traces import (
     PACKAGED_PHILLY,
@@ -77,6 +78,8 @@ POLICIES = ("goodput-dp", "goodput-dp-cpu-blind", "synergy", "pollux")
 #: The pooled same-cores bound (see the module docstring).
 POOLED = "goodput-dp@pooled"
 BLIND = "goodput-dp-cpu-blind"
+#: The CPU-aware arms whose reach towards the pooled bound is printed (with BLIND and the bound).
+REACHING = ("goodput-dp", "goodput-dp-lend")
 
 Scenario = tuple[str, float]
 """(workload label, cores per GPU; inf: unlimited)"""
@@ -131,7 +134,8 @@ def simulate(
     label, cores_per_gpu = scenario
     nodes, per_node = 16, 4
     cpus = None if math.isinf(cores_per_gpu) else cores_per_gpu * per_node
-    cluster = Cluster.uniform(nodes, per_node, cpus)
+    # remote workers (goodput-dp-lend's cores lent across nodes) feed at the measured efficiency
+    cluster = replace(Cluster.uniform(nodes, per_node, cpus), pool_efficiency=POOL_EFFICIENCY)
     jobs, apps = workload(label, nodes * per_node)
     jobs = jitter_arrivals(jobs, seed=jitter, seconds=jitter_s)
     began = time.perf_counter()
@@ -197,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     cores = _numbers(args.cores_per_gpu, "--cores-per-gpu", p)
     philly_cores = _numbers(args.philly_cores_per_gpu, "--philly-cores-per-gpu", p)
     names = [n for n in args.policies.split(",") if n]
-    if not names or any(n not in KNOWN for n in names) or names[0] != "goodput-dp":
-        p.error(f"--policies={args.policies!r}: goodput-dp first, then any of {KNOWN}")
+    known = KNOWN + SIM_POLICIES
+    if not names or any(n not in known for n in names) or names[0] != "goodput-dp":
+        p.error(f"--policies={args.policies!r}: goodput-dp first, then any of {known}")
     if args.philly < 0 or args.processes < 1 or args.jitter_seeds < 1:
         p.error(
             f"--philly={args.philly} must be >= 0, --processes={args.processes} and "
@@ -288,13 +293,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             table(["goodput-dp / peer", "measure", "median", "95% interval", "worst"], ratio_rows)
         )
-        if BLIND in names and bounded:
-            reach[title] = _reach(runs, scenarios, jitters, rng)
-            r = reach[title]
+        for n in [n for n in names if n in REACHING] if BLIND in names and bounded else ():
+            r = _reach(runs, scenarios, jitters, rng, n)
+            reach.setdefault(title, {})[n] = r
             print(
-                f"reach from {BLIND} to the pooled bound (avg JCT): median {r['median']:.2f} "
-                f"[{r['lo']:.2f}, {r['hi']:.2f}], worst {r['worst']:.2f}; bound / blind "
-                f"median {r['headroom']:.3f} (per workload: "
+                f"{n}'s reach from {BLIND} to the pooled bound (avg JCT): median "
+                f"{r['median']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}], worst {r['worst']:.2f}; "
+                f"bound / blind median {r['headroom']:.3f} (per workload: "
                 + ", ".join(f"{w} {v:.2f}" for w, v in r["by_workload"].items())
                 + ")"
             )
@@ -324,14 +329,15 @@ def _reach(
     scenarios: list[Scenario],
     jitters: range,
     rng: np.random.Generator,
+    policy: str = "goodput-dp",
 ) -> dict[str, Any]:
-    """How much of the way from the CPU-blind policy to the pooled bound goodput-dp went on
+    """How much of the way from the CPU-blind policy to the pooled bound ``policy`` went on
     average JCT, per workload (its jitters' gaps summed): median, 95% interval, worst, and the
     bound's average JCT over blind's (the headroom; a workload without any is left out)."""
     by_workload, headroom = {}, []
     for s in scenarios:
         blind = sum(runs[s, k, BLIND]["avg_jct_s"] for k in jitters)
-        dp = sum(runs[s, k, "goodput-dp"]["avg_jct_s"] for k in jitters)
+        dp = sum(runs[s, k, policy]["avg_jct_s"] for k in jitters)
         bound = sum(runs[s, k, POOLED]["avg_jct_s"] for k in jitters)
         headroom.append(bound / blind)
         if blind - bound > 1e-3 * blind:

@@ -33,7 +33,7 @@ from dloader.allocator.optimizer import (
     POOL_EFFICIENCY,
     Cluster,
 )
-from dloader.allocator.policies import POLICIES, make_policy
+from dloader.allocator.policies import POLICIES, SIM_POLICIES, make_policy
 from dloader.allocator.simulator import LEARNING, SimResult, Simulator
 from dloader.allocator.traces import (
     DURATIONS,
@@ -85,7 +85,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policy",
         default="goodput-dp",
-        help=f"policy, a comma-separated list, or 'all' ({', '.join(POLICIES)})",
+        help=f"policy, a comma-separated list, or 'all' ({', '.join(POLICIES)}); and, the "
+        f"simulator only, {', '.join(SIM_POLICIES)}",
     )
     p.add_argument("--out", type=Path, required=True, help="results JSON to write")
     p.add_argument("--csv", type=Path, help="per-job CSV (default: next to --out)")
@@ -129,7 +130,8 @@ def parser() -> argparse.ArgumentParser:
         "--pool-efficiency",
         type=positive,
         default=POOL_EFFICIENCY,
-        help="what a pool core feeds as a share of what a core on the job's node feeds "
+        help="what a pool core (or one lent by another node, goodput-dp-lend) feeds as a "
+        "share of what a core on the job's node feeds "
         f"(default {POOL_EFFICIENCY}: measured by benchmarks/loader/bench_remote.py)",
     )
     p.add_argument(
@@ -249,9 +251,10 @@ def parser() -> argparse.ArgumentParser:
 
 def _policies(text: str) -> list[str]:
     names = list(POLICIES) if text == "all" else [n.strip() for n in text.split(",") if n]
+    known = POLICIES + SIM_POLICIES
     for n in names:
-        if n not in POLICIES:
-            raise AllocatorError(f"--policy {n!r}: expected one of {', '.join(POLICIES)} or all")
+        if n not in known:
+            raise AllocatorError(f"--policy {n!r}: expected one of {', '.join(known)} or all")
     return names
 
 
@@ -368,17 +371,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         names = _policies(args.policy)
         cluster = Cluster.uniform(args.nodes, args.gpus_per_node, args.cpus_per_node)
+        if args.cpus_per_node is not None:  # the pool's, and cores lent across nodes
+            cluster = replace(cluster, pool_efficiency=min(args.pool_efficiency, 1.0))
         if args.cpu_pool_nodes:
             if args.cpu_pool_nodes < 0 or args.cpus_per_node is None:
                 raise AllocatorError(
                     f"--cpu-pool-nodes {args.cpu_pool_nodes}: expected >= 0 nodes, and "
                     "--cpus-per-node (where cores are unlimited no pipeline needs a pool)"
                 )
-            cluster = replace(
-                cluster,
-                pool=args.cpu_pool_nodes * args.cpu_pool_cores,
-                pool_efficiency=min(args.pool_efficiency, 1.0),
-            )
+            cluster = replace(cluster, pool=args.cpu_pool_nodes * args.cpu_pool_cores)
         if args.jobs_per_hour is not None and (args.philly is None or args.time_scale != 1):
             raise AllocatorError(
                 f"--jobs-per-hour {args.jobs_per_hour:g}: a Philly draw's steady load "

@@ -454,7 +454,7 @@ class Simulator:
             explored_nodes=spanned,
             attained_gpu_s=job.gpu_seconds,
             input=known,
-            remote_max=math.inf if self.cluster.pool > 0 else 0.0,
+            remote_max=math.inf if self.cluster.cpus is not None else 0.0,
             done=(
                 None
                 if self.declared_lengths is None
@@ -609,9 +609,13 @@ class Simulator:
     def _apply(self, active: list[_SimJob], decision: ClusterDecision, t: float) -> None:
         placements, batches, cores = decision.placements, decision.batch_sizes, decision.cores
         pool = sum(decision.remote.values())
-        if pool > self.cluster.pool * (1 + 1e-6) + 1e-9:
+        lent = decision.lent or (0.0,) * len(self.cluster.nodes)
+        if len(lent) != len(self.cluster.nodes) or min(lent) < 0:
+            raise AllocatorError(f"policy {self.policy.name} lent {lent}: one count >= 0 a node")
+        if pool > (self.cluster.pool + sum(lent)) * (1 + 1e-6) + 1e-9:
             raise AllocatorError(
-                f"policy {self.policy.name} gave out {pool:g} pool cores of {self.cluster.pool:g}"
+                f"policy {self.policy.name} gave out {pool:g} pool cores of "
+                f"{self.cluster.pool:g} and {sum(lent):g} lent"
             )
         per_node = [0] * len(self.cluster.nodes)
         for p in placements.values():
@@ -626,11 +630,14 @@ class Simulator:
                 if job_id not in cores:
                     raise AllocatorError(f"policy {self.policy.name} gave job {job_id} no cores")
                 used = [a + b for a, b in zip(used, cores[job_id], strict=True)]
+            used = [a + b for a, b in zip(used, lent, strict=True)]
             if any(u > c * (1 + 1e-6) + 1e-9 for u, c in zip(used, self.cluster.cpus, strict=True)):
                 raise AllocatorError(
                     f"policy {self.policy.name} gave out more cores than a node has: {used} "
-                    f"of {self.cluster.cpus}"
+                    f"of {self.cluster.cpus} (lent ones included)"
                 )
+        elif any(lent):
+            raise AllocatorError(f"policy {self.policy.name} lent cores of unlimited nodes")
         for j in active:
             j.cores = cores.get(j.spec.name, ()) if self.cluster.cpus is not None else ()
             j.remote = decision.remote.get(j.spec.name, 0.0) if j.spec.name in placements else 0.0
@@ -669,6 +676,7 @@ class Simulator:
         for j in placed:
             (c,) = got[j.spec.name]
             j.cores = tuple(c * g / j.gpus for g in j.placement)
+            j.remote = 0.0  # cores lent across nodes are in the pool already
 
     @staticmethod
     def _record(j: _SimJob) -> SimJobResult:

@@ -19,14 +19,16 @@ from benchmarks.allocator import bench_cpu
 def test_bench_cpu_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
         "--workloads", "3", "--cores-per-gpu", "3", "--philly", "1",
-        "--philly-cores-per-gpu", "3", "--policies", "goodput-dp,goodput-dp-cpu-blind,synergy",
+        "--philly-cores-per-gpu", "3",
+        "--policies", "goodput-dp,goodput-dp-cpu-blind,synergy,goodput-dp-lend",
         "--no-mix", "--seed", "5", "--processes", "2", "--jitter-seeds", "1",
     ]  # fmt: skip
     assert bench_cpu.main([*argv, "--out-dir", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "bench_cpu.json").read_text())
     assert data["seed"] == 5
     runs = {(r["workload"], r["policy"]): r for r in data["runs"]}
-    for policy in ("goodput-dp", "goodput-dp-cpu-blind", "synergy", "goodput-dp@pooled"):
+    arms = ("goodput-dp", "goodput-dp-cpu-blind", "synergy", "goodput-dp-lend", "goodput-dp@pooled")
+    for policy in arms:
         for label in ("pollux-3", "philly-5"):
             r = runs[label, policy]
             assert r["jobs_completed"] == r["jobs"] == 160
@@ -35,14 +37,18 @@ def test_bench_cpu_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert set(data["ratios"]["Pollux workloads, 3 cores/GPU"]) == {
         "goodput-dp-cpu-blind",
         "synergy",
+        "goodput-dp-lend",
         "goodput-dp@pooled",  # how far from the bound
     }
     reach = data["reach"]["Pollux workloads, 3 cores/GPU"]
-    assert 0 < reach["headroom"] < 1  # the pooled cores feed more than each node's own
+    assert set(reach) == {"goodput-dp", "goodput-dp-lend"}  # the CPU-aware arms
+    for r in reach.values():
+        assert 0 < r["headroom"] < 1  # the pooled cores feed more than each node's own
     assert (tmp_path / "bench_cpu.png").stat().st_size > 0
     out = capsys.readouterr().out
     assert "seeds 5..5" in out and "95% interval" in out
-    assert "reach from goodput-dp-cpu-blind to the pooled bound" in out
+    assert "goodput-dp's reach from goodput-dp-cpu-blind to the pooled bound" in out
+    assert "goodput-dp-lend's reach" in out
 
 
 def test_bad_arguments_name_the_value(capsys: pytest.CaptureFixture[str]) -> None:

@@ -32,6 +32,10 @@
 * ``goodput-dp-cpu-blind``: ``goodput-dp`` deciding as if every pipeline fed any number of
   GPUs; a node's cores go to its jobs in proportion to their GPUs there (the GPU-proportional
   baseline).
+* ``goodput-dp-lend`` (the simulator only): ``goodput-dp`` lending each node's cores its own
+  jobs do not need to other nodes' jobs short of theirs, as remote loader workers (Ray) at the
+  pool's efficiency (:mod:`.cores`). Live, the remote workers would have to run on the lending
+  nodes (Ray node affinity), which the service does not do: it does not accept this policy.
 * ``pollux``: Pollux's own policy, from its paper, for comparison in the same simulator
   (:mod:`.pollux`); CPU-blind, so its jobs get GPU-proportional cores.
 * ``synergy``: Synergy-TUNE (OSDI'22), from its paper and artifact (:mod:`.synergy`): GPUs
@@ -88,6 +92,7 @@ from dloader.errors import AllocatorError
 __all__ = [
     "POLICIES",
     "REPLAN_MAX_SIZE",
+    "SIM_POLICIES",
     "ClusterDecision",
     "DpPolicy",
     "JobState",
@@ -121,6 +126,9 @@ POLICIES = (
     "synergy-proportional",
     "synergy-fifo-proportional",
 )
+#: Policies only the simulator runs (see the list above); ``dloader-sim --policy`` accepts them
+#: beside :data:`POLICIES`.
+SIM_POLICIES = ("goodput-dp-lend",)
 
 
 def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 0) -> Policy:
@@ -141,7 +149,7 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
         return SynergyPolicy("las", tune=False)
     if name == "synergy-fifo-proportional":
         return SynergyPolicy("fifo", tune=False)
-    if name.startswith("goodput-dp") and name in POLICIES:
+    if name.startswith("goodput-dp") and (name in POLICIES or name in SIM_POLICIES):
         return DpPolicy(
             name,
             objective="goodput",
@@ -156,5 +164,6 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
             core_admission=name != "goodput-dp-no-core-admission",
             length_power=0.0 if name == "goodput-dp-no-lengths" else LENGTH_POWER,
             short_left_gpu_s=0.0 if name == "goodput-dp-no-lengths" else SHORT_LEFT_GPU_S,
+            lend_spare=name == "goodput-dp-lend",
         )
-    raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES)}")
+    raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES + SIM_POLICIES)}")

@@ -34,6 +34,12 @@ each node's division, the pool goes to the jobs still short of what their GPUs n
 water-filling (:func:`divide_pool`), within what their loaders can use (``JobState.remote_max``);
 each batch is then refitted to the local and pool cores together.
 
+**Spare cores lent across nodes** (``goodput-dp-lend``, the simulator only): a node's cores that
+its own jobs do not need (:func:`spare_cores`) join the pool for that decision, as remote loader
+workers on that node for jobs short on theirs, at the pool's efficiency; the lending node's
+division is then made on what it keeps. The pooled same-cores bound is what this approaches:
+work moves to the idle cores, at the cost of moving its batches.
+
 Design for more resources: a further per-node resource (host memory, a GPU type) is one more
 per-node tuple in :class:`Cluster`, one more curve per job, and one more ``min`` in
 :func:`fed_table` and division in :func:`divide_cores`; the DP and the placer are unchanged.
@@ -58,6 +64,7 @@ __all__ = [
     "feed_cores",
     "feed_rate",
     "proportional_cores",
+    "spare_cores",
     "water_fill",
 ]
 
@@ -148,6 +155,27 @@ def divide_cores(
         for i, x in zip(here.tolist(), got.tolist(), strict=True):
             rows[i][n] = x
     return {j: tuple(row) for j, row in zip(jobs, rows, strict=True)}
+
+
+def spare_cores(
+    placements: Mapping[str, tuple[int, ...]],
+    cores: Mapping[str, tuple[float, ...]],
+    need: Mapping[str, float],
+    cluster: Cluster,
+) -> tuple[float, ...]:
+    """Each node's cores its own jobs do not need: its cores less, for each job there, the
+    lesser of what :func:`divide_cores` gave it (``cores``) and its ``need`` split by its GPUs
+    (a job without a known need counts all it got). Empty with unlimited cores."""
+    if cluster.cpus is None:
+        return ()
+    used = [0.0] * len(cluster.cpus)
+    for job, row in cores.items():
+        gpus = placements[job]
+        total = sum(gpus)
+        for n, (c, g) in enumerate(zip(row, gpus, strict=True)):
+            if g:
+                used[n] += min(c, need.get(job, math.inf) * g / total)
+    return tuple(max(c - u, 0.0) for c, u in zip(cluster.cpus, used, strict=True))
 
 
 def divide_pool(

@@ -29,6 +29,7 @@ from dloader.allocator.policies.cores import (
     feed_cores,
     feed_rate,
     proportional_cores,
+    spare_cores,
 )
 from dloader.allocator.policies.state import ClusterDecision, JobState, held_placements
 from dloader.allocator.policies.throughput import batch_grid, throughput_fn
@@ -96,6 +97,7 @@ class DpPolicy:
         core_admission: bool = False,
         length_power: float = 0.0,
         short_left_gpu_s: float = 0.0,
+        lend_spare: bool = False,
     ) -> None:
         """``cpu_aware``: with a cluster of limited cores, decide GPUs, batch sizes and cores
         together (:mod:`.cores`); else a node's cores go to its jobs in proportion to their
@@ -109,7 +111,9 @@ class DpPolicy:
         the line's typical job (:meth:`weigh_lengths`; 0: lengths are not used).
         ``short_left_gpu_s``: with ``las`` admission, a waiting served job whose declared length
         leaves it at most this many GPU-seconds goes before the other waiting served jobs
-        (:meth:`line`; 0: not used)."""
+        (:meth:`line`; 0: not used). ``lend_spare``: with ``cpu_aware``, each node's cores its
+        own jobs do not need feed other nodes' jobs short of theirs as remote loader workers
+        (:func:`.cores.spare_cores`; the decision's ``lent`` says how many of each node's)."""
         if restart_model not in ("age", "horizon"):
             raise AllocatorError(f"restart_model={restart_model!r}: expected 'age' or 'horizon'")
         if admission not in ("fifo", "las"):
@@ -126,6 +130,7 @@ class DpPolicy:
                 f"short_left_gpu_s={short_left_gpu_s}: expected a finite number >= 0"
             )
         self.short_left_gpu_s = short_left_gpu_s
+        self.lend_spare = lend_spare
         self.length_power = length_power
         self.per_node_model = per_node_model
         self.bounded_sync = bounded_sync
@@ -326,7 +331,14 @@ class DpPolicy:
         weights = {j.job_id: j.priority for j in jobs}
         cores = divide_cores(decision.placements, need, weights, cluster)
         short = {job_id: n - sum(cores[job_id]) for job_id, n in need.items()}
-        remote = divide_pool(short, {j.job_id: j.remote_max for j in jobs}, weights, cluster)
+        most = {j.job_id: j.remote_max for j in jobs}
+        lent: tuple[float, ...] = ()
+        if self.lend_spare:
+            cores, remote, lent, cluster = self._lend(
+                decision.placements, cores, need, short, most, weights, cluster
+            )
+        else:
+            remote = divide_pool(short, most, weights, cluster)
         sizes, reasons = dict(decision.batch_sizes), dict(decision.reasons)
         for (job_id, model, _), k, (batches, x, eff) in zip(fed, gpus, tables, strict=True):
             pool = remote.get(job_id, 0.0)
@@ -337,7 +349,39 @@ class DpPolicy:
             if best != sizes[job_id]:
                 reasons[job_id] += f"; batch {best} for its {got:.1f} cores"
                 sizes[job_id] = best
-        return replace(decision, batch_sizes=sizes, reasons=reasons, cores=cores, remote=remote)
+        return replace(
+            decision, batch_sizes=sizes, reasons=reasons, cores=cores, remote=remote, lent=lent
+        )
+
+    @staticmethod
+    def _lend(
+        placements: Mapping[str, tuple[int, ...]],
+        cores: dict[str, tuple[float, ...]],
+        need: Mapping[str, float],
+        short: Mapping[str, float],
+        most: Mapping[str, float],
+        weights: Mapping[str, float],
+        cluster: Cluster,
+    ) -> tuple[dict[str, tuple[float, ...]], dict[str, float], tuple[float, ...], Cluster]:
+        """``lend_spare``: the nodes' spare cores (and the CPU pool's) to the jobs still
+        ``short``, within the ``most`` their loaders can use; the lending nodes' cores divided
+        again on what they keep. Returns the cores, the remote cores per job, each node's cores
+        lent, and the cluster as the refit sees it (its pool grown by the spare)."""
+        spare = spare_cores(placements, cores, need, cluster)
+        grown = replace(cluster, pool=cluster.pool + sum(spare))
+        remote = divide_pool(short, most, weights, grown)
+        borrowed = max(sum(remote.values()) - cluster.pool, 0.0)  # the pool's own cores first
+        if borrowed <= 1e-9:
+            return cores, remote, (), grown
+        assert cluster.cpus is not None  # spare cores need cores per node
+        # a node lends at most all but a sliver of its cores (a cluster's nodes have some)
+        kept = tuple(
+            max(c - s * borrowed / sum(spare), 1e-6 * c)
+            for c, s in zip(cluster.cpus, spare, strict=True)
+        )
+        lent = tuple(c - k for c, k in zip(cluster.cpus, kept, strict=True))
+        keep = replace(cluster, cpus=kept)
+        return divide_cores(placements, need, weights, keep), remote, lent, grown
 
     def _core_queue(
         self, jobs: Sequence[JobState], specs: Sequence[OptimizerJob], cluster: Cluster

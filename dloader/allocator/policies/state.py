@@ -121,6 +121,9 @@ class ClusterDecision:
     """CPU cores per node for each job that runs (empty: the cluster's cores are unlimited)."""
     remote: dict[str, float] = field(default_factory=dict)
     """Cores of the cluster's CPU pool for each job that gets some (its remote workers)."""
+    lent: tuple[float, ...] = ()
+    """Cores of each node lent to the pool for this decision (its jobs' spare, serving other
+    nodes' jobs' remote workers; empty: none lent)."""
 
 
 class Policy(Protocol):
