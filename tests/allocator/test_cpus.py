@@ -626,3 +626,93 @@ def test_sim_cli_takes_a_cpu_pool(tmp_path, capsys) -> None:
     assert 0 < result["pool_utilisation"] <= 1
     assert main([*base, "--cpu-pool-nodes", "1", "--out", str(out), "--quiet"]) == 2
     assert "--cpus-per-node" in capsys.readouterr().err
+
+
+def test_spare_cores_are_what_a_nodes_own_jobs_do_not_need() -> None:
+    from dloader.allocator.policies.cores import spare_cores
+
+    cluster = Cluster((4, 4, 4), (8.0, 8.0, 8.0))
+    placements = {"hungry": (4, 0, 0), "light": (0, 2, 0), "split": (0, 2, 2)}
+    need = {"hungry": 20.0, "light": 1.0, "split": 4.0}
+    cores = divide_cores(placements, need, {}, cluster)
+    # node 0 is short; node 1 keeps light's 1 and split's half (2) of what they need; node 2
+    # split's other half; a job without a known need counts all it got
+    assert spare_cores(placements, cores, need, cluster) == pytest.approx((0.0, 5.0, 6.0))
+    assert spare_cores(placements, cores, {"hungry": 20.0}, cluster) == pytest.approx(
+        (0.0, 0.0, 0.0)
+    )
+    assert spare_cores(placements, {}, need, Cluster((4, 4, 4))) == ()
+
+
+def test_goodput_dp_lend_feeds_a_starved_job_from_a_light_nodes_spare_cores() -> None:
+    """Two nodes of 4 GPUs and 4 cores: a job whose pipeline feeds 10 samples/s a core on one,
+    a job that needs almost no cores on the other. goodput-dp-lend lends the light node's
+    spare to the starved job's remote workers; the light job keeps what it needs; the starved
+    node lends nothing. goodput-dp (and the live service) does not lend."""
+    cluster = Cluster((4, 4), (4.0, 4.0), pool_efficiency=0.75)
+    jobs = [
+        _job("starved", 4, input=InputModel.linear(10.0), remote_max=math.inf, max_gpus=4),
+        _job("light", 4, input=InputModel.linear(1e6), remote_max=math.inf, max_gpus=4),
+    ]
+    d = make_policy("goodput-dp-lend").decide(jobs, cluster)
+    light = d.placements["light"].index(4)
+    assert d.placements["starved"][light] == 0
+    assert d.lent[1 - light] == 0.0 and 3.9 < d.lent[light] < 4.0
+    assert d.remote == {"starved": pytest.approx(d.lent[light])}
+    assert "pool cores" in d.reasons["starved"]
+    kept = d.cores["light"][light]
+    assert kept + d.lent[light] == pytest.approx(4.0)
+    assert kept == pytest.approx(4000 / 1e6)  # what its 4 GPUs need at 1,000 samples/s each
+    plain = make_policy("goodput-dp").decide(jobs, cluster)
+    assert plain.remote == {} and plain.lent == ()
+    from dloader.allocator.config import Settings
+    from dloader.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="goodput-dp-lend"):
+        Settings(policy="goodput-dp-lend")  # live, remote workers cannot go to a lender
+
+
+def test_lent_cores_feed_a_hungry_job_in_the_simulator_within_each_nodes_cores(apps) -> None:
+    """A hungry job and a light one, each on its own node: goodput-dp-lend feeds the hungry
+    one from the light node's spare (at the pool's efficiency), and is done sooner than
+    goodput-dp; the simulator refuses a policy that lends more than a node has."""
+    jobs = [
+        WorkloadJob("cifar10-0", 0.0, "cifar10", 4, 2048),  # hungry (res18's profile)
+        WorkloadJob("ncf-1", 0.0, "ncf", 4, 4096),  # light (flat profile)
+    ]
+    cluster = Cluster.uniform(2, 4, 4.0)
+
+    def run(policy, cluster=cluster):  # type: ignore[no-untyped-def]
+        sim = Simulator(jobs, apps, policy, cluster, learning="oracle")
+        return {j.name: j for j in sim.run().jobs}
+
+    lends = replace(cluster, pool_efficiency=0.87)
+    alone, lent = run(make_policy("goodput-dp"), lends), run(make_policy("goodput-dp-lend"), lends)
+    assert lent["cifar10-0"].remote_seconds > 0
+    assert lent["cifar10-0"].jct_s < alone["cifar10-0"].jct_s * 0.9
+    assert lent["ncf-1"].input_s == pytest.approx(alone["ncf-1"].input_s, abs=60.0)
+
+    class Lavish:
+        name = "lavish"
+
+        def __init__(self) -> None:
+            self.inner = make_policy("goodput-dp-lend")
+
+        def decide(self, jobs, cluster):  # type: ignore[no-untyped-def]
+            d = self.inner.decide(jobs, cluster)
+            return replace(d, lent=tuple(cluster.cpus))  # the cores its own jobs hold too
+
+    with pytest.raises(AllocatorError, match="more cores than a node has"):
+        run(Lavish())
+
+
+def test_sim_cli_runs_the_lending_policy_and_lists_it_when_refusing(tmp_path, capsys) -> None:
+    out = tmp_path / "r.json"
+    base = ["--workload", str(DATA / "workload.csv"), "--traces", str(DATA), "--nodes", "3"]
+    rc = main([*base, "--cpus-per-node", "4", "--policy", "goodput-dp-lend", "--out", str(out),
+               "--quiet"])  # fmt: skip
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["cluster"]["pool_efficiency"] == pytest.approx(0.87)  # lent cores feed so
+    assert main([*base, "--policy", "goodput-dp-borrow", "--out", str(out), "--quiet"]) == 2
+    assert "goodput-dp-lend" in capsys.readouterr().err
