@@ -293,6 +293,20 @@ def main(argv: list[str] | None = None) -> int:
         print(
             table(["goodput-dp / peer", "measure", "median", "95% interval", "worst"], ratio_rows)
         )
+        for n in [n for n in names[1:] if n in REACHING]:  # another CPU-aware arm, the same way
+            rows = []
+            for peer in [p for p in names if p not in (n, "goodput-dp")] + (
+                [POOLED] if bounded else []
+            ):
+                by_workload = {
+                    s[0]: [
+                        runs[s, k, n]["avg_jct_s"] / runs[s, k, peer]["avg_jct_s"] for k in jitters
+                    ]
+                    for s in scenarios
+                }
+                med, lo, hi, worst = interval(by_workload, rng)
+                rows.append([peer, "avg_jct", med, f"[{lo:.3f}, {hi:.3f}]", worst])
+            print(table([f"{n} / peer", "measure", "median", "95% interval", "worst"], rows))
         for n in [n for n in names if n in REACHING] if BLIND in names and bounded else ():
             r = _reach(runs, scenarios, jitters, rng, n)
             reach.setdefault(title, {})[n] = r
