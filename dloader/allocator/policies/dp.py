@@ -374,12 +374,10 @@ class DpPolicy:
         if borrowed <= 1e-9:
             return cores, remote, (), grown
         assert cluster.cpus is not None  # spare cores need cores per node
-        # a node lends at most all but a sliver of its cores (a cluster's nodes have some)
-        kept = tuple(
-            max(c - s * borrowed / sum(spare), 1e-6 * c)
-            for c, s in zip(cluster.cpus, spare, strict=True)
-        )
-        lent = tuple(c - k for c, k in zip(cluster.cpus, kept, strict=True))
+        lent = tuple(s * borrowed / sum(spare) for s in spare)
+        # what each node keeps, divided among its own jobs (a Cluster's nodes have some cores:
+        # a node that lends all it has keeps a sliver, which its jobs, needing none, may use)
+        kept = tuple(max(c - x, 1e-9) for c, x in zip(cluster.cpus, lent, strict=True))
         keep = replace(cluster, cpus=kept)
         return divide_cores(placements, need, weights, keep), remote, lent, grown
 
