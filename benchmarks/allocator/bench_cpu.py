@@ -258,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     def mean(s: Scenario, n: str, key: str) -> float:
         return float(np.mean([runs[s, k, n][key] for k in jitters]))
 
+    def ratio(scenarios: list[Scenario], n: str, peer: str, key: str) -> dict[str, list[float]]:
+        """``n``'s ``key`` over ``peer``'s, per workload, one per jitter."""
+        return {
+            s[0]: [runs[s, k, n][key] / runs[s, k, peer][key] for k in jitters] for s in scenarios
+        }
+
     rng = np.random.default_rng(0)
     ratios: dict[str, dict[str, list[float]]] = {}
     reach: dict[str, dict[str, Any]] = {}
@@ -278,10 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         bounded = all(POOLED in arms(s) for s in scenarios)
         for peer in names[1:] + ([POOLED] if bounded else []):  # / the bound: how far from it
             for key in ("avg_jct_s", "p99_jct_s", "makespan_s"):
-                by_workload = {
-                    s[0]: [runs[s, k, "goodput-dp"][key] / runs[s, k, peer][key] for k in jitters]
-                    for s in scenarios
-                }
+                by_workload = ratio(scenarios, "goodput-dp", peer, key)
                 if key == "avg_jct_s":
                     ratios.setdefault(title, {})[peer] = [
                         v for vs in by_workload.values() for v in vs
@@ -298,13 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             for peer in [p for p in names if p not in (n, "goodput-dp")] + (
                 [POOLED] if bounded else []
             ):
-                by_workload = {
-                    s[0]: [
-                        runs[s, k, n]["avg_jct_s"] / runs[s, k, peer]["avg_jct_s"] for k in jitters
-                    ]
-                    for s in scenarios
-                }
-                med, lo, hi, worst = interval(by_workload, rng)
+                med, lo, hi, worst = interval(ratio(scenarios, n, peer, "avg_jct_s"), rng)
                 rows.append([peer, "avg_jct", med, f"[{lo:.3f}, {hi:.3f}]", worst])
             print(table([f"{n} / peer", "measure", "median", "95% interval", "worst"], rows))
         for n in [n for n in names if n in REACHING] if BLIND in names and bounded else ():

@@ -592,25 +592,30 @@ def test_a_pool_speeds_up_cpu_starved_jobs_in_the_simulator(apps, workload) -> N
     assert math.isnan(none.summary()["pool_utilisation"])
 
 
+class _Tampered:
+    """A registered policy whose every decision ``change(decision, cluster)`` alters, to see the
+    simulator refuse what a policy must not give out."""
+
+    name = "tampered"
+
+    def __init__(self, policy: str, change) -> None:  # type: ignore[no-untyped-def]
+        self.inner, self.change = make_policy(policy), change
+
+    def decide(self, jobs, cluster):  # type: ignore[no-untyped-def]
+        return self.change(self.inner.decide(jobs, cluster), cluster)
+
+
 def test_the_simulator_refuses_a_policy_that_overdraws_the_pool(apps, workload) -> None:
-
-    class Greedy:
-        name = "greedy"
-
-        def __init__(self) -> None:
-            self.inner = make_policy("goodput-dp")
-
-        def decide(self, jobs, cluster):  # type: ignore[no-untyped-def]
-            d = self.inner.decide(jobs, cluster)
-            return replace(d, remote={j: cluster.pool for j in d.placements})
-
+    greedy = _Tampered(
+        "goodput-dp", lambda d, cluster: replace(d, remote={j: cluster.pool for j in d.placements})
+    )
     cluster = Cluster.uniform(
         3,
         4,
         4.0,
     )
     with pytest.raises(AllocatorError, match="pool cores"):
-        Simulator(workload, apps, Greedy(), replace(cluster, pool=2.0)).run()
+        Simulator(workload, apps, greedy, replace(cluster, pool=2.0)).run()
 
 
 def test_sim_cli_takes_a_cpu_pool(tmp_path, capsys) -> None:
@@ -692,18 +697,10 @@ def test_lent_cores_feed_a_hungry_job_in_the_simulator_within_each_nodes_cores(a
     assert lent["cifar10-0"].jct_s < alone["cifar10-0"].jct_s * 0.9
     assert lent["ncf-1"].input_s == pytest.approx(alone["ncf-1"].input_s, abs=60.0)
 
-    class Lavish:
-        name = "lavish"
-
-        def __init__(self) -> None:
-            self.inner = make_policy("goodput-dp-lend")
-
-        def decide(self, jobs, cluster):  # type: ignore[no-untyped-def]
-            d = self.inner.decide(jobs, cluster)
-            return replace(d, lent=tuple(cluster.cpus))  # the cores its own jobs hold too
-
+    # lending all of each node's cores, those its own jobs hold too
+    lavish = _Tampered("goodput-dp-lend", lambda d, cluster: replace(d, lent=tuple(cluster.cpus)))
     with pytest.raises(AllocatorError, match="more cores than a node has"):
-        run(Lavish())
+        run(lavish)
 
 
 def test_sim_cli_runs_the_lending_policy_and_lists_it_when_refusing(tmp_path, capsys) -> None:

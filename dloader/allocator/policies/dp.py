@@ -334,7 +334,7 @@ class DpPolicy:
         most = {j.job_id: j.remote_max for j in jobs}
         lent: tuple[float, ...] = ()
         if self.lend_spare:
-            cores, remote, lent, cluster = self._lend(
+            cores, remote, lent = self._lend(
                 decision.placements, cores, need, short, most, weights, cluster
             )
         else:
@@ -362,24 +362,23 @@ class DpPolicy:
         most: Mapping[str, float],
         weights: Mapping[str, float],
         cluster: Cluster,
-    ) -> tuple[dict[str, tuple[float, ...]], dict[str, float], tuple[float, ...], Cluster]:
+    ) -> tuple[dict[str, tuple[float, ...]], dict[str, float], tuple[float, ...]]:
         """``lend_spare``: the nodes' spare cores (and the CPU pool's) to the jobs still
         ``short``, within the ``most`` their loaders can use; the lending nodes' cores divided
-        again on what they keep. Returns the cores, the remote cores per job, each node's cores
-        lent, and the cluster as the refit sees it (its pool grown by the spare)."""
+        again on what they keep. Returns the cores, the remote cores per job and each node's
+        cores lent."""
         spare = spare_cores(placements, cores, need, cluster)
-        grown = replace(cluster, pool=cluster.pool + sum(spare))
-        remote = divide_pool(short, most, weights, grown)
+        remote = divide_pool(short, most, weights, replace(cluster, pool=cluster.pool + sum(spare)))
         borrowed = max(sum(remote.values()) - cluster.pool, 0.0)  # the pool's own cores first
         if borrowed <= 1e-9:
-            return cores, remote, (), grown
+            return cores, remote, ()
         assert cluster.cpus is not None  # spare cores need cores per node
         lent = tuple(s * borrowed / sum(spare) for s in spare)
         # what each node keeps, divided among its own jobs (a Cluster's nodes have some cores:
         # a node that lends all it has keeps a sliver, which its jobs, needing none, may use)
         kept = tuple(max(c - x, 1e-9) for c, x in zip(cluster.cpus, lent, strict=True))
         keep = replace(cluster, cpus=kept)
-        return divide_cores(placements, need, weights, keep), remote, lent, grown
+        return divide_cores(placements, need, weights, keep), remote, lent
 
     def _core_queue(
         self, jobs: Sequence[JobState], specs: Sequence[OptimizerJob], cluster: Cluster
