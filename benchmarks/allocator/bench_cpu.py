@@ -24,8 +24,10 @@ tuned); ``--philly N`` workloads of 160 jobs drawn from the Philly trace with ne
 base seed per run unless ``--seed``, printed) at 3 cores per GPU and unlimited; one CPU-hungry
 mix (workload 1 with each CPU-light ncf job made a cifar10 job of the same size). Each workload
 runs ``--jitter-seeds K`` times with every arrival moved by up to ``--jitter-s`` seconds
-(:func:`dloader.allocator.traces.jitter_arrivals`); each ratio is given as its median over the
-runs with a 95% interval from resampling workloads with their jitters, and the worst workload.
+(:func:`dloader.allocator.traces.jitter_arrivals`; with ``--declared-lengths SIGMA`` every job
+declares its length, off by ``exp(N(0, SIGMA))``, as a trainer declares its epochs); each ratio
+is given as its median over the runs with a 95% interval from resampling workloads with their
+jitters, and the worst workload.
 The Synergy twin against Synergy's own comparison, on the workload its artifact draws:
 :mod:`benchmarks.allocator.bench_synergy`.
 
@@ -61,7 +63,7 @@ from dloader.allocator import Cluster
 from dloader.allocator.optimizer import POOL_EFFICIENCY
 from dloader.allocator.policies import POLICIES as KNOWN
 from dloader.allocator.policies import SIM_POLICIES, Policy, make_policy
-from dloader.allocator.simulator import Simulator
+from dloader.allocator.simulator import MAX_DECLARED_SIGMA, Simulator
 from dloader.allocator.traces import (
     PACKAGED_PHILLY,
     PACKAGED_TRACES,
@@ -130,6 +132,7 @@ def simulate(
     gpu_speed: float,
     jitter_s: float,
     input_prior: bool = False,
+    declared: float | None = None,
 ) -> tuple[Scenario, int, str, dict[str, Any], float]:
     label, cores_per_gpu = scenario
     nodes, per_node = 16, 4
@@ -148,6 +151,7 @@ def simulate(
         gpu_speed=gpu_speed,
         pooled_cores=pooled,
         input_prior=input_prior,
+        declared_lengths=declared,
     )
     summary = sim.run().summary()
     return scenario, jitter, name, summary, time.perf_counter() - began
@@ -185,6 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a new job brings its application's measured input curve (Simulator input_prior)",
     )
+    p.add_argument(
+        "--declared-lengths",
+        type=float,
+        metavar="SIGMA",
+        help="every job declares its length, off by exp(N(0, SIGMA)) (0: exact), which "
+        "goodput-dp weighs; default: none declared",
+    )
     p.add_argument("--generations", type=int, default=100, help="pollux's genetic search")
     p.add_argument("--jitter-seeds", type=int, default=3, help="runs per workload (default 3)")
     p.add_argument("--jitter-s", type=float, default=30.0, help="arrival shift bound (30 s)")
@@ -211,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not (0 <= args.jitter_s < 3600):
         p.error(f"--jitter-s={args.jitter_s}: expected seconds in [0, 3600)")
+    if args.declared_lengths is not None and not 0 <= args.declared_lengths <= MAX_DECLARED_SIGMA:
+        p.error(
+            f"--declared-lengths={args.declared_lengths}: expected a sigma in "
+            f"[0, {MAX_DECLARED_SIGMA:g}]"
+        )
     seed = random.randrange(1, 1 << 30) if args.seed is None else args.seed
     outs = outputs(args.out_dir)
     print(f"machine: {machine()}", flush=True)
@@ -247,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.gpu_speed,
                 args.jitter_s,
                 args.input_prior,
+                args.declared_lengths,
             )
             for s, k, n in tasks
         ]
@@ -320,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": seed,
         "gpu_speed": args.gpu_speed,
         "input_prior": args.input_prior,
+        "declared_lengths": args.declared_lengths,
         "jitter_seeds": args.jitter_seeds,
         "jitter_s": args.jitter_s,
         "runs": [

@@ -575,6 +575,19 @@ def test_goodput_dp_queues_a_cpu_hungry_job_the_cores_cannot_feed() -> None:
     served = [replace(jobs[0], attained_gpu_s=1e5), *jobs[1:]]
     ahead = make_policy("goodput-dp").decide(served, cluster)
     assert set(ahead.placements) == {"ran", "next", "light"}
+    # with lengths known: a waiting job with fewer GPU-seconds left than the running one does
+    # not wait for its cores (shortest remaining first); one with more still does
+    long_run = replace(jobs[0], attained_gpu_s=3_600.0, done=0.1)  # 32,400 GPU-s left
+    for done, waits in ((0.5, False), (0.01, True)):
+        resumed = replace(jobs[1], attained_gpu_s=900.0, done=done)  # 900 or 89,100 left
+        d = make_policy("goodput-dp").decide([long_run, resumed, jobs[2]], cluster)
+        assert (d.waiting == ("next",)) is waits, (done, d.waiting)
+        fifo = make_policy("goodput-dp-core-fifo").decide([long_run, resumed, jobs[2]], cluster)
+        assert fifo.waiting == ("next",)  # the ablation waits for every job ahead
+    # about as much left as the job ahead (within CORE_LENGTH_FACTOR): it waits its turn
+    alike = replace(jobs[1], attained_gpu_s=900.0, done=0.05)  # 17,100 left against 32,400
+    d = make_policy("goodput-dp").decide([long_run, alike, jobs[2]], cluster)
+    assert d.waiting == ("next",)
 
 
 def test_a_pool_speeds_up_cpu_starved_jobs_in_the_simulator(apps, workload) -> None:

@@ -12,7 +12,8 @@
   and batch size (:mod:`.cores`): a job's throughput is the lesser of what its GPUs compute and
   what its input pipeline feeds on its cores, and a waiting CPU-hungry job whose cores the
   jobs ahead of it already need waits (they run one after another on the cores they need,
-  not all at once on a fraction each; :meth:`.DpPolicy._core_queue`).
+  not all at once on a fraction each; :meth:`.DpPolicy._core_queue`), unless its declared
+  length leaves it much less work than theirs.
   When not every job can have its fewest GPUs, the less served go first (two queues by
   attained GPU-seconds, with hysteresis and a restart budget: :meth:`.DpPolicy.line`). A job
   that declares its length (``JobState.done``: the share of its epochs done) is weighed by the
@@ -29,6 +30,8 @@
   (:attr:`dloader.predictor.ScalingModel.sync_replicas`).
 * ``goodput-dp-no-core-admission``: ``goodput-dp`` admitting jobs by GPUs alone, as before
   #48 §5 (a CPU-hungry job waits only for GPUs).
+* ``goodput-dp-core-fifo``: ``goodput-dp`` whose core-aware admission ignores declared
+  lengths (a waiting CPU-hungry job waits for every job ahead of it), as before.
 * ``goodput-dp-cpu-blind``: ``goodput-dp`` deciding as if every pipeline fed any number of
   GPUs; a node's cores go to its jobs in proportion to their GPUs there (the GPU-proportional
   baseline).
@@ -119,6 +122,7 @@ POLICIES = (
     "goodput-dp-extrapolated",
     "goodput-dp-cpu-blind",
     "goodput-dp-no-core-admission",
+    "goodput-dp-core-fifo",
     "goodput-dp-no-lengths",
     "pollux",
     "synergy",
@@ -165,5 +169,6 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
             length_power=0.0 if name == "goodput-dp-no-lengths" else LENGTH_POWER,
             short_left_gpu_s=0.0 if name == "goodput-dp-no-lengths" else SHORT_LEFT_GPU_S,
             lend_spare=name == "goodput-dp-lend",
+            core_lengths=name not in ("goodput-dp-core-fifo", "goodput-dp-no-lengths"),
         )
     raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES + SIM_POLICIES)}")

@@ -71,6 +71,13 @@ LENGTH_WEIGHT_MAX = 1.5
 #: it is needs no guess. Chosen on development draws (docs/benchmarks.md, "Declared lengths"):
 #: 4x the threshold gained the most, 1x and 2x little, 8x and 16x about as much as 4x.
 SHORT_LEFT_GPU_S = 3_600.0
+#: Core-aware admission with declared lengths: a waiting CPU-hungry job waits only for the jobs
+#: ahead with at most this many times its GPU-seconds left. Not 1: among jobs of about one
+#: length, one after another beats all at once (the queue's point), and the lengths left are
+#: extrapolations; with 1, a burst of like cifar10 jobs ran all at once (+10% average JCT on a
+#: development draw). Chosen on 16 development draws at 3x GPU speed (1 and 2 tried;
+#: docs/benchmarks.md, "Core-aware admission with declared lengths").
+CORE_LENGTH_FACTOR = 2.0
 
 
 class DpPolicy:
@@ -98,6 +105,7 @@ class DpPolicy:
         length_power: float = 0.0,
         short_left_gpu_s: float = 0.0,
         lend_spare: bool = False,
+        core_lengths: bool = False,
     ) -> None:
         """``cpu_aware``: with a cluster of limited cores, decide GPUs, batch sizes and cores
         together (:mod:`.cores`); else a node's cores go to its jobs in proportion to their
@@ -113,7 +121,9 @@ class DpPolicy:
         leaves it at most this many GPU-seconds goes before the other waiting served jobs
         (:meth:`line`; 0: not used). ``lend_spare``: with ``cpu_aware``, each node's cores its
         own jobs do not need feed other nodes' jobs short of theirs as remote loader workers
-        (:func:`.cores.spare_cores`; the decision's ``lent`` says how many of each node's)."""
+        (:func:`.cores.spare_cores`; the decision's ``lent`` says how many of each node's).
+        ``core_lengths``: with ``core_admission``, a waiting job whose length is known waits
+        only for the jobs ahead with little more work left (:meth:`_core_queue`)."""
         if restart_model not in ("age", "horizon"):
             raise AllocatorError(f"restart_model={restart_model!r}: expected 'age' or 'horizon'")
         if admission not in ("fifo", "las"):
@@ -131,6 +141,7 @@ class DpPolicy:
             )
         self.short_left_gpu_s = short_left_gpu_s
         self.lend_spare = lend_spare
+        self.core_lengths = core_lengths
         self.length_power = length_power
         self.per_node_model = per_node_model
         self.bounded_sync = bounded_sync
@@ -392,7 +403,11 @@ class DpPolicy:
         Where cores bind, such jobs then run one after another on the cores they need rather
         than all at once on a fraction each (the same samples/s where a pipeline's speed is
         proportional to its cores, each job done sooner), and their GPUs go to the jobs behind
-        them."""
+        them. With ``core_lengths``, a waiting job whose length is known
+        (:attr:`.JobState.remaining_gpu_s`) waits only for the jobs ahead that have at most
+        ``CORE_LENGTH_FACTOR`` times its GPU-seconds left (a job ahead whose length is not known
+        is not waited for): a short job does not wait hours for a long job's cores, and a job
+        of about the length of those ahead still waits its turn."""
         assert cluster.cpus is not None
         local, pool = sum(cluster.cpus), cluster.pool_efficiency * cluster.pool
         need = self._needs(
@@ -401,7 +416,8 @@ class DpPolicy:
             {s.job_id: (s.min_gpus,) for s in specs},
             {j.job_id: j.batch_size or s.batch_sizes[0] for j, s in zip(jobs, specs, strict=True)},
         )
-        used, gpus = 0.0, 0
+        admitted: list[tuple[float, float]] = []  # (GPU-seconds left or inf, cores needed)
+        gpus = 0
         queued: dict[str, str] = {}
         for j, s in zip(jobs, specs, strict=True):
             gpus += s.min_gpus
@@ -410,14 +426,18 @@ class DpPolicy:
             n = need.get(j.job_id, 0.0)
             total = local + (pool if j.remote_max > 0 else 0.0)
             hungry = s.min_gpus * total / cluster.capacity < n <= total
-            if hungry and not j.placement and used + n > total + 1e-9:
-                gpus -= s.min_gpus
-                queued[j.job_id] = (
-                    f"waiting: CPU-hungry ({n:.1f} cores to feed {s.min_gpus} GPU(s)); the "
-                    f"jobs ahead need {used:.1f} of the cluster's {total:.0f} cores"
-                )
-                continue
-            used += n
+            left = j.remaining_gpu_s if self.core_lengths else None
+            if hungry and not j.placement:
+                bound = math.inf if left is None else CORE_LENGTH_FACTOR * left
+                used = sum(c for r, c in admitted if r <= bound)
+                if used + n > total + 1e-9:
+                    gpus -= s.min_gpus
+                    queued[j.job_id] = (
+                        f"waiting: CPU-hungry ({n:.1f} cores to feed {s.min_gpus} GPU(s)); the "
+                        f"jobs ahead need {used:.1f} of the cluster's {total:.0f} cores"
+                    )
+                    continue
+            admitted.append((math.inf if left is None else left, n))
         return queued
 
     def _batch_tables(
