@@ -1,7 +1,7 @@
 """benchmarks/allocator/bench_cpu.py at a small size: the policies run side by side with CPUs,
 the pooled same-cores bound beside them, the tables with ratios (median, interval, worst), the
-reach and the Synergy validation print, the JSON and the plot are written; bad arguments name
-the value."""
+reach and the Synergy validation print, the JSON and the plot are written (every job declaring
+its length); bad arguments name the value."""
 
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ def test_bench_cpu_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         "--philly-cores-per-gpu", "3",
         "--policies", "goodput-dp,goodput-dp-cpu-blind,synergy,goodput-dp-lend",
         "--no-mix", "--seed", "5", "--processes", "2", "--jitter-seeds", "1",
+        "--declared-lengths", "0",
     ]  # fmt: skip
     assert bench_cpu.main([*argv, "--out-dir", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "bench_cpu.json").read_text())
-    assert data["seed"] == 5
+    assert data["seed"] == 5 and data["declared_lengths"] == 0.0
     runs = {(r["workload"], r["policy"]): r for r in data["runs"]}
     arms = ("goodput-dp", "goodput-dp-cpu-blind", "synergy", "goodput-dp-lend", "goodput-dp@pooled")
     for policy in arms:
@@ -58,6 +59,7 @@ def test_bad_arguments_name_the_value(capsys: pytest.CaptureFixture[str]) -> Non
         (["--policies", "pollux"], "goodput-dp first"),
         (["--jitter-seeds", "0"], "--jitter-seeds=0"),
         (["--jitter-s", "-1"], "--jitter-s=-1"),
+        (["--declared-lengths", "9"], "--declared-lengths=9.0"),
     ):
         with pytest.raises(SystemExit):
             bench_cpu.main(argv)
