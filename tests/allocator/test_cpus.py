@@ -582,6 +582,8 @@ def test_goodput_dp_queues_a_cpu_hungry_job_the_cores_cannot_feed() -> None:
         resumed = replace(jobs[1], attained_gpu_s=900.0, done=done)  # 900 or 89,100 left
         d = make_policy("goodput-dp").decide([long_run, resumed, jobs[2]], cluster)
         assert (d.waiting == ("next",)) is waits, (done, d.waiting)
+        if waits:
+            assert "the jobs ahead with at most 178200 GPU-s left need 3.0" in d.reasons["next"]
         fifo = make_policy("goodput-dp-core-fifo").decide([long_run, resumed, jobs[2]], cluster)
         assert fifo.waiting == ("next",)  # the ablation waits for every job ahead
     # about as much left as the job ahead (within CORE_LENGTH_FACTOR): it waits its turn

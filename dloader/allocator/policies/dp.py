@@ -417,7 +417,7 @@ class DpPolicy:
             {j.job_id: j.batch_size or s.batch_sizes[0] for j, s in zip(jobs, specs, strict=True)},
         )
         admitted: list[tuple[float, float]] = []  # (GPU-seconds left or inf, cores needed)
-        gpus = 0
+        used_all, gpus = 0.0, 0
         queued: dict[str, str] = {}
         for j, s in zip(jobs, specs, strict=True):
             gpus += s.min_gpus
@@ -428,16 +428,20 @@ class DpPolicy:
             hungry = s.min_gpus * total / cluster.capacity < n <= total
             left = j.remaining_gpu_s if self.core_lengths else None
             if hungry and not j.placement:
-                bound = math.inf if left is None else CORE_LENGTH_FACTOR * left
-                used = sum(c for r, c in admitted if r <= bound)
+                ahead, used = "the jobs ahead", used_all
+                if left is not None:
+                    bound = CORE_LENGTH_FACTOR * left
+                    ahead = f"the jobs ahead with at most {bound:.0f} GPU-s left"
+                    used = sum(c for r, c in admitted if r <= bound)
                 if used + n > total + 1e-9:
                     gpus -= s.min_gpus
                     queued[j.job_id] = (
-                        f"waiting: CPU-hungry ({n:.1f} cores to feed {s.min_gpus} GPU(s)); the "
-                        f"jobs ahead need {used:.1f} of the cluster's {total:.0f} cores"
+                        f"waiting: CPU-hungry ({n:.1f} cores to feed {s.min_gpus} GPU(s)); "
+                        f"{ahead} need {used:.1f} of the cluster's {total:.0f} cores"
                     )
                     continue
             admitted.append((math.inf if left is None else left, n))
+            used_all += n
         return queued
 
     def _batch_tables(
