@@ -92,6 +92,12 @@ def interval(ratios: dict[str, list[float]], rng: np.random.Generator) -> tuple[
     return float(np.median(flat)), float(lo), float(hi), max(float(g.mean()) for g in groups)
 
 
+def check_declared_lengths(p: argparse.ArgumentParser, sigma: float | None) -> None:
+    """``--declared-lengths SIGMA``: none, or a log-normal sigma the simulator takes."""
+    if sigma is not None and not 0 <= sigma <= MAX_DECLARED_SIGMA:
+        p.error(f"--declared-lengths={sigma}: expected a sigma in [0, {MAX_DECLARED_SIGMA:g}]")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.allocator.bench_admission",
@@ -130,11 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("expected --philly >= 0, --jitter-seeds >= 1, --processes >= 1, --jobs >= 1")
     if not (0 <= args.jitter_s < 3600):
         p.error(f"--jitter-s={args.jitter_s}: expected seconds in [0, 3600)")
-    if args.declared_lengths is not None and not 0 <= args.declared_lengths <= MAX_DECLARED_SIGMA:
-        p.error(
-            f"--declared-lengths={args.declared_lengths}: expected a sigma in "
-            f"[0, {MAX_DECLARED_SIGMA:g}]"
-        )
+    check_declared_lengths(p, args.declared_lengths)
     seed = random.randrange(1, 1 << 30) if args.seed is None else args.seed
     labels = [f"pollux-{w}" for w in pollux] + [f"philly-{seed + i}" for i in range(args.philly)]
     if not labels:

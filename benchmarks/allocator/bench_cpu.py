@@ -58,12 +58,12 @@ import numpy as np
 
 from benchmarks._common import add_out_dir, machine, outputs, table
 from benchmarks.allocator import plots
-from benchmarks.allocator.bench_admission import interval
+from benchmarks.allocator.bench_admission import check_declared_lengths, interval
 from dloader.allocator import Cluster
 from dloader.allocator.optimizer import POOL_EFFICIENCY
 from dloader.allocator.policies import POLICIES as KNOWN
 from dloader.allocator.policies import SIM_POLICIES, Policy, make_policy
-from dloader.allocator.simulator import MAX_DECLARED_SIGMA, Simulator
+from dloader.allocator.simulator import Simulator
 from dloader.allocator.traces import (
     PACKAGED_PHILLY,
     PACKAGED_TRACES,
@@ -222,11 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not (0 <= args.jitter_s < 3600):
         p.error(f"--jitter-s={args.jitter_s}: expected seconds in [0, 3600)")
-    if args.declared_lengths is not None and not 0 <= args.declared_lengths <= MAX_DECLARED_SIGMA:
-        p.error(
-            f"--declared-lengths={args.declared_lengths}: expected a sigma in "
-            f"[0, {MAX_DECLARED_SIGMA:g}]"
-        )
+    check_declared_lengths(p, args.declared_lengths)
     seed = random.randrange(1, 1 << 30) if args.seed is None else args.seed
     outs = outputs(args.out_dir)
     print(f"machine: {machine()}", flush=True)
