@@ -89,8 +89,8 @@ _DRAIN_EVERY_S = 0.1
 """How often, at most, the batches that arrived ahead of their turn are taken in while the
 trainer is served from those that are ready: their workers' timings then count at most this
 late (the agent reports windows of 0.25 s and more). Taking them in every 10 ms cost a loader
-of one-sample batches on 2 cores 2-23% of its throughput (four runs); every 0.1 s, nothing
-measurable (-20% to +13% by run, five runs, noise)."""
+of one-sample batches on 2 cores 1-23% of its throughput (four runs); every 0.1 s, nothing
+measurable (-20% to +19% by run, five runs, noise)."""
 
 
 @dataclass(frozen=True)
