@@ -115,7 +115,7 @@ def test_batches_ahead_of_their_turn_count_in_their_workers_timings(tmp_path: Pa
     when its turn comes (an 8-worker job at 3 batches a second reported no timed batch for its
     first 2.3 s, and the sidecar placed it that much later). The waits are for events (the
     batches made), with a deadline only against a hang, and half a second more for a
-    one-sample batch to be sent."""
+    one-sample batch to be sent (and for the loader's next look, due 0.1 s after its last)."""
     workers, prefetch = 3, 2
     loader = dloader.DataLoader(
         D.Range(40),
