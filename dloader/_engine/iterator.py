@@ -964,7 +964,8 @@ class LoaderIterator:
             time.sleep(0.01)
 
     def _drain_nowait(self) -> None:
-        """Reads messages already waiting (start-up reports) without blocking."""
+        """Reads messages already waiting without blocking (start-up reports, batches ahead of
+        their turn)."""
         while True:
             try:
                 msg = self._recv(0.0)
