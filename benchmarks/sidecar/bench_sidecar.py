@@ -68,7 +68,7 @@ from benchmarks.sidecar.generated import ABLATIONS
 from benchmarks.sidecar.records import read_records
 from dloader.apps.experiment import Arrival, JobPlan, run_jobs, score, sidecar_process
 from dloader.apps.splits import LADDER, QUICK_LADDER, Split, coordinate_search, parse_split
-from dloader.apps.testbed import PROFILES, REAL_MIX, make_dataset
+from dloader.apps.testbed import REAL_MIX
 from dloader.sidecar.config import default_budget
 
 JOBS: tuple[str, ...] = ("io_heavy", "cpu_heavy", "gpu_bound")
@@ -729,8 +729,6 @@ def main(argv: list[str] | None = None) -> int:
     runs, rows = {}, []
     best: dict[int, tuple[float, str]] = {}
     again: dict[int, dict[str, list[float]]] = {}  # budget: "static"/"adaptive": rerun scores
-    if args.mix == "real":  # generate the JPEGs first: not inside the first run's time
-        make_dataset(PROFILES["image_jpeg"], 1, args.jpegs)
     print(f"  no sidecar: 3 jobs x {args.seconds:g} s ...", file=sys.stderr, flush=True)
     res = run_jobs(specs(START_WORKERS), tmp / "none", seconds=args.seconds, extra=extra)
     runs["no sidecar (4 each)"] = res

@@ -53,7 +53,6 @@ from benchmarks.sidecar.records import read_records
 from dloader.apps.experiment import Arrival, run_jobs, sidecar_process
 from dloader.apps.scenarios import NodeMix, cost_split, draw_contention_mix, draw_mix
 from dloader.apps.splits import QUICK_LADDER, Split, coordinate_search
-from dloader.apps.testbed import PROFILES, make_dataset
 from dloader.sidecar.config import DEFAULT_WORKER_NICE
 
 BLOCK_S = 5.0
@@ -426,8 +425,6 @@ def generated(
     )
     draw = draw_contention_mix if contention else draw_mix
     mixes = [draw(seed, i, length) for i in indices]
-    if any(j.profile == "image_jpeg" for m in mixes for j in m.jobs):
-        make_dataset(PROFILES["image_jpeg"], 1, jpegs)  # generated once, outside any run
     tmp = Path(tempfile.mkdtemp(prefix="bench-generated-"))
     rng = np.random.default_rng(seed)
     outs = outputs(out_dir)

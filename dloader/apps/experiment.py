@@ -137,6 +137,8 @@ def run_jobs(
 ) -> dict[str, Any]:
     """Runs the jobs (each arriving at its second) to completion; returns their timelines, by
     label. ``extra``: more ``dloader.apps.testbed`` arguments for every job (``--jpegs 200``).
+    The files the jobs read are generated and read into the page cache first
+    (:func:`dloader.apps.testbed.warm`), so that each run of a comparison starts alike.
     Stopped (an exception, a signal that ends this process) or with a job failed, it stops the
     jobs it started; a job also exits by itself when this process is gone (``--parent``)."""
     plans = [j if isinstance(j, Arrival) else Arrival(*j) for j in jobs]
@@ -144,6 +146,7 @@ def run_jobs(
     if len(set(labels)) < len(labels):
         raise ValueError(f"jobs {labels}: two jobs of one profile need labels of their own")
     folder.mkdir(parents=True, exist_ok=True)
+    _warm(plans, extra)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     procs: list[subprocess.Popen[bytes]] = []
     outs: dict[str, Path] = {}
@@ -167,6 +170,36 @@ def run_jobs(
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
     return {name: json.loads(path.read_text()) for name, path in outs.items()}
+
+
+def _warm(plans: Sequence[Arrival], extra: Sequence[str]) -> None:
+    """Each profile's files (:func:`dloader.apps.testbed.warm`) at the ``--jpegs`` its job is
+    given (the last one, as the testbed's parser reads it)."""
+    from dloader.apps import testbed
+
+    done = set()
+    for plan in plans:
+        profile = testbed.PROFILES.get(plan.profile)
+        jpegs = last_value([*extra, *plan.extra], "--jpegs")
+        key = (plan.profile, jpegs)
+        if profile is None or key in done:
+            continue  # an unknown profile: the testbed says so
+        done.add(key)
+        if jpegs is not None and not jpegs.isdigit():
+            raise ValueError(f"--jpegs {jpegs!r}: expected a whole number of files")
+        testbed.warm(profile, int(jpegs) if jpegs is not None else testbed.JPEGS)
+
+
+def last_value(args: Sequence[str], option: str) -> str | None:
+    """The value the last ``option`` in ``args`` is given (``--opt V`` or ``--opt=V``), as
+    argparse reads it; None where it is not given."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == option and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(option + "="):
+            found = arg[len(option) + 1 :]
+    return found
 
 
 def score(results: dict[str, Any], start: float, end: float) -> tuple[float, dict[str, Any]]:

@@ -20,6 +20,7 @@ import random
 import re
 import time
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,19 @@ from torch.utils.data import Dataset
 
 from dloader._shared import env
 
-__all__ = ["JpegImages", "PackedText", "RemoteReads", "default_cache", "make_jpegs"]
+__all__ = [
+    "JPEGS",
+    "JpegImages",
+    "PackedText",
+    "RemoteReads",
+    "default_cache",
+    "jpeg_files",
+    "make_jpegs",
+    "read_through",
+]
+
+JPEGS = 3000
+"""How many JPEG files the image pipeline reads unless told (the testbed's ``--jpegs``)."""
 
 _MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
 _STD = np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255
@@ -41,7 +54,7 @@ def default_cache() -> Path:
     return env.cache_dir() / "jpegs"
 
 
-def make_jpegs(folder: Path, count: int = 3000, seed: int = 0) -> list[Path]:
+def make_jpegs(folder: Path, count: int = JPEGS, seed: int = 0) -> list[Path]:
     """An ImageNet-like set of ``count`` JPEGs (sizes 160-640 px a side, quality 85-95, smooth
     colour fields plus noise, so that they compress and decode like photos), written once:
     files already there are kept. Returns their paths, sorted."""
@@ -69,6 +82,22 @@ def make_jpegs(folder: Path, count: int = 3000, seed: int = 0) -> list[Path]:
         Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(tmp, "JPEG", quality=q)
         tmp.replace(path)
     return paths
+
+
+def jpeg_files(count: int = JPEGS) -> list[Path]:
+    """The ``count`` JPEGs kept in :func:`default_cache` (generated there once)."""
+    return make_jpegs(default_cache() / str(count), count)
+
+
+def read_through(paths: Iterable[Path], chunk: int = 1 << 20) -> int:
+    """Reads every file once, to its end, so that the page cache holds them; returns the bytes
+    read."""
+    total = 0
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while block := f.read(chunk):
+                total += len(block)
+    return total
 
 
 class JpegImages(Dataset[Any]):

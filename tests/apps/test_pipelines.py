@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dloader.apps import pipelines, testbed
+from dloader.apps import experiment, pipelines, testbed
+from dloader.apps.experiment import Arrival
 
 pytest.importorskip("PIL")
 
@@ -60,3 +61,30 @@ def test_the_testbed_names_a_bad_prefetch_factor(
     with pytest.raises(SystemExit):
         testbed.main(argv)
     assert "--prefetch-factor=" in capsys.readouterr().err
+
+
+def test_a_run_reads_its_jobs_files_before_they_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every run of a comparison reads the JPEGs from memory, the first one too: run_jobs
+    generates them and reads each through before any job starts, at the ``--jpegs`` the job is
+    given (its own arguments come after the run's, so they win, as in the testbed's parser)."""
+    monkeypatch.setenv("DLOADER_CACHE", str(tmp_path))
+    assert testbed.warm(testbed.PROFILES["io_heavy"], 5) == 0  # reads no files
+    assert not (tmp_path / "jpegs").exists()
+    read = testbed.warm(testbed.PROFILES["image_jpeg_u8"], 4)
+    files = sorted((tmp_path / "jpegs" / "4").glob("*.jpg"))
+    assert len(files) == 4 and read == sum(f.stat().st_size for f in files) > 0
+
+    plans = [Arrival("image_jpeg", 1, extra=("--jpegs", "3")), Arrival("io_heavy", 2)]
+    experiment._warm(plans, ["--jpegs", "9"])
+    assert len(list((tmp_path / "jpegs" / "3").glob("*.jpg"))) == 3
+    assert not (tmp_path / "jpegs" / "9").exists()
+    with pytest.raises(ValueError, match=r"--jpegs 'many': expected a whole number"):
+        experiment._warm([Arrival("image_jpeg", 1)], ["--jpegs=many"])
+
+
+def test_the_last_value_of_an_option_counts() -> None:
+    assert experiment.last_value(["--jpegs", "5", "--seconds", "3", "--jpegs=7"], "--jpegs") == "7"
+    assert experiment.last_value(["--jpegs=7", "--jpegs", "5"], "--jpegs") == "5"
+    assert experiment.last_value(["--jpegsx", "5", "--jpegs"], "--jpegs") is None
