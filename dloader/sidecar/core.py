@@ -196,7 +196,8 @@ class NodeCore:
         worker_nice: the nice value every job's loader workers are directed to (1-19; 0:
             left alone): each training process, at its own, then comes first for a core over
             every job's workers (a trainer that needs a core is not starved by its neighbours'
-            workers), and the policy models the cores shared that way.
+            workers), and the policy models the cores shared that way; a new job's once the
+            adaptive policy has placed it (:meth:`~.node_policy.NodePolicy.nice_for`).
         spare_workers: an I/O-bound job keeps the workers that carry its throughput were its
             storage this many times slower (1: none; :data:`~.node_policy.HEDGE_COST`).
         job_timeout_s: a job that neither reports nor registers for this long is ended (its
@@ -222,7 +223,9 @@ class NodeCore:
         self.store = store
         self.settings = settings
         #: the whole decision: every job's state, the node's measured truth
-        self.policy = pol.NodePolicy(settings.name, self._budget(), spare=spare_workers)
+        self.policy = pol.NodePolicy(
+            settings.name, self._budget(), spare=spare_workers, worker_nice=worker_nice
+        )
         self._tree_stats = tree_stats or self._read_tree
         self._clock = clock
         self.jobs: dict[str, Job] = {}
@@ -252,6 +255,7 @@ class NodeCore:
                 rec.batch_size,
                 rec.limits.min_workers,
                 rec.limits.max_workers,
+                niced=True,  # its workers ran under the directive before the restart
             )
             self.policy.add(state, clock())
             self.jobs[rec.job_id] = Job(
@@ -347,7 +351,12 @@ class NodeCore:
         job = Job(
             rec,
             state,
-            Directive(reg.num_workers, reg.batch_size, reason="registered", worker_nice=self._nice),
+            Directive(
+                reg.num_workers,
+                reg.batch_size,
+                reason="registered",
+                worker_nice=self.policy.nice_for(state, now),
+            ),
             last_report_at=now,
             tree=tree,
             agent_pid=agent,

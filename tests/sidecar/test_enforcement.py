@@ -16,7 +16,7 @@ from dloader._shared.node_messages import JobReport, Registration, WorkerReport
 from dloader.sidecar.cgroups import CgroupWeights, detect
 from dloader.sidecar.config import PolicySettings
 from dloader.sidecar.core import NodeCore
-from dloader.sidecar.node_policy import cpu_sets
+from dloader.sidecar.node_policy import UNPLACED_NICE_S, cpu_sets
 from dloader.sidecar.store import SidecarStore
 
 
@@ -157,3 +157,26 @@ def test_every_directive_carries_the_worker_nice_value_from_registration_on(
     assert NodeCore(store, settings).jobs[rec.job_id].directive.worker_nice is None  # 0: off
     with pytest.raises(ValueError, match="worker_nice=20"):
         NodeCore(store, settings, worker_nice=20)
+
+
+def test_a_new_jobs_workers_are_niced_once_the_adaptive_policy_places_it(
+    tmp_path: Path,
+) -> None:
+    """Under ``adaptive`` a new job registers with its workers' nice value left alone (they
+    run at the trainers' priority, so its first timed batches come soon on a crowded node);
+    it comes after ``UNPLACED_NICE_S`` if no model placed the job first, and stays in every
+    directive after, and after a restart."""
+    store = SidecarStore(tmp_path / "s.db")
+    settings = PolicySettings("adaptive", 8, 2, 1.0)
+    now = [0.0]
+    core = NodeCore(store, settings, worker_nice=10, clock=lambda: now[0])
+    rec = core.register(Registration("a", pids=(os.getpid(),), num_workers=2, batch_size=32))
+    job = core.jobs[rec.job_id]
+    assert job.directive.worker_nice is None
+    core.decide()
+    assert job.directive.worker_nice is None
+    now[0] = UNPLACED_NICE_S
+    core.policy.dirty = True
+    core.decide()
+    assert job.directive.worker_nice == 10 and "nice 10" in job.directive.reason
+    assert NodeCore(store, settings, worker_nice=10).jobs[rec.job_id].directive.worker_nice == 10

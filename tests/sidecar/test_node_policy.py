@@ -375,3 +375,44 @@ def test_a_loader_never_iterated_gets_no_cpu_set_of_its_own() -> None:
     out = p.decide(1.0, cpus=(0, 1), shares=True)
     sets = {o.job_id: o.changes["cpus"] for o in out.orders if "cpus" in o.changes}
     assert sets == {"io": (0,), "idle": (1,)}  # running: a set of its own
+
+
+def test_a_new_jobs_workers_run_before_niced_ones_until_its_model_places_it() -> None:
+    """On a crowded node a niced worker's batch can take seconds, and the model places a new
+    job from its timed batches: its workers run at the trainers' priority until it is placed,
+    then at the node's nice value, ordered once (or after ``UNPLACED_NICE_S`` unplaced)."""
+
+    def niced(d: pol.Decided) -> dict[str, int]:
+        return {o.job_id: o.changes["worker_nice"] for o in d.orders if "worker_nice" in o.changes}
+
+    p = pol.NodePolicy("adaptive", BUDGET, worker_nice=10)
+    p.add(job("io", registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+    p.add(job("cpu", registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+    assert p.nice_for(p.jobs["io"], 0.0) is None and not p.jobs["io"].niced
+    assert niced(p.decide(0.0)) == {}  # exploring: not placed yet
+    p.report("io", window(2, 100.0, fetch=0.6, cpu=0.02), 3.0)
+    p.report("cpu", window(2, 300.0, fetch=0.2, cpu=0.19), 3.0)
+    placed = p.decide(4.0)
+    assert p.jobs["io"].placed and p.jobs["cpu"].placed
+    assert niced(placed) == {"io": 10, "cpu": 10}
+    # one directive a job: the nice value goes with the count its placement sets
+    assert sorted(o.job_id for o in placed.orders) == ["cpu", "io"]
+    assert all("num_workers" in o.changes for o in placed.orders)
+    p.dirty = True
+    assert niced(p.decide(5.0)) == {}  # once
+    # a job its model does not place (no timed batch) is niced after UNPLACED_NICE_S
+    p.add(job("late", registered_at=5.0), 5.0)
+    assert niced(p.decide(5.0 + pol.UNPLACED_NICE_S - 0.5)) == {}
+    assert not p.due(5.0 + pol.UNPLACED_NICE_S - 0.5)
+    assert p.due(5.0 + pol.UNPLACED_NICE_S)  # its nice is due: a decision, nothing else changed
+    late = p.decide(5.0 + pol.UNPLACED_NICE_S)
+    assert niced(late) == {"late": 10} and not p.jobs["late"].placed
+    # under a policy that places no job by a model, and with the nice value off
+    even = pol.NodePolicy("even", BUDGET, worker_nice=10)
+    even.add(job("a", registered_at=0.0), 0.0)
+    assert even.jobs["a"].niced and even.nice_for(even.jobs["a"], 0.0) == 10
+    assert niced(even.decide(0.0)) == {}  # niced as it registered
+    off = pol.NodePolicy("adaptive", BUDGET)
+    off.add(job("a", registered_at=0.0), 0.0)
+    assert off.nice_for(off.jobs["a"], 0.0) is None
+    assert niced(off.decide(pol.UNPLACED_NICE_S + 1)) == {}

@@ -150,6 +150,8 @@ class PolicyJob:
     each with the node's split then: what a new window's time per sample is compared with."""
     placed: bool = False
     """Its model has decided its worker count at least once."""
+    niced: bool = False
+    """Its workers were directed to the node's worker nice value (:meth:`NodePolicy.nice_for`)."""
     worker_memory_bytes: float = 0.0
     """The most private memory (USS) one of its workers held."""
     worker_memory_bound: float = 0.0
@@ -163,6 +165,11 @@ class PolicyJob:
     decision: WorkerDecision | None = None
     """The policy's last answer for it."""
 
+
+UNPLACED_NICE_S = 10.0
+"""How long a new job's workers may run at the trainers' priority while ``adaptive`` has not
+placed it (:meth:`NodePolicy.nice_for`): a bound for a job whose model cannot place it (a
+loader that times no batch); a timed one is placed within a few seconds."""
 
 MIN_SHARE = 0.1
 """The least CPU share (cores) a job is given: one the policy could not size, or a loader not
@@ -194,7 +201,7 @@ class PolicyEvent:
 @dataclass(frozen=True)
 class Order:
     """A change to one job's directive: ``changes`` are :class:`~dloader._shared.node_messages.
-    Directive` fields (``num_workers``, ``tune_up_to``, ``cpus``)."""
+    Directive` fields (``num_workers``, ``tune_up_to``, ``cpus``, ``worker_nice``)."""
 
     job_id: str
     reason: str
@@ -230,16 +237,20 @@ class Reported:
 class NodePolicy:
     """Every job's state, the node's measured truth, and the decision (:meth:`decide`)."""
 
-    def __init__(self, name: str, budget: Budget, *, spare: float = HEDGE_COST) -> None:
+    def __init__(
+        self, name: str, budget: Budget, *, spare: float = HEDGE_COST, worker_nice: int = 0
+    ) -> None:
         """``name``: a policy of :data:`~.views.POLICIES`; ``budget``: the node's worker and CPU
         budgets (the memory budget comes with each decision: it moves with the node);
         ``spare``: the storage slow-down an I/O-bound job's spare workers carry (1: none;
-        ``HEDGE_COST``)."""
+        ``HEDGE_COST``); ``worker_nice``: the nice value the jobs' loader workers run at
+        (0: left alone; :meth:`nice_for`)."""
         if not (math.isfinite(spare) and 1.0 <= spare <= MAX_SPARE):
             raise ValueError(f"spare={spare}: expected within [1, {MAX_SPARE:g}] (1: none)")
         self.name = name
         self.budget = budget
         self.spare = spare
+        self.worker_nice = worker_nice
         self.jobs: dict[str, PolicyJob] = {}
         self.truth = MeasuredTruth()
         self.dirty = True
@@ -278,6 +289,7 @@ class NodePolicy:
         registered, is noted at once (:meth:`tree`): its first decision must not grow it on
         memory nothing has measured yet."""
         self.jobs[state.job_id] = state
+        state.niced = state.niced or self.nice_for(state, now) is not None
         if tree is not None:
             self.tree(state.job_id, tree, now)
         self.dirty = True
@@ -440,13 +452,30 @@ class NodePolicy:
                 self.dirty = True
         self._note_upkeep(s)
 
+    def nice_for(self, s: PolicyJob, now: float) -> int | None:
+        """The nice value ``s``'s workers are to run at now (None: left alone): the node's,
+        but for a new job ``adaptive`` has not placed yet, whose workers run at the trainers'
+        priority until its model places it (at most ``UNPLACED_NICE_S``): on a crowded node a
+        niced worker's batch took seconds, and the model waits for timed batches to place the
+        job. Niced once placed (the agent never lowers a nice value)."""
+        if not self.worker_nice:
+            return None
+        if self.name == "adaptive" and not s.placed and now - s.registered_at < UNPLACED_NICE_S:
+            return None
+        return self.worker_nice
+
     # ------------------------------------------------------------------ the decision
 
     def due(self, now: float) -> bool:
-        """Whether to decide now: something changed, or (``adaptive``, steady) a probe of a
-        neighbouring split is due."""
+        """Whether to decide now: something changed, a job's workers are due their nice value
+        (:meth:`nice_for`), or (``adaptive``, steady) a probe of a neighbouring split is
+        due."""
         steady = min(now - self.changed_at, now - self.decided_at)
-        return self.dirty or (self.name == "adaptive" and steady >= self.truth.probe_wait)
+        return (
+            self.dirty
+            or (self.name == "adaptive" and steady >= self.truth.probe_wait)
+            or any(not s.niced and self.nice_for(s, now) is not None for s in self.jobs.values())
+        )
 
     def decide(
         self,
@@ -485,6 +514,7 @@ class NodePolicy:
         if cpus or shares:
             self._divide_cpus(states, decisions, cpus, out)
         if self.guided:
+            self._nice_workers(states, now, out)
             for s in states:
                 d = s.decision = decisions[s.job_id]
                 if d.num_workers != s.ceiling:
@@ -520,6 +550,7 @@ class NodePolicy:
                 out.events.append(
                     PolicyEvent("directed", s.job_id, d.num_workers, expect.get(s.job_id))
                 )
+        self._nice_workers(states, now, out)
         if expect:  # every job's expectation at the new split: the benchmarks check it
             shown = ", ".join(f"{j}={v:.0f}" for j, v in expect.items())
             out.notes.append(f"the model expects (samples/s): {shown}")
@@ -554,6 +585,30 @@ class NodePolicy:
             s.worker_upkeep_cores,
             started=_started(s),
         )
+
+    def _nice_workers(self, states: list[PolicyJob], now: float, out: Decided) -> None:
+        """Orders the node's nice value for the jobs whose workers run without it and are now
+        to have it (:meth:`nice_for`), with the job's other change of this decision if it has
+        one (one directive)."""
+        for s in states:
+            nice = None if s.niced else self.nice_for(s, now)
+            if nice is None:
+                continue
+            s.niced = True
+            at = next((i for i, o in enumerate(out.orders) if o.job_id == s.job_id), None)
+            if at is not None:
+                o = out.orders[at]
+                out.orders[at] = Order(o.job_id, o.reason, {**o.changes, "worker_nice": nice})
+                continue
+            why = (
+                f"policy {self.name}"
+                if self.name != "adaptive"
+                else "placed"
+                if s.placed
+                else f"not placed in {UNPLACED_NICE_S:g} s"
+            )
+            reason = f"{why}: its loader workers at nice {nice}, behind the trainers"
+            out.orders.append(Order(s.job_id, reason, {"worker_nice": nice}))
 
     def _moved(self, s: PolicyJob, workers: int, now: float) -> None:
         s.directed = workers
