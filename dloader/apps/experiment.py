@@ -175,7 +175,7 @@ def run_jobs(
 def _warm(plans: Sequence[Arrival], extra: Sequence[str]) -> None:
     """Each profile's files (:func:`dloader.apps.testbed.warm`) at the ``--jpegs`` its job is
     given (the last one, as the testbed's parser reads it)."""
-    from dloader.apps import testbed
+    from dloader.apps import pipelines, testbed
 
     done = set()
     for plan in plans:
@@ -187,7 +187,7 @@ def _warm(plans: Sequence[Arrival], extra: Sequence[str]) -> None:
         done.add(key)
         if jpegs is not None and not jpegs.isdigit():
             raise ValueError(f"--jpegs {jpegs!r}: expected a whole number of files")
-        testbed.warm(profile, int(jpegs) if jpegs is not None else testbed.JPEGS)
+        testbed.warm(profile, int(jpegs) if jpegs is not None else pipelines.JPEGS)
 
 
 def last_value(args: Sequence[str], option: str) -> str | None:

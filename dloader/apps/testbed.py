@@ -33,7 +33,6 @@ from torch.utils.data import Dataset
 from dloader._shared.cli import finite
 from dloader._shared.node_messages import MAX_NICE
 from dloader.apps import pipelines
-from dloader.apps.pipelines import JPEGS
 
 __all__ = [
     "PROFILES",
@@ -138,7 +137,7 @@ REAL_MIX = ("image_jpeg", "text_pack", "remote_read")
 def make_dataset(
     profile: Profile,
     length: int,
-    jpegs: int = JPEGS,
+    jpegs: int = pipelines.JPEGS,
     slow_from: float = math.inf,
     slow_factor: float = 2.0,
 ) -> Dataset[Any]:
@@ -165,7 +164,7 @@ def make_dataset(
     )
 
 
-def warm(profile: Profile, jpegs: int = JPEGS) -> int:
+def warm(profile: Profile, jpegs: int = pipelines.JPEGS) -> int:
     """The files a job of ``profile`` reads (``jpegs``: how many, for the image pipeline),
     generated where missing and read once into the page cache; returns the bytes read (0: a
     profile that reads no files). Before each run of a comparison
@@ -443,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--jpegs",
         type=int,
-        default=JPEGS,
+        default=pipelines.JPEGS,
         help="image_jpeg: JPEG files to generate once into the cache and read (default: "
         "%(default)s)",
     )

@@ -219,7 +219,6 @@ class NodeCore:
         self.pin_cpus = tuple(pin_cpus)
         self.cgroup = cgroup
         self._trainer_weight = pol.trainer_weight(worker_nice)  # checks it
-        self._nice = worker_nice or None
         self.store = store
         self.settings = settings
         #: the whole decision: every job's state, the node's measured truth
@@ -265,7 +264,7 @@ class NodeCore:
                     rec.num_workers,
                     rec.batch_size,
                     reason="restored after restart",
-                    worker_nice=self._nice,
+                    worker_nice=self.policy.worker_nice or None,
                 ),
                 last_report_at=clock(),  # a full timeout to report again
             )

@@ -600,13 +600,12 @@ class NodePolicy:
                 o = out.orders[at]
                 out.orders[at] = Order(o.job_id, o.reason, {**o.changes, "worker_nice": nice})
                 continue
-            why = (
-                f"policy {self.name}"
-                if self.name != "adaptive"
-                else "placed"
-                if s.placed
-                else f"not placed in {UNPLACED_NICE_S:g} s"
-            )
+            if self.name != "adaptive":
+                why = f"policy {self.name}"
+            elif s.placed:
+                why = "placed"
+            else:
+                why = f"not placed in {UNPLACED_NICE_S:g} s"
             reason = f"{why}: its loader workers at nice {nice}, behind the trainers"
             out.orders.append(Order(s.job_id, reason, {"worker_nice": nice}))
 
