@@ -9,7 +9,7 @@ import resource
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypeVar
 
 import torch.utils.data
@@ -21,7 +21,7 @@ from dloader._engine import ranks
 from dloader._engine.control import ControlLimits
 from dloader._engine.iterator import EpochPlan, IteratorConfig, LoaderIterator
 from dloader._engine.position import STATE_VERSION, check_state
-from dloader._engine.remote import RayWorkers, check_remote
+from dloader._engine.remote import RayWorkers, check_placement, check_remote
 from dloader._engine.telemetry import LoaderStats, Telemetry
 from dloader._engine.timing import STATS_WINDOW_S
 from dloader._shared import env
@@ -200,8 +200,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.batch_size_range = batch_size_range
         self.remote = remote
         self.epochs = epochs
-        self.remote_workers = remote.workers if remote is not None else 0
-        """Remote workers the loader is set to (:meth:`resize_remote`)."""
+        self.remote_placement: dict[str, int] = {"": remote.workers} if remote is not None else {}
+        """Remote workers the loader is set to, by where they run (:meth:`resize_remote`)."""
         self._staged_batch_size: int | None = None
         self._user_batch_sampler = batch_sampler is not None
         self._is_iterable = isinstance(dataset, IterableDataset)
@@ -364,7 +364,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             restore=restore,
             skip_batches=skip,
             len_called=self._IterableDataset_len_called,
-            remote_workers=self.remote_workers,
+            remote_workers=self.remote_placement,
         )
 
     def _get_iterator(self) -> LoaderIterator:  # type: ignore[override]
@@ -463,31 +463,37 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             return
         it.request_resize(num_workers)
 
-    def resize_remote(self, workers: int) -> None:
-        """Sets the number of remote workers (``remote=RayWorkers(...)``), as :meth:`resize`
-        sets the local ones: safe from any thread, applied between batches. New remote workers
-        take tasks once their actor is up and has loaded its probe sample; retired ones finish
-        the batches they hold.
+    @property
+    def remote_workers(self) -> int:
+        """Remote workers the loader is set to, wherever they run (:meth:`resize_remote`)."""
+        return sum(self.remote_placement.values())
+
+    def resize_remote(self, workers: int | Mapping[str, int]) -> None:
+        """Sets the remote workers (``remote=RayWorkers(...)``), as :meth:`resize` sets the
+        local ones: safe from any thread, applied between batches. New remote workers take
+        tasks once their actor is up and has loaded its probe sample; retired ones finish the
+        batches they hold.
+
+        ``workers``: a count, to run wherever ``RayWorkers.resources`` allow; or counts by
+        where they run, ``{"": 2, "gpu-node-7": 3}``: ``""`` as a count does, any other key a
+        node that lends the job its spare cores (its Ray node advertises
+        ``dloader_node:<key>``, one unit a core: docs/remote.md). Places left out get none.
 
         Raises:
-            ValueError: the loader has no remote workers configured, or ``workers`` is outside
-                ``[0, RayWorkers.max_workers]``.
+            ValueError: the loader has no remote workers configured, a count is negative, a
+                place is not a node name, or the total is above ``RayWorkers.max_workers``.
         """
         if self.remote is None:
             raise ValueError(
                 "resize_remote(): this loader has no remote workers; construct it with "
                 "remote=dloader.RayWorkers(...)"
             )
-        _check_int("workers", workers, 0)
-        if workers > self.remote.max_workers:
-            raise ValueError(
-                f"workers={workers} is above RayWorkers.max_workers={self.remote.max_workers}"
-            )
+        placement = check_placement(workers, self.remote.max_workers, "resize_remote(workers)")
         with self._control:
-            self.remote_workers = workers
+            self.remote_placement = placement
             it = self._live_iterator()
             if it is not None:
-                it.request_remote_resize(workers)
+                it.request_remote_resize(placement)
 
     def set_batch_size(self, batch_size: int, *, at_batch: int | None = None) -> None:
         """Changes the batch size from the next batch not yet dispatched to a worker.
@@ -720,12 +726,18 @@ class _Controls:
         loader = self._ref()
         return loader is not None and loader._tune_within(up_to)
 
-    def resize_remote(self, workers: int) -> bool:
+    def resize_remote(self, workers: Mapping[str, int]) -> bool:
         loader = self._ref()
         if loader is None or loader.remote is None:
             return False
-        if workers != loader.remote_workers:
-            loader.resize_remote(min(workers, loader.remote.max_workers))
+        placement: dict[str, int] = {}
+        room = loader.remote.max_workers
+        for place, n in sorted(workers.items()):  # the pool ("") first
+            placement[place] = min(n, room)
+            room -= placement[place]
+        placement = {place: n for place, n in placement.items() if n or place == ""}
+        if placement != loader.remote_placement:
+            loader.resize_remote(placement)
         return True
 
     def set_batch_size(self, batch_size: int) -> bool:

@@ -259,7 +259,7 @@ class SidecarAgent:
             if d.batch_size:
                 self._controls.set_batch_size(d.batch_size)
             if d.remote_workers is not None:
-                self._controls.resize_remote(d.remote_workers)
+                self._controls.resize_remote({"": d.remote_workers, **dict(d.remote_lent)})
             self._cpus = list(d.cpus)
             if d.worker_nice is not None:
                 self._nice = d.worker_nice

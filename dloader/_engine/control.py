@@ -22,6 +22,7 @@ weakly: a controller never keeps a dropped loader alive, and learns that it is g
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -77,7 +78,8 @@ class LoaderControls(Protocol):
         False."""
         ...
 
-    def resize_remote(self, workers: int) -> bool:
-        """Sets the remote (Ray) worker count, within ``RayWorkers.max_workers``; False if the
-        loader has no remote workers configured, or is gone."""
+    def resize_remote(self, workers: Mapping[str, int]) -> bool:
+        """Sets the remote (Ray) workers by where they run (``""``: the pool; else a lending
+        node's id), within ``RayWorkers.max_workers`` in all (the pool's first, then by node
+        id); False if the loader has no remote workers configured, or is gone."""
         ...

@@ -43,8 +43,8 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -139,8 +139,8 @@ class EpochPlan:
     """Batches to start past, as if delivered (``skip_batches``)."""
     len_called: int | None = None
     """``len(loader)`` as torch recorded it for an iterable dataset (its length warning)."""
-    remote_workers: int = 0
-    """Remote workers (Ray) beside the local ones."""
+    remote_workers: Mapping[str, int] = field(default_factory=dict)
+    """Remote workers (Ray) beside the local ones, by where they run (:data:`Placement`)."""
 
 
 @dataclass
@@ -153,6 +153,7 @@ class _Worker:
     owed: int = 0  # tasks sent and not yet delivered to the trainer (bounded by prefetch_factor)
     stopping: bool = False  # told to exit; a clean exit is expected
     remote: bool = False  # a remote worker (a Ray actor, through the helper process)
+    place: str = ""  # a remote worker's place: "" the pool, else a node lending it cores
 
 
 class _Task:
@@ -296,8 +297,8 @@ class LoaderIterator:
         self._done_event: Any = None
         self._in_process: Fetcher | None = None
         self._remote = config.remote
-        self._remote_target = plan.remote_workers if config.remote is not None else 0
-        self._pending_remote: int | None = None
+        self._remote_target = dict(plan.remote_workers) if config.remote is not None else {}
+        self._pending_remote: dict[str, int] | None = None
         self._helper: Any = None  # the remote workers' helper process (the Ray driver)
         self._helper_tasks: Any = None
         self._remote_serial = itertools.count(REMOTE_SLOT_BASE)
@@ -329,8 +330,8 @@ class LoaderIterator:
             shard_datapipe(self._dataset, self._world, self._rank)
         elif self._loader_kind_iterable:
             self._in_process_fetcher()  # as torch: iter(dataset) when the iterator is made
-        if self._remote_target:
-            self._spawn_remote(self._remote_target)  # they take tasks once up
+        for place, count in self._remote_target.items():
+            self._spawn_remote(count, place)  # they take tasks once up
 
     # ------------------------------------------------------------------ epoch and state
 
@@ -416,7 +417,7 @@ class LoaderIterator:
         self._target = plan.num_workers
         self._apply_target()
         if self._remote is not None:
-            self._remote_target = plan.remote_workers
+            self._remote_target = dict(plan.remote_workers)
             self._apply_remote_target()
         self._fill()
 
@@ -460,10 +461,11 @@ class LoaderIterator:
         with self._control:
             self._pending_target = num_workers
 
-    def request_remote_resize(self, workers: int) -> None:
-        """Asks for ``workers`` remote workers; applied as :meth:`request_resize` is."""
+    def request_remote_resize(self, workers: Mapping[str, int]) -> None:
+        """Asks for remote workers by place (:data:`Placement`); applied as
+        :meth:`request_resize` is."""
         with self._control:
-            self._pending_remote = workers
+            self._pending_remote = dict(workers)
 
     def cut_batches_at(self, batch_size: int, at_batch: int | None = None) -> None:
         """Cuts batches not yet dispatched at ``batch_size`` (an int store: atomic), or those
@@ -576,9 +578,10 @@ class LoaderIterator:
                 self._launch_error = exc
                 return
 
-    def _spawn_remote(self, count: int) -> None:
-        """Adds ``count`` remote workers: slots the helper process runs as Ray actors (the
-        helper and the result pipe start with the first). They take tasks once up."""
+    def _spawn_remote(self, count: int, place: str) -> None:
+        """Adds ``count`` remote workers at ``place`` (:data:`Placement`): slots the helper
+        process runs as Ray actors (the helper and the result pipe start with the first). They
+        take tasks once up."""
         assert self._remote is not None
         if self._result_queue is None:
             self._result_queue = ResultPipe(self._ctx)
@@ -610,7 +613,7 @@ class LoaderIterator:
             )
             with PROCESS_START_LOCK:
                 self._helper.start()
-        total = self._target + self._remote_target
+        total = self._target + sum(self._remote_target.values())
         for _ in range(count):
             slot = next(self._remote_serial)
             worker = _Worker(
@@ -618,11 +621,12 @@ class LoaderIterator:
                 RemoteSlotProcess(self._helper),
                 RemoteSlotQueue(self._helper_tasks, slot),
                 remote=True,
+                place=place,
             )
             self._workers[slot] = worker
             rec = self._telemetry.worker(slot)
-            rec.state, rec.remote = worker.state, True
-            self._helper_tasks.put(("add", slot, total))
+            rec.state, rec.remote, rec.place = worker.state, True, place
+            self._helper_tasks.put(("add", slot, total, place))
 
     def _rebuild_active(self) -> None:
         self._active = sorted(s for s, w in self._workers.items() if w.state == "ready")
@@ -645,13 +649,19 @@ class LoaderIterator:
         self._resize_kind(remote=False, target=self._target)
 
     def _apply_remote_target(self) -> None:
-        self._resize_kind(remote=True, target=self._remote_target)
+        places = set(self._remote_target) | {w.place for w in self._workers.values() if w.remote}
+        for place in sorted(places):
+            self._resize_kind(remote=True, target=self._remote_target.get(place, 0), place=place)
 
-    def _resize_kind(self, *, remote: bool, target: int) -> None:
-        live = [w for w in self._workers.values() if w.state != "retiring" and w.remote == remote]
+    def _resize_kind(self, *, remote: bool, target: int, place: str = "") -> None:
+        live = [
+            w
+            for w in self._workers.values()
+            if w.state != "retiring" and w.remote == remote and w.place == place
+        ]
         if len(live) < target:
             if remote:
-                self._spawn_remote(target - len(live))
+                self._spawn_remote(target - len(live), place)
             else:
                 self._spawn(target - len(live), ready=False)
         elif len(live) > target:
@@ -884,7 +894,7 @@ class LoaderIterator:
         if self._remote is None or self._shutdown or time.monotonic() < self._respawn_at:
             return
         live = sum(1 for w in self._workers.values() if w.remote and w.state != "retiring")
-        if live < self._remote_target:
+        if live < sum(self._remote_target.values()):
             self._apply_remote_target()
 
     def _fetch_index(self, index: Any) -> tuple[Any, int]:

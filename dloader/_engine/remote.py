@@ -25,6 +25,11 @@ the iterator sees a remote worker as one more worker slot. Messages of its own, 
 
 A batch crosses the network once (Ray's object transfer) and is copied once more into shared
 memory for the trainer, as a local worker's is.
+
+**Where** a remote worker runs is its place (:data:`Placement`): ``""``, wherever
+``RayWorkers.resources`` allow (a CPU pool's nodes); any other name, the node of that name
+lending the job its spare cores: the Ray node there advertises ``dloader_node:<name>``, one
+unit a core it may lend (:func:`node_resource`), and each worker placed there takes one.
 """
 
 from __future__ import annotations
@@ -54,12 +59,16 @@ from dloader.errors import RemoteWorkerError
 __all__ = [
     "FAILED",
     "GONE",
+    "NODE_RESOURCE",
     "REMOTE_SLOT_BASE",
     "STOPPED",
+    "Placement",
     "RayWorkers",
     "RemoteFetcher",
+    "check_placement",
     "check_remote",
     "helper_loop",
+    "node_resource",
 ]
 
 GONE = -2
@@ -70,6 +79,45 @@ FAILED = -4
 REMOTE_SLOT_BASE = 1 << 16
 
 _POLL_S = 0.01  # the helper's wait for finished Ray calls while it has some outstanding
+
+NODE_RESOURCE = "dloader_node:"
+"""The prefix of the Ray resource a node lending its cores advertises (:func:`node_resource`)."""
+
+_MAX_PLACE = 128  # the longest place name (a node id)
+
+Placement = Mapping[str, int]
+"""Remote workers by where they run: ``""`` wherever ``RayWorkers.resources`` allow, any other
+key the id of a node that lends the job cores (its Ray node advertises :func:`node_resource`)."""
+
+
+def node_resource(node: str) -> str:
+    """The Ray resource a node named ``node`` advertises, one unit for each core it may lend
+    to other nodes' loaders (``ray start --resources '{"dloader_node:<node>": <cores>}'``)."""
+    return NODE_RESOURCE + node
+
+
+def check_placement(workers: int | Placement, most: int, what: str) -> dict[str, int]:
+    """``workers`` (a count: all at ``""``; or counts by place) as a placement, checked:
+    ``ValueError`` naming ``what`` and the value unless every count is an int >= 0, every place
+    a printable name of at most 128 characters, and the total at most ``most``."""
+    if isinstance(workers, int) and not isinstance(workers, bool):
+        placement = {"": workers}
+    elif isinstance(workers, Mapping):
+        placement = dict(workers)
+    else:
+        raise TypeError(f"{what}={workers!r}: expected a count, or counts by node (a dict)")
+    for place, count in placement.items():
+        if not (isinstance(place, str) and len(place) <= _MAX_PLACE and place.isprintable()):
+            raise ValueError(
+                f"{what}: place {place!r}: expected a node id (printable, at most "
+                f"{_MAX_PLACE} characters) or '' (the pool)"
+            )
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"{what}[{place!r}]={count!r}: expected an int >= 0")
+    total = sum(placement.values())
+    if total > most:
+        raise ValueError(f"{what}: {total} workers in all, above RayWorkers.max_workers={most}")
+    return {place: count for place, count in placement.items() if count or place == ""}
 
 
 @dataclass(frozen=True)
@@ -293,7 +341,7 @@ def helper_loop(
 ) -> None:
     """Body of the helper process: the Ray driver for one iterator's remote workers.
 
-    ``tasks`` carries ``("add", slot, num_workers)``, ``("task", slot, gen, task_idx, index,
+    ``tasks`` carries ``("add", slot, num_workers, place)``, ``("task", slot, gen, task_idx, index,
     seed)``, ``("stop", slot)`` and finally ``None``; ``results`` is the iterator's result
     pipe (see the module docstring)."""
     results.in_worker()
@@ -382,7 +430,13 @@ class _Helper:
     def handle(self, msg: tuple[Any, ...]) -> None:
         kind, slot = msg[0], msg[1]
         if kind == "add":
-            actor: Any = self.actor_class.remote(self.payload, slot, msg[2])
+            place = msg[3]
+            actors = (
+                self.actor_class.options(resources={node_resource(place): 1.0})
+                if place
+                else self.actor_class
+            )
+            actor: Any = actors.remote(self.payload, slot, msg[2])
             self.slots[slot] = _Slot(actor, actor.ready.remote())
         elif kind == "task":
             s = self.slots.get(slot)

@@ -81,6 +81,9 @@ class WorkerStats:
     """Mean time per batch it waited, runnable, for a CPU over those batches (Linux schedstat:
     contention from other processes); ``None``: unknown (no batch, or the kernel does not
     say)."""
+    place: str = ""
+    """A remote worker's place: ``""`` the pool (``RayWorkers.resources``), else the id of the
+    node lending it a core (``DataLoader.resize_remote``)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ class _WorkerRecord:
     cpu_seconds: float = 0.0
     cpu_total_seconds: float = 0.0
     remote: bool = False
+    place: str = ""
     # the recent window's batches after the first: (received, fetch, cpu, run delay or None)
     recent: deque[tuple[float, float, float, float | None]] = field(default_factory=deque)
     sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # fetch, cpu, delay
@@ -316,4 +320,5 @@ class Telemetry:
             window_fetch_seconds=fetch,
             window_cpu_seconds=cpu,
             window_run_delay_seconds=delay if n and not r.unknown_delays else None,
+            place=r.place,
         )

@@ -256,6 +256,9 @@ class Directive:
     """The guided policy: the job's own tuner chooses its count within ``[its minimum,
     tune_up_to]`` (``num_workers`` then only applies to a loader that cannot tune itself, e.g.
     an iterable dataset's); None: the sidecar sets the count."""
+    remote_lent: tuple[tuple[str, int], ...] = ()
+    """With ``remote_workers``: more remote workers, on nodes that lend the job their spare
+    cores, as ``(node id, workers)`` sorted by node id (the cluster allocator's lending)."""
 
     def __post_init__(self) -> None:
         if self.worker_nice is not None and not 1 <= self.worker_nice <= MAX_NICE:
@@ -272,11 +275,12 @@ class Directive:
         """From :meth:`to_json` output."""
         d = dict(d)
         d["cpus"] = tuple(d.get("cpus", ()))
+        d["remote_lent"] = tuple((str(node), int(n)) for node, n in d.get("remote_lent", ()))
         return cls(**d)
 
     def to_pb(self, job_id: str) -> Any:
         """As a ``dloader.v1.Directive`` for ``job_id``."""
-        fields = {**asdict(self), "cpus": list(self.cpus)}
+        fields = {**asdict(self), "cpus": list(self.cpus), "remote_lent": dict(self.remote_lent)}
         for name in ("remote_workers", "worker_nice", "tune_up_to"):
             if fields[name] is None:
                 del fields[name]
@@ -288,6 +292,15 @@ class Directive:
         remote = m.remote_workers if m.HasField("remote_workers") else None
         nice = m.worker_nice if m.HasField("worker_nice") else None
         up_to = m.tune_up_to if m.HasField("tune_up_to") else None
+        lent = tuple(sorted(m.remote_lent.items()))
         return cls(
-            m.num_workers, m.batch_size, tuple(m.cpus), m.reason, m.revision, remote, nice, up_to
+            m.num_workers,
+            m.batch_size,
+            tuple(m.cpus),
+            m.reason,
+            m.revision,
+            remote,
+            nice,
+            up_to,
+            lent,
         )

@@ -636,17 +636,28 @@ class NodeCore:
         log.info("job %s: batch size %d (%s)", job_id, b, reason)
         return True
 
-    def direct_remote_workers(self, job_id: str, workers: int, reason: str) -> bool:
-        """Directs a job's loader to ``workers`` remote (Ray) workers, within what its owner
-        allows (``max_remote_workers``; False: none, the job has no remote workers)."""
+    def direct_remote_workers(
+        self, job_id: str, workers: int, reason: str, lent: Mapping[str, int] | None = None
+    ) -> bool:
+        """Directs a job's loader to ``workers`` remote (Ray) workers in the CPU pool and
+        ``lent`` more on nodes that lend it cores (by node id), within what its owner allows
+        (``max_remote_workers`` in all, the pool's first; False: none, the job has no remote
+        workers)."""
         job = self.get(job_id)
         most = job.record.limits.max_remote_workers
         if most <= 0:
             return False
         n = min(max(workers, 0), most)
-        if n != job.directive.remote_workers:
-            self._direct(job, reason, remote_workers=n)
-            log.info("job %s: %d remote worker(s) (%s)", job_id, n, reason)
+        room, on = most - n, []
+        for node, k in sorted((lent or {}).items()):
+            k = min(max(k, 0), room)
+            room -= k
+            if k:
+                on.append((node, k))
+        if (n, tuple(on)) != (job.directive.remote_workers, job.directive.remote_lent):
+            self._direct(job, reason, remote_workers=n, remote_lent=tuple(on))
+            where = "".join(f", {k} on {node}'s lent cores" for node, k in on)
+            log.info("job %s: %d remote worker(s)%s (%s)", job_id, n, where, reason)
         return True
 
     def reap(self) -> list[str]:

@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x64loader/v1/node.proto\x12\ndloader.v1\"\xa0\x01\n\tJobLimits\x12\x13\n\x0bmin_workers\x18\x01 \x01(\r\x12\x13\n\x0bmax_workers\x18\x02 \x01(\r\x12\x16\n\x0emin_batch_size\x18\x03 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\r\x12\x1d\n\x15may_change_batch_size\x18\x05 \x01(\x08\x12\x1a\n\x12max_remote_workers\x18\x06 \x01(\r\"\x9f\x01\n\x12RegisterJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x06limits\x18\x02 \x01(\x0b\x32\x15.dloader.v1.JobLimits\x12\x0c\n\x04pids\x18\x03 \x03(\r\x12\x0c\n\x04gpus\x18\x04 \x03(\r\x12\x13\n\x0bnum_workers\x18\x05 \x01(\r\x12\x12\n\nbatch_size\x18\x06 \x01(\r\x12\x0f\n\x07job_key\x18\x07 \x01(\t\"^\n\x13RegisterJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12(\n\tdirective\x18\x03 \x01(\x0b\x32\x15.dloader.v1.Directive\"\xbe\x01\n\x0cWorkerReport\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x15\n\rfetch_seconds\x18\x02 \x01(\x01\x12\x13\n\x0b\x63pu_seconds\x18\x03 \x01(\x01\x12\x0f\n\x07\x62\x61tches\x18\x04 \x01(\x04\x12\x1e\n\x11run_delay_seconds\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x0ewindow_batches\x18\x06 \x01(\x04H\x01\x88\x01\x01\x42\x14\n\x12_run_delay_secondsB\x11\n\x0f_window_batches\"\xa4\x02\n\tJobReport\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x11\n\ttimestamp\x18\x03 \x01(\x01\x12\x13\n\x0bnum_workers\x18\x04 \x01(\r\x12\x12\n\nbatch_size\x18\x05 \x01(\r\x12\x1a\n\x12samples_per_second\x18\x06 \x01(\x01\x12\x12\n\nidle_share\x18\x07 \x01(\x01\x12\x14\n\x0cstep_seconds\x18\x08 \x01(\x01\x12\x14\n\x0cwait_seconds\x18\t \x01(\x01\x12\x16\n\x0ewindow_seconds\x18\n \x01(\x01\x12\x0f\n\x07samples\x18\x0b \x01(\x04\x12)\n\x07workers\x18\x0c \x03(\x0b\x32\x18.dloader.v1.WorkerReport\x12\x0c\n\x04\x64one\x18\r \x01(\x01\"!\n\rReportSummary\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\"7\n\x16WatchDirectivesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"\xf6\x01\n\tDirective\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bnum_workers\x18\x02 \x01(\r\x12\x12\n\nbatch_size\x18\x03 \x01(\r\x12\x0c\n\x04\x63pus\x18\x04 \x03(\r\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x10\n\x08revision\x18\x06 \x01(\x04\x12\x1b\n\x0eremote_workers\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0bworker_nice\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x17\n\ntune_up_to\x18\t \x01(\rH\x02\x88\x01\x01\x42\x11\n\x0f_remote_workersB\x0e\n\x0c_worker_niceB\r\n\x0b_tune_up_to\"5\n\x14\x44\x65registerJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"\x17\n\x15\x44\x65registerJobResponse\"\x11\n\x0fListJobsRequest\"\xd3\x02\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12%\n\x06limits\x18\x03 \x01(\x0b\x32\x15.dloader.v1.JobLimits\x12\x0c\n\x04pids\x18\x04 \x03(\r\x12\x13\n\x0bnum_workers\x18\x05 \x01(\r\x12\x12\n\nbatch_size\x18\x06 \x01(\r\x12\x1a\n\x12samples_per_second\x18\x07 \x01(\x01\x12\x12\n\nidle_share\x18\x08 \x01(\x01\x12\x19\n\x11\x61\x63\x63\x65lerator_limit\x18\t \x01(\x01\x12\x13\n\x0b\x63pu_percent\x18\n \x01(\x01\x12\x11\n\trss_bytes\x18\x0b \x01(\x04\x12\x1f\n\x17last_report_age_seconds\x18\x0c \x01(\x01\x12(\n\tdirective\x18\r \x01(\x0b\x32\x15.dloader.v1.Directive\x12\x0c\n\x04\x64one\x18\x0e \x01(\x01\"7\n\x10ListJobsResponse\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.dloader.v1.JobStatus\"\x16\n\x14GetNodeStatusRequest\"t\n\tGpuStatus\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0butilization\x18\x03 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x04 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x04\"\xbc\x02\n\nNodeStatus\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x11\n\tcpu_count\x18\x02 \x01(\r\x12\x13\n\x0b\x63pu_percent\x18\x03 \x01(\x01\x12\"\n\x1a\x64isk_read_bytes_per_second\x18\x04 \x01(\x04\x12#\n\x1b\x64isk_write_bytes_per_second\x18\x05 \x01(\x04\x12\x16\n\x0envml_available\x18\x06 \x01(\x08\x12\x14\n\x0cnvml_message\x18\x07 \x01(\t\x12#\n\x04gpus\x18\x08 \x03(\x0b\x32\x15.dloader.v1.GpuStatus\x12\x0c\n\x04jobs\x18\t \x01(\r\x12\x0e\n\x06policy\x18\n \x01(\t\x12!\n\x19sum_normalized_throughput\x18\x0b \x01(\x01\x12\x17\n\x0f\x63pu_enforcement\x18\x0c \x01(\t\"\x12\n\x10GetPolicyRequest\"v\n\x0cPolicyConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rworker_budget\x18\x02 \x01(\r\x12\x12\n\ncpu_budget\x18\x03 \x01(\r\x12\x16\n\x0eperiod_seconds\x18\x04 \x01(\x01\x12\x15\n\rmemory_budget\x18\x05 \x01(\x01\"<\n\x10SetPolicyRequest\x12(\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x18.dloader.v1.PolicyConfig\" \n\x0e\x45xplainRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x8e\x01\n\tCandidate\x12\x13\n\x0bnum_workers\x18\x01 \x01(\r\x12\x0c\n\x04\x63pus\x18\x02 \x01(\r\x12$\n\x1cpredicted_samples_per_second\x18\x03 \x01(\x01\x12\x14\n\x0crelative_std\x18\x04 \x01(\x01\x12\x12\n\nnormalized\x18\x05 \x01(\x01\x12\x0e\n\x06\x63hosen\x18\x06 \x01(\x08\"\xf4\x01\n\x0f\x45xplainResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x19\n\x11\x61\x63\x63\x65lerator_limit\x18\x04 \x01(\x01\x12)\n\ncandidates\x18\x05 \x03(\x0b\x32\x15.dloader.v1.Candidate\x12\x1b\n\x13worker_memory_bytes\x18\x06 \x01(\x01\x12\x1b\n\x13memory_budget_bytes\x18\x07 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x08 \x01(\x01\x12\x16\n\x0ememory_limited\x18\t \x01(\x08\x32\xa1\x05\n\x0bNodeService\x12N\n\x0bRegisterJob\x12\x1e.dloader.v1.RegisterJobRequest\x1a\x1f.dloader.v1.RegisterJobResponse\x12<\n\x06Report\x12\x15.dloader.v1.JobReport\x1a\x19.dloader.v1.ReportSummary(\x01\x12N\n\x0fWatchDirectives\x12\".dloader.v1.WatchDirectivesRequest\x1a\x15.dloader.v1.Directive0\x01\x12T\n\rDeregisterJob\x12 .dloader.v1.DeregisterJobRequest\x1a!.dloader.v1.DeregisterJobResponse\x12\x45\n\x08ListJobs\x12\x1b.dloader.v1.ListJobsRequest\x1a\x1c.dloader.v1.ListJobsResponse\x12I\n\rGetNodeStatus\x12 .dloader.v1.GetNodeStatusRequest\x1a\x16.dloader.v1.NodeStatus\x12\x43\n\tGetPolicy\x12\x1c.dloader.v1.GetPolicyRequest\x1a\x18.dloader.v1.PolicyConfig\x12\x43\n\tSetPolicy\x12\x1c.dloader.v1.SetPolicyRequest\x1a\x18.dloader.v1.PolicyConfig\x12\x42\n\x07\x45xplain\x12\x1a.dloader.v1.ExplainRequest\x1a\x1b.dloader.v1.ExplainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x64loader/v1/node.proto\x12\ndloader.v1\"\xa0\x01\n\tJobLimits\x12\x13\n\x0bmin_workers\x18\x01 \x01(\r\x12\x13\n\x0bmax_workers\x18\x02 \x01(\r\x12\x16\n\x0emin_batch_size\x18\x03 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\r\x12\x1d\n\x15may_change_batch_size\x18\x05 \x01(\x08\x12\x1a\n\x12max_remote_workers\x18\x06 \x01(\r\"\x9f\x01\n\x12RegisterJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x06limits\x18\x02 \x01(\x0b\x32\x15.dloader.v1.JobLimits\x12\x0c\n\x04pids\x18\x03 \x03(\r\x12\x0c\n\x04gpus\x18\x04 \x03(\r\x12\x13\n\x0bnum_workers\x18\x05 \x01(\r\x12\x12\n\nbatch_size\x18\x06 \x01(\r\x12\x0f\n\x07job_key\x18\x07 \x01(\t\"^\n\x13RegisterJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12(\n\tdirective\x18\x03 \x01(\x0b\x32\x15.dloader.v1.Directive\"\xbe\x01\n\x0cWorkerReport\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x15\n\rfetch_seconds\x18\x02 \x01(\x01\x12\x13\n\x0b\x63pu_seconds\x18\x03 \x01(\x01\x12\x0f\n\x07\x62\x61tches\x18\x04 \x01(\x04\x12\x1e\n\x11run_delay_seconds\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x0ewindow_batches\x18\x06 \x01(\x04H\x01\x88\x01\x01\x42\x14\n\x12_run_delay_secondsB\x11\n\x0f_window_batches\"\xa4\x02\n\tJobReport\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x11\n\ttimestamp\x18\x03 \x01(\x01\x12\x13\n\x0bnum_workers\x18\x04 \x01(\r\x12\x12\n\nbatch_size\x18\x05 \x01(\r\x12\x1a\n\x12samples_per_second\x18\x06 \x01(\x01\x12\x12\n\nidle_share\x18\x07 \x01(\x01\x12\x14\n\x0cstep_seconds\x18\x08 \x01(\x01\x12\x14\n\x0cwait_seconds\x18\t \x01(\x01\x12\x16\n\x0ewindow_seconds\x18\n \x01(\x01\x12\x0f\n\x07samples\x18\x0b \x01(\x04\x12)\n\x07workers\x18\x0c \x03(\x0b\x32\x18.dloader.v1.WorkerReport\x12\x0c\n\x04\x64one\x18\r \x01(\x01\"!\n\rReportSummary\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\"7\n\x16WatchDirectivesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"\xe5\x02\n\tDirective\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bnum_workers\x18\x02 \x01(\r\x12\x12\n\nbatch_size\x18\x03 \x01(\r\x12\x0c\n\x04\x63pus\x18\x04 \x03(\r\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x10\n\x08revision\x18\x06 \x01(\x04\x12\x1b\n\x0eremote_workers\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0bworker_nice\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x17\n\ntune_up_to\x18\t \x01(\rH\x02\x88\x01\x01\x12:\n\x0bremote_lent\x18\n \x03(\x0b\x32%.dloader.v1.Directive.RemoteLentEntry\x1a\x31\n\x0fRemoteLentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x42\x11\n\x0f_remote_workersB\x0e\n\x0c_worker_niceB\r\n\x0b_tune_up_to\"5\n\x14\x44\x65registerJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"\x17\n\x15\x44\x65registerJobResponse\"\x11\n\x0fListJobsRequest\"\xd3\x02\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12%\n\x06limits\x18\x03 \x01(\x0b\x32\x15.dloader.v1.JobLimits\x12\x0c\n\x04pids\x18\x04 \x03(\r\x12\x13\n\x0bnum_workers\x18\x05 \x01(\r\x12\x12\n\nbatch_size\x18\x06 \x01(\r\x12\x1a\n\x12samples_per_second\x18\x07 \x01(\x01\x12\x12\n\nidle_share\x18\x08 \x01(\x01\x12\x19\n\x11\x61\x63\x63\x65lerator_limit\x18\t \x01(\x01\x12\x13\n\x0b\x63pu_percent\x18\n \x01(\x01\x12\x11\n\trss_bytes\x18\x0b \x01(\x04\x12\x1f\n\x17last_report_age_seconds\x18\x0c \x01(\x01\x12(\n\tdirective\x18\r \x01(\x0b\x32\x15.dloader.v1.Directive\x12\x0c\n\x04\x64one\x18\x0e \x01(\x01\"7\n\x10ListJobsResponse\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.dloader.v1.JobStatus\"\x16\n\x14GetNodeStatusRequest\"t\n\tGpuStatus\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0butilization\x18\x03 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x04 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x04\"\xbc\x02\n\nNodeStatus\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x11\n\tcpu_count\x18\x02 \x01(\r\x12\x13\n\x0b\x63pu_percent\x18\x03 \x01(\x01\x12\"\n\x1a\x64isk_read_bytes_per_second\x18\x04 \x01(\x04\x12#\n\x1b\x64isk_write_bytes_per_second\x18\x05 \x01(\x04\x12\x16\n\x0envml_available\x18\x06 \x01(\x08\x12\x14\n\x0cnvml_message\x18\x07 \x01(\t\x12#\n\x04gpus\x18\x08 \x03(\x0b\x32\x15.dloader.v1.GpuStatus\x12\x0c\n\x04jobs\x18\t \x01(\r\x12\x0e\n\x06policy\x18\n \x01(\t\x12!\n\x19sum_normalized_throughput\x18\x0b \x01(\x01\x12\x17\n\x0f\x63pu_enforcement\x18\x0c \x01(\t\"\x12\n\x10GetPolicyRequest\"v\n\x0cPolicyConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rworker_budget\x18\x02 \x01(\r\x12\x12\n\ncpu_budget\x18\x03 \x01(\r\x12\x16\n\x0eperiod_seconds\x18\x04 \x01(\x01\x12\x15\n\rmemory_budget\x18\x05 \x01(\x01\"<\n\x10SetPolicyRequest\x12(\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x18.dloader.v1.PolicyConfig\" \n\x0e\x45xplainRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x8e\x01\n\tCandidate\x12\x13\n\x0bnum_workers\x18\x01 \x01(\r\x12\x0c\n\x04\x63pus\x18\x02 \x01(\r\x12$\n\x1cpredicted_samples_per_second\x18\x03 \x01(\x01\x12\x14\n\x0crelative_std\x18\x04 \x01(\x01\x12\x12\n\nnormalized\x18\x05 \x01(\x01\x12\x0e\n\x06\x63hosen\x18\x06 \x01(\x08\"\xf4\x01\n\x0f\x45xplainResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x19\n\x11\x61\x63\x63\x65lerator_limit\x18\x04 \x01(\x01\x12)\n\ncandidates\x18\x05 \x03(\x0b\x32\x15.dloader.v1.Candidate\x12\x1b\n\x13worker_memory_bytes\x18\x06 \x01(\x01\x12\x1b\n\x13memory_budget_bytes\x18\x07 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x08 \x01(\x01\x12\x16\n\x0ememory_limited\x18\t \x01(\x08\x32\xa1\x05\n\x0bNodeService\x12N\n\x0bRegisterJob\x12\x1e.dloader.v1.RegisterJobRequest\x1a\x1f.dloader.v1.RegisterJobResponse\x12<\n\x06Report\x12\x15.dloader.v1.JobReport\x1a\x19.dloader.v1.ReportSummary(\x01\x12N\n\x0fWatchDirectives\x12\".dloader.v1.WatchDirectivesRequest\x1a\x15.dloader.v1.Directive0\x01\x12T\n\rDeregisterJob\x12 .dloader.v1.DeregisterJobRequest\x1a!.dloader.v1.DeregisterJobResponse\x12\x45\n\x08ListJobs\x12\x1b.dloader.v1.ListJobsRequest\x1a\x1c.dloader.v1.ListJobsResponse\x12I\n\rGetNodeStatus\x12 .dloader.v1.GetNodeStatusRequest\x1a\x16.dloader.v1.NodeStatus\x12\x43\n\tGetPolicy\x12\x1c.dloader.v1.GetPolicyRequest\x1a\x18.dloader.v1.PolicyConfig\x12\x43\n\tSetPolicy\x12\x1c.dloader.v1.SetPolicyRequest\x1a\x18.dloader.v1.PolicyConfig\x12\x42\n\x07\x45xplain\x12\x1a.dloader.v1.ExplainRequest\x1a\x1b.dloader.v1.ExplainResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dloader.v1.node_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_DIRECTIVE_REMOTELENTENTRY']._loaded_options = None
+  _globals['_DIRECTIVE_REMOTELENTENTRY']._serialized_options = b'8\001'
   _globals['_JOBLIMITS']._serialized_start=38
   _globals['_JOBLIMITS']._serialized_end=198
   _globals['_REGISTERJOBREQUEST']._serialized_start=201
@@ -46,35 +48,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHDIRECTIVESREQUEST']._serialized_start=981
   _globals['_WATCHDIRECTIVESREQUEST']._serialized_end=1036
   _globals['_DIRECTIVE']._serialized_start=1039
-  _globals['_DIRECTIVE']._serialized_end=1285
-  _globals['_DEREGISTERJOBREQUEST']._serialized_start=1287
-  _globals['_DEREGISTERJOBREQUEST']._serialized_end=1340
-  _globals['_DEREGISTERJOBRESPONSE']._serialized_start=1342
-  _globals['_DEREGISTERJOBRESPONSE']._serialized_end=1365
-  _globals['_LISTJOBSREQUEST']._serialized_start=1367
-  _globals['_LISTJOBSREQUEST']._serialized_end=1384
-  _globals['_JOBSTATUS']._serialized_start=1387
-  _globals['_JOBSTATUS']._serialized_end=1726
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1728
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1783
-  _globals['_GETNODESTATUSREQUEST']._serialized_start=1785
-  _globals['_GETNODESTATUSREQUEST']._serialized_end=1807
-  _globals['_GPUSTATUS']._serialized_start=1809
-  _globals['_GPUSTATUS']._serialized_end=1925
-  _globals['_NODESTATUS']._serialized_start=1928
-  _globals['_NODESTATUS']._serialized_end=2244
-  _globals['_GETPOLICYREQUEST']._serialized_start=2246
-  _globals['_GETPOLICYREQUEST']._serialized_end=2264
-  _globals['_POLICYCONFIG']._serialized_start=2266
-  _globals['_POLICYCONFIG']._serialized_end=2384
-  _globals['_SETPOLICYREQUEST']._serialized_start=2386
-  _globals['_SETPOLICYREQUEST']._serialized_end=2446
-  _globals['_EXPLAINREQUEST']._serialized_start=2448
-  _globals['_EXPLAINREQUEST']._serialized_end=2480
-  _globals['_CANDIDATE']._serialized_start=2483
-  _globals['_CANDIDATE']._serialized_end=2625
-  _globals['_EXPLAINRESPONSE']._serialized_start=2628
-  _globals['_EXPLAINRESPONSE']._serialized_end=2872
-  _globals['_NODESERVICE']._serialized_start=2875
-  _globals['_NODESERVICE']._serialized_end=3548
+  _globals['_DIRECTIVE']._serialized_end=1396
+  _globals['_DIRECTIVE_REMOTELENTENTRY']._serialized_start=1297
+  _globals['_DIRECTIVE_REMOTELENTENTRY']._serialized_end=1346
+  _globals['_DEREGISTERJOBREQUEST']._serialized_start=1398
+  _globals['_DEREGISTERJOBREQUEST']._serialized_end=1451
+  _globals['_DEREGISTERJOBRESPONSE']._serialized_start=1453
+  _globals['_DEREGISTERJOBRESPONSE']._serialized_end=1476
+  _globals['_LISTJOBSREQUEST']._serialized_start=1478
+  _globals['_LISTJOBSREQUEST']._serialized_end=1495
+  _globals['_JOBSTATUS']._serialized_start=1498
+  _globals['_JOBSTATUS']._serialized_end=1837
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1839
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1894
+  _globals['_GETNODESTATUSREQUEST']._serialized_start=1896
+  _globals['_GETNODESTATUSREQUEST']._serialized_end=1918
+  _globals['_GPUSTATUS']._serialized_start=1920
+  _globals['_GPUSTATUS']._serialized_end=2036
+  _globals['_NODESTATUS']._serialized_start=2039
+  _globals['_NODESTATUS']._serialized_end=2355
+  _globals['_GETPOLICYREQUEST']._serialized_start=2357
+  _globals['_GETPOLICYREQUEST']._serialized_end=2375
+  _globals['_POLICYCONFIG']._serialized_start=2377
+  _globals['_POLICYCONFIG']._serialized_end=2495
+  _globals['_SETPOLICYREQUEST']._serialized_start=2497
+  _globals['_SETPOLICYREQUEST']._serialized_end=2557
+  _globals['_EXPLAINREQUEST']._serialized_start=2559
+  _globals['_EXPLAINREQUEST']._serialized_end=2591
+  _globals['_CANDIDATE']._serialized_start=2594
+  _globals['_CANDIDATE']._serialized_end=2736
+  _globals['_EXPLAINRESPONSE']._serialized_start=2739
+  _globals['_EXPLAINRESPONSE']._serialized_end=2983
+  _globals['_NODESERVICE']._serialized_start=2986
+  _globals['_NODESERVICE']._serialized_end=3659
 # @@protoc_insertion_point(module_scope)

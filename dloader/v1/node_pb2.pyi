@@ -111,7 +111,14 @@ class WatchDirectivesRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class Directive(_message.Message):
-    __slots__ = ("job_id", "num_workers", "batch_size", "cpus", "reason", "revision", "remote_workers", "worker_nice", "tune_up_to")
+    __slots__ = ("job_id", "num_workers", "batch_size", "cpus", "reason", "revision", "remote_workers", "worker_nice", "tune_up_to", "remote_lent")
+    class RemoteLentEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +128,7 @@ class Directive(_message.Message):
     REMOTE_WORKERS_FIELD_NUMBER: _ClassVar[int]
     WORKER_NICE_FIELD_NUMBER: _ClassVar[int]
     TUNE_UP_TO_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_LENT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     num_workers: int
     batch_size: int
@@ -130,7 +138,8 @@ class Directive(_message.Message):
     remote_workers: int
     worker_nice: int
     tune_up_to: int
-    def __init__(self, job_id: _Optional[str] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ..., cpus: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., revision: _Optional[int] = ..., remote_workers: _Optional[int] = ..., worker_nice: _Optional[int] = ..., tune_up_to: _Optional[int] = ...) -> None: ...
+    remote_lent: _containers.ScalarMap[str, int]
+    def __init__(self, job_id: _Optional[str] = ..., num_workers: _Optional[int] = ..., batch_size: _Optional[int] = ..., cpus: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., revision: _Optional[int] = ..., remote_workers: _Optional[int] = ..., worker_nice: _Optional[int] = ..., tune_up_to: _Optional[int] = ..., remote_lent: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class DeregisterJobRequest(_message.Message):
     __slots__ = ("job_id", "token")

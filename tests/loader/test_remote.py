@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -22,7 +23,7 @@ import pytest
 import torch
 
 import dloader
-from dloader._engine.remote import REMOTE_SLOT_BASE
+from dloader._engine.remote import REMOTE_SLOT_BASE, node_resource
 from dloader.errors import RemoteWorkerError
 from tests.loader.test_resize import expected_order
 
@@ -136,6 +137,63 @@ def test_remote_workers_keep_the_order_through_resizes_batch_changes_and_a_resto
         got += batch.tolist()
     assert got == expected_order(N, 3, True)
     assert again.stats().remote_workers == 1
+
+
+class Where(Slow):
+    """Sample ``i`` is ``i`` plus where it was loaded: ``PLACE`` times 1 for a node lending
+    its cores (the Ray resource ``dloader_node:lender``), 2 for the pool, 0 here."""
+
+    PLACE = 1_000_000
+
+    def __getitem__(self, i: int) -> int:
+        info = torch.utils.data.get_worker_info()
+        if info is None or info.id < REMOTE_SLOT_BASE:
+            return super().__getitem__(i)
+        assigned = ray.get_runtime_context().get_assigned_resources()
+        code = 1 if node_resource("lender") in assigned else 2 if "pool" in assigned else 3
+        return super().__getitem__(i) + code * self.PLACE
+
+
+def test_remote_workers_run_on_the_nodes_that_lend_them_cores(cluster: Any) -> None:
+    """Remote workers placed on a lending node run there (each takes a unit of the node's
+    ``dloader_node:<id>`` resource), beside the pool's; taken back, the lending node's worker
+    retires and the pool's goes on: every sample once, in order."""
+    cluster.add_node("lender", 1, resources={node_resource("lender"): 1})
+    n = 4000
+    loader = dloader.DataLoader(
+        Where(n), batch_size=4, num_workers=1,
+        remote=dloader.RayWorkers(0, address=cluster.address, resources={"pool": 1}),
+    )  # fmt: skip
+    loader.resize_remote({"": 1, "lender": 1})
+    assert (loader.remote_workers, loader.remote_placement) == (2, {"": 1, "lender": 1})
+    got: list[int] = []
+    it = iter(loader)
+    train_until_remote(loader, it, got, 2)
+    places = sorted(w.place for w in loader.stats().workers if w.remote)
+    assert places == ["", "lender"]
+    after: list[str] = []  # the remote workers' places, last seen after the lender's retired
+    for batch in it:
+        got += batch.tolist()
+        if len(got) >= n // 2 and loader.remote_placement != {"": 1}:
+            loader.resize_remote(1)
+        elif loader.remote_placement == {"": 1}:
+            after = [w.place for w in loader.stats().workers if w.remote] or after
+    assert [i % Where.PLACE for i in got] == list(range(n))
+    assert {i // Where.PLACE for i in got} >= {1, 2}  # both remote places delivered
+    assert after == [""]
+
+
+def test_a_placement_is_checked_before_it_is_taken() -> None:
+    loader = dloader.DataLoader(Slow(), remote=dloader.RayWorkers(1, max_workers=4))
+    for placement, error, why in [
+        ({"a": -1}, ValueError, "resize_remote(workers)['a']=-1: expected an int >= 0"),
+        ({"": 2, "a": 3}, ValueError, "5 workers in all, above RayWorkers.max_workers=4"),
+        ({"\n": 1}, ValueError, "place '\\n': expected a node id"),
+        ([1], TypeError, "resize_remote(workers)=[1]: expected a count, or counts by node"),
+    ]:
+        with pytest.raises(error, match=re.escape(why)):
+            loader.resize_remote(placement)  # type: ignore[arg-type]
+    assert loader.remote_placement == {"": 1}
 
 
 def test_a_killed_ray_node_loses_nothing(cluster: Any, caplog: pytest.LogCaptureFixture) -> None:

@@ -216,6 +216,29 @@ def test_a_tuning_ceiling_crosses_both_transports_and_must_be_positive() -> None
         Directive(3, tune_up_to=0)
 
 
+def test_remote_workers_on_lending_nodes_cross_both_transports() -> None:
+    d = Directive(3, revision=2, remote_workers=1, remote_lent=(("gpu-a", 2), ("gpu-b", 1)))
+    assert Directive.from_json(json.loads(json.dumps(d.to_json()))) == d
+    assert Directive.from_pb(d.to_pb("job")) == d
+    assert Directive.from_pb(Directive(3).to_pb("job")).remote_lent == ()
+
+
+def test_remote_workers_on_lending_nodes_stay_within_the_loaders_bound(tmp_path: Path) -> None:
+    """The pool's workers first, then each lending node's (by node id), within the job's
+    ``max_remote_workers`` in all; the same placement again sends no new directive."""
+    node = NodeCore(SidecarStore(tmp_path / "n.db"), PolicySettings("even", 8, 2, 60.0))
+    job = node.register(
+        Registration("train", (os.getpid(),), 1, 32, JobLimits(max_remote_workers=4))
+    )
+    assert node.direct_remote_workers(job.job_id, 1, "lent", {"gpu-b": 2, "gpu-a": 2})
+    d = job.directive
+    assert (d.remote_workers, d.remote_lent) == (1, (("gpu-a", 2), ("gpu-b", 1)))
+    assert node.direct_remote_workers(job.job_id, 1, "again", {"gpu-a": 2, "gpu-b": 2})
+    assert job.directive.revision == d.revision
+    assert node.direct_remote_workers(job.job_id, 0, "returned", {})
+    assert (job.directive.remote_workers, job.directive.remote_lent) == (0, ())
+
+
 def test_guided_sends_ceilings_and_leaves_the_counts_to_the_jobs(tmp_path: Path) -> None:
     node = FakeNode(0.0)
     core = node_core(tmp_path, PolicySettings("guided", 12, 2, 1.0), node)
