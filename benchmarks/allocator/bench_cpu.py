@@ -62,7 +62,7 @@ from benchmarks.allocator.bench_admission import check_declared_lengths, interva
 from dloader.allocator import Cluster
 from dloader.allocator.optimizer import POOL_EFFICIENCY
 from dloader.allocator.policies import POLICIES as KNOWN
-from dloader.allocator.policies import SIM_POLICIES, Policy, make_policy
+from dloader.allocator.policies import Policy, make_policy
 from dloader.allocator.simulator import Simulator
 from dloader.allocator.traces import (
     PACKAGED_PHILLY,
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     cores = _numbers(args.cores_per_gpu, "--cores-per-gpu", p)
     philly_cores = _numbers(args.philly_cores_per_gpu, "--philly-cores-per-gpu", p)
     names = [n for n in args.policies.split(",") if n]
-    known = KNOWN + SIM_POLICIES
+    known = KNOWN
     if not names or any(n not in known for n in names) or names[0] != "goodput-dp":
         p.error(f"--policies={args.policies!r}: goodput-dp first, then any of {known}")
     if args.philly < 0 or args.processes < 1 or args.jitter_seeds < 1:

@@ -414,6 +414,9 @@ class Allocation:
     """Cores of the cluster's CPU pool for its remote loader workers (0: none)."""
     done: float = 0.0
     """The share of its declared work done when this was decided (0: none declared or done)."""
+    lent_cpus: Mapping[str, float] = field(default_factory=dict)
+    """Of ``remote_cpus``: the cores other nodes lend it, by node id (``goodput-dp-lend``: its
+    remote workers there; the rest are the CPU pool's)."""
 
     def to_pb(self) -> allocator_pb2.Allocation:
         """As a ``dloader.v1.Allocation``."""
@@ -444,6 +447,7 @@ class Allocation:
             m.key_digest,
             m.remote_cpus,
             m.done,
+            dict(m.lent_cpus),
         )
 
 
@@ -496,7 +500,7 @@ class AllocationSet:
 
     def to_pb(self, job_id: str = "", node_id: str = "") -> allocator_pb2.AllocationSet:
         """As a ``dloader.v1.AllocationSet``, optionally only one job's or one node's
-        allocations."""
+        allocations (a node's: those of its jobs, and of the jobs it lends cores to)."""
         return _pb().AllocationSet(
             version=self.version,
             dry_run=self.dry_run,
@@ -504,7 +508,8 @@ class AllocationSet:
             allocations=[
                 a.to_pb()
                 for a in self.allocations
-                if (not job_id or a.job_id == job_id) and (not node_id or node_id in a.nodes)
+                if (not job_id or a.job_id == job_id)
+                and (not node_id or node_id in a.nodes or node_id in a.lent_cpus)
             ],
             decided_at=self.decided_at,
             decision_ms=self.decision_ms,

@@ -15,7 +15,7 @@ from dloader._daemon.config import layered
 from dloader._daemon.server import ListenConfig
 from dloader._shared import env
 from dloader.allocator.optimizer import DEFAULT_RESTART_S
-from dloader.allocator.policies import POLICIES, SIM_POLICIES
+from dloader.allocator.policies import POLICIES
 from dloader.errors import ConfigError, InvalidArgument
 
 __all__ = ["STORED_SETTINGS", "AllocatorDaemonConfig", "Settings"]
@@ -39,12 +39,6 @@ class Settings:
     """Default restart cost of a job that does not state its own."""
 
     def __post_init__(self) -> None:
-        if self.policy in SIM_POLICIES:
-            raise InvalidArgument(
-                "config.policy",
-                f"{self.policy!r} runs in the simulator only (dloader-sim): the service cannot "
-                f"place remote loader workers on the nodes that lend cores; one of {POLICIES}",
-            )
         if self.policy not in POLICIES:
             raise InvalidArgument("config.policy", f"{self.policy!r} is not one of {POLICIES}")
         if not (math.isfinite(self.interval_s) and 0.1 <= self.interval_s <= 86400):

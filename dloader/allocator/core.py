@@ -61,6 +61,7 @@ from dloader.allocator.jobs import (
 from dloader.allocator.nodes import DEFAULT_RENDEZVOUS_PORTS, Node, NodeRegistry
 from dloader.allocator.optimizer import Cluster
 from dloader.allocator.policies import JobState, Policy, make_policy
+from dloader.allocator.policies.cores import borrowed_cores
 from dloader.allocator.store import AllocatorStore, placement_of, service_of
 from dloader.errors import (
     AlreadyExists,
@@ -108,7 +109,9 @@ class _Outcome:
     cores: dict[str, dict[str, float]] = field(default_factory=dict)
     """Each job's cores per node id (empty: the nodes' cores are not limited)."""
     remote: dict[str, float] = field(default_factory=dict)
-    """Each job's cores of the CPU pool (its remote loader workers)."""
+    """Each job's cores of the CPU pool (its remote loader workers), lent ones included."""
+    lent: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Of those, each job's cores lent by other nodes, by node id (``goodput-dp-lend``)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -149,11 +152,15 @@ def _plan(inp: _Inputs) -> _Outcome | None:
         k: {n: g for n, g in zip(ids, p, strict=True) if g} for k, p in d.placements.items()
     }
     cores = {k: {n: c for n, c in zip(ids, v, strict=True) if c > 0} for k, v in d.cores.items()}
+    lent = {
+        k: {n: c for n, c in zip(ids, v, strict=True) if c > 0}
+        for k, v in borrowed_cores(d.remote, d.lent).items()
+    }
     reasons = dict(d.reasons)
     for jid, why in aside.items():
         reasons[jid] = f"set aside: the policy cannot place it ({why})"
     ms = (time.perf_counter() - began) * 1e3
-    return _Outcome(placements, dict(d.batch_sizes), reasons, ms, cores, dict(d.remote))
+    return _Outcome(placements, dict(d.batch_sizes), reasons, ms, cores, dict(d.remote), lent)
 
 
 class AllocatorCore:
@@ -185,7 +192,9 @@ class AllocatorCore:
         self.nodes = NodeRegistry(
             {
                 # restored nodes get a full timeout to report again
-                n.node_id: Node(n.gpus, n.free, n.address, clock(), host=n.host, cpus=n.cpus)
+                n.node_id: Node(
+                    n.gpus, n.free, n.address, clock(), host=n.host, cpus=n.cpus, lends=n.lends
+                )
                 for n in store.nodes()
             },
             clock=clock,
@@ -458,17 +467,24 @@ class AllocatorCore:
     # ------------------------------------------------------------------ nodes
 
     def register_node(
-        self, node_id: str, gpus: int, address: str = "", host: str = "", cpus: float = 0.0
+        self,
+        node_id: str,
+        gpus: int,
+        address: str = "",
+        host: str = "",
+        cpus: float = 0.0,
+        lends: bool = False,
     ) -> None:
         """Adds a node (or updates its GPU count); nodes and operators only.
 
         ``host``: where the launchers of other nodes reach this node's launcher for a job's
         rendezvous (a hostname or IP address; "": the node id). ``cpus``: the cores its jobs'
-        input pipelines may use (0: not limited)."""
+        input pipelines may use (0: not limited). ``lends``: its Ray node hosts other nodes'
+        jobs' remote loader workers (``goodput-dp-lend`` may lend its spare cores)."""
         require(Role.NODE, "RegisterNode")
-        self.nodes.register(node_id, gpus, address, host, cpus)
-        self.store.upsert_node(node_id, gpus, gpus, address, host, cpus)
-        cores = f" and {cpus:g} cores" if cpus else ""
+        self.nodes.register(node_id, gpus, address, host, cpus, lends)
+        self.store.upsert_node(node_id, gpus, gpus, address, host, cpus, lends)
+        cores = f" and {cpus:g} cores{' it may lend' if lends else ''}" if cpus else ""
         log.info("node %s registered with %d GPU(s)%s", node_id, gpus, cores)
         self._wake.set()
 
@@ -500,7 +516,9 @@ class AllocatorCore:
                 self.apply_update(self._staged(job, r.measurements, r.gradient))
         if self.nodes.report(node_id, free):
             self._wake.set()
-        self.store.upsert_node(node_id, node.gpus, free, node.address, node.host, node.cpus)
+        self.store.upsert_node(
+            node_id, node.gpus, free, node.address, node.host, node.cpus, node.lends
+        )
 
     def configure(
         self,
@@ -559,6 +577,7 @@ class AllocatorCore:
             if not dry:
                 job.cores = outcome.cores.get(jid, {}) if new else {}
                 job.remote_cpus = outcome.remote.get(jid, 0.0) if new else 0.0
+                job.lent_cpus = outcome.lent.get(jid, {}) if new else {}
             if new == job.placement and batch == job.batch_size:
                 continue
             if not new:
@@ -620,6 +639,7 @@ class AllocatorCore:
                     _digest_of(job.token),
                     job.remote_cpus if jid not in rec else 0.0,
                     job.done or 0.0,
+                    dict(job.lent_cpus) if jid not in rec else {},
                 )
             )
         return AllocationSet(

@@ -105,7 +105,9 @@ class SubmittedJob:
     remote_max: dict[str, float] = field(default_factory=dict)
     """Per node id: the most CPU-pool cores its loaders there can use (their reports)."""
     remote_cpus: float = 0.0
-    """Its cores of the CPU pool (the policy's last word)."""
+    """Its cores of the CPU pool (the policy's last word), lent ones included."""
+    lent_cpus: dict[str, float] = field(default_factory=dict)
+    """Of those, the cores other nodes lend it, by node id (``goodput-dp-lend``)."""
     attained_gpu_s: float = 0.0
     """GPU-seconds it has held, counted at each decision (:meth:`count_service`; stored with
     the decision, :meth:`service`: a restarted allocator goes on from there)."""

@@ -43,6 +43,9 @@ class Node:
     """Where other nodes reach it ("": its node id)."""
     cpus: float = 0.0
     """Cores its jobs' input pipelines may use (0: not limited)."""
+    lends: bool = False
+    """Its Ray node hosts other nodes' jobs' remote loader workers: its spare cores may be
+    lent (``goodput-dp-lend``)."""
 
 
 class NodeRegistry:
@@ -76,10 +79,17 @@ class NodeRegistry:
         self._next_port = first
 
     def register(
-        self, node_id: str, gpus: int, address: str = "", host: str = "", cpus: float = 0.0
+        self,
+        node_id: str,
+        gpus: int,
+        address: str = "",
+        host: str = "",
+        cpus: float = 0.0,
+        lends: bool = False,
     ) -> Node:
         """Adds a node (or replaces its GPU count and cores), checked. A node with no GPUs and
-        some cores is a node of the CPU pool (its cores run jobs' loader workers remotely)."""
+        some cores is a node of the CPU pool (its cores run jobs' loader workers remotely); a
+        GPU node that ``lends`` may host other nodes' jobs' remote workers on its spare cores."""
         check_id("node_id", node_id)
         finite_within("cpus", cpus, 0.0, MAX_CORES)
         if not (1 if cpus == 0 else 0) <= gpus <= MAX_NODE_GPUS:
@@ -92,7 +102,13 @@ class NodeRegistry:
             raise InvalidArgument(
                 "host", f"{shown(host)} must be a hostname, an IPv4 address or [IPv6 address]"
             )
-        node = self.nodes[node_id] = Node(gpus, gpus, address, self._clock(), host=host, cpus=cpus)
+        if lends and not (gpus and cpus):
+            raise InvalidArgument(
+                "lends", "only a GPU node that gives its cores (cpus > 0) lends spare ones"
+            )
+        node = self.nodes[node_id] = Node(
+            gpus, gpus, address, self._clock(), host=host, cpus=cpus, lends=lends
+        )
         return node
 
     def get(self, node_id: str) -> Node:
@@ -140,7 +156,11 @@ class NodeRegistry:
             node.cpus for n, node in self.nodes.items() if node.gpus == 0 and not self.silent(n)
         )
         return ids, Cluster(
-            tuple(usable[n] for n in ids), cpus, pool=pool, pool_efficiency=POOL_EFFICIENCY
+            tuple(usable[n] for n in ids),
+            cpus,
+            pool=pool,
+            pool_efficiency=POOL_EFFICIENCY,
+            lends=tuple(self.nodes[n].lends for n in ids),
         )
 
     def silent(self, node_id: str) -> bool:

@@ -129,6 +129,9 @@ class Cluster:
     pool_efficiency: float = 1.0
     """What a pool core feeds, as a share of what a core on the job's own node feeds (the
     transfer's cost; measured by ``benchmarks/loader/bench_remote.py``)."""
+    lends: tuple[bool, ...] | None = None
+    """Per node: whether it may lend its spare cores to other nodes' jobs (its Ray node hosts
+    their remote workers); None: every node may (the simulator)."""
 
     def __post_init__(self) -> None:
         if not self.nodes or any(n < 1 for n in self.nodes):
@@ -138,6 +141,8 @@ class Cluster:
                 f"pool={self.pool!r}, pool_efficiency={self.pool_efficiency!r}: expected a "
                 "pool of >= 0 cores fed at an efficiency in (0, 1]"
             )
+        if self.lends is not None and len(self.lends) != len(self.nodes):
+            raise AllocatorError(f"lends={self.lends!r}: expected one per node")
         if self.cpus is not None and (
             len(self.cpus) != len(self.nodes)
             or not all(math.isfinite(c) and c > 0 for c in self.cpus)

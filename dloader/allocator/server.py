@@ -67,7 +67,12 @@ class AllocatorServicer(pb_grpc.ClusterAllocatorServicer):
         self, request: pb.RegisterNodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterNodeResponse:
         self.core.register_node(
-            request.node_id, request.gpus, request.sidecar_address, request.host, request.cpus
+            request.node_id,
+            request.gpus,
+            request.sidecar_address,
+            request.host,
+            request.cpus,
+            request.lends,
         )
         return pb.RegisterNodeResponse()
 

@@ -33,7 +33,7 @@ from dloader.allocator.optimizer import (
     POOL_EFFICIENCY,
     Cluster,
 )
-from dloader.allocator.policies import POLICIES, SIM_POLICIES, make_policy
+from dloader.allocator.policies import POLICIES, make_policy
 from dloader.allocator.simulator import LEARNING, SimResult, Simulator
 from dloader.allocator.traces import (
     DURATIONS,
@@ -85,8 +85,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policy",
         default="goodput-dp",
-        help=f"policy, a comma-separated list, or 'all' ({', '.join(POLICIES)}); and, the "
-        f"simulator only, {', '.join(SIM_POLICIES)}",
+        help=f"policy, a comma-separated list, or 'all' ({', '.join(POLICIES)})",
     )
     p.add_argument("--out", type=Path, required=True, help="results JSON to write")
     p.add_argument("--csv", type=Path, help="per-job CSV (default: next to --out)")
@@ -251,10 +250,9 @@ def parser() -> argparse.ArgumentParser:
 
 def _policies(text: str) -> list[str]:
     names = list(POLICIES) if text == "all" else [n.strip() for n in text.split(",") if n]
-    known = POLICIES + SIM_POLICIES
     for n in names:
-        if n not in known:
-            raise AllocatorError(f"--policy {n!r}: expected one of {', '.join(known)} or all")
+        if n not in POLICIES:
+            raise AllocatorError(f"--policy {n!r}: expected one of {', '.join(POLICIES)} or all")
     return names
 
 

@@ -83,6 +83,10 @@ ALTER TABLE jobs ADD COLUMN done REAL;
 ALTER TABLE jobs ADD COLUMN done_origin_gpu_s REAL NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN done_origin REAL NOT NULL DEFAULT 0;
 """,
+    # 5: a node whose Ray node hosts other nodes' jobs' remote workers (goodput-dp-lend)
+    """
+ALTER TABLE nodes ADD COLUMN lends INTEGER NOT NULL DEFAULT 0;
+""",
 )
 
 
@@ -166,6 +170,7 @@ class NodeRow:
     last_seen: float
     host: str = ""
     cpus: float = 0.0
+    lends: bool = False
 
 
 class AllocatorStore(SqliteState):
@@ -238,24 +243,35 @@ class AllocatorStore(SqliteState):
         return int(self._exec("SELECT COALESCE(MAX(seq), 0) FROM jobs")[0][0])
 
     def upsert_node(
-        self, node_id: str, gpus: int, free: int, address: str, host: str = "", cpus: float = 0.0
+        self,
+        node_id: str,
+        gpus: int,
+        free: int,
+        address: str,
+        host: str = "",
+        cpus: float = 0.0,
+        lends: bool = False,
     ) -> None:
         """Adds or refreshes a node."""
         self._exec(
-            "INSERT INTO nodes (node_id, gpus, free, address, last_seen, host, cpus) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) "
+            "INSERT INTO nodes (node_id, gpus, free, address, last_seen, host, cpus, lends) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(node_id) DO UPDATE SET gpus = excluded.gpus, free = excluded.free, "
             "address = excluded.address, last_seen = excluded.last_seen, host = excluded.host, "
-            "cpus = excluded.cpus",
-            (node_id, gpus, free, address, time.time(), host, cpus),
+            "cpus = excluded.cpus, lends = excluded.lends",
+            (node_id, gpus, free, address, time.time(), host, cpus, int(lends)),
         )
 
     def nodes(self) -> list[NodeRow]:
         """Every registered node, by id."""
         rows = self._exec(
-            "SELECT node_id, gpus, free, address, last_seen, host, cpus FROM nodes ORDER BY 1"
+            "SELECT node_id, gpus, free, address, last_seen, host, cpus, lends FROM nodes "
+            "ORDER BY 1"
         )
-        return [NodeRow(*r) for r in rows]
+        return [
+            NodeRow(node, gpus, free, address, seen, host, cpus, bool(lends))
+            for node, gpus, free, address, seen, host, cpus, lends in rows
+        ]
 
     def add_decisions(
         self,

@@ -54,6 +54,7 @@ class AllocatorLink:
         address: str = "",
         host: str = "",
         period_s: float = 5.0,
+        lends: bool = False,
     ) -> None:
         if gpus < 0 or (gpus == 0 and core.settings.cpu_budget <= 0):
             raise ValueError(
@@ -68,6 +69,7 @@ class AllocatorLink:
         self.address = address
         self.host = host  # where other nodes reach this one for a job's rendezvous
         self.period_s = period_s
+        self.lends = lends  # its Ray node hosts other nodes' jobs' remote workers
         self._metadata = allocator.metadata or None
         #: the allocator's jobs with GPUs: key digest -> (job id, its GPUs on all nodes)
         self.managed: dict[str, tuple[str, int]] = {}
@@ -89,6 +91,7 @@ class AllocatorLink:
                             sidecar_address=self.address,
                             host=self.host,
                             cpus=float(self.core.settings.cpu_budget),
+                            lends=self.lends,
                         ),
                         metadata=self._metadata,
                         timeout=10,
@@ -149,6 +152,9 @@ class AllocatorLink:
                 if a.key_digest and self.node_id in a.cpus
             }
         )
+        self.core.set_lent_cores(
+            sum(a.lent_cpus.get(self.node_id, 0.0) for a in snapshot.allocations)
+        )
         self._direct_remote(snapshot)
         for a in snapshot.allocations:
             if not a.gpus or not a.local_batch_size:
@@ -163,30 +169,35 @@ class AllocatorLink:
                 )
 
     def _direct_remote(self, snapshot: AllocationSet) -> None:
-        """Each allocated job's cores of the CPU pool, as remote workers of its loaders here
-        (one per core): this node's share of them (by its GPUs of the job), split among the
-        job's ranks here. Only for jobs the pool serves or served: a loader's own remote
-        workers are left alone where the allocator never gave it pool cores."""
+        """Each allocated job's remote cores, as remote workers of its loaders here (one per
+        core): this node's share of them (by its GPUs of the job), split among the job's ranks
+        here; those of the CPU pool, and those each lending node lends (``lent_cpus``), each
+        placed there. Only for jobs the pool serves or served: a loader's own remote workers
+        are left alone where the allocator never gave it remote cores."""
         for a in snapshot.allocations:
             if not a.key_digest:
                 continue
             ranks = self.core.allocator_jobs(a.key_digest)
             if not ranks or not (a.remote_cpus > 0 or a.key_digest in self._pooled):
                 continue
-            here = a.nodes.get(self.node_id, 0)
-            share = a.remote_cpus * here / a.gpus if a.gpus else 0.0
             if a.remote_cpus > 0:
                 self._pooled.add(a.key_digest)
             else:
                 self._pooled.discard(a.key_digest)
-            total = round(share)  # whole workers, one a core; the remainder to the first ranks
-            for i, job in enumerate(sorted(ranks, key=lambda j: j.job_id)):
-                n = total // len(ranks) + (i < total % len(ranks))
+            here = a.nodes.get(self.node_id, 0) / a.gpus if a.gpus else 0.0
+            lent = {node: cores * here for node, cores in a.lent_cpus.items()}
+            pool = max(a.remote_cpus * here - sum(lent.values()), 0.0)
+            ranks = sorted(ranks, key=lambda j: j.job_id)
+            per_rank = _split(round(pool), len(ranks))
+            lent_per_rank = {node: _split(round(c), len(ranks)) for node, c in lent.items()}
+            where = "".join(f", {c:.1f} lent by {node}" for node, c in sorted(lent.items()))
+            for i, job in enumerate(ranks):
                 self.core.direct_remote_workers(
                     job.job_id,
-                    n,
-                    f"allocator v{snapshot.version}: {a.remote_cpus:.1f} CPU-pool cores for the "
-                    f"job, {share:.1f} for its {len(ranks)} rank(s) here",
+                    per_rank[i],
+                    f"allocator v{snapshot.version}: {a.remote_cpus:.1f} remote cores for the "
+                    f"job, {pool:.1f} of the CPU pool{where} for its {len(ranks)} rank(s) here",
+                    {node: n[i] for node, n in lent_per_rank.items() if n[i]},
                 )
 
     def report(self) -> pb.ReportNodeRequest:
@@ -221,6 +232,11 @@ class AllocatorLink:
                     raise
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.period_s)
+
+
+def _split(total: int, ranks: int) -> list[int]:
+    """``total`` whole workers over ``ranks`` ranks, the remainder to the first ones."""
+    return [total // ranks + (i < total % ranks) for i in range(ranks)]
 
 
 def input_curve(models: list[LoaderModel], cores: float, workers: int) -> InputCurve:

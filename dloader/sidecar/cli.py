@@ -169,6 +169,13 @@ def parser() -> argparse.ArgumentParser:
         help="a CPU-only node: offer its --cpu-budget cores to the allocator's CPU pool, where "
         "jobs' remote loader workers run (through Ray; docs/remote.md), and no GPUs",
     )
+    p.add_argument(
+        "--lend-cores",
+        action="store_true",
+        help="a GPU node whose Ray node advertises dloader_node:<--node-id>: the allocator "
+        "(goodput-dp-lend) may lend the --cpu-budget cores its own jobs do not need to other "
+        "nodes' jobs, as their remote loader workers here (docs/remote.md)",
+    )
     return p
 
 
@@ -214,6 +221,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
             gpus=0 if config.cpu_pool else config.gpus or len(gpus.read()),
             address=f"unix://{os.path.abspath(config.listen.socket or '')}",
             host=config.node_host,
+            lends=config.lend_cores,
         )
     last = {"cpu": 0.0, "rd": 0.0, "wr": 0.0}
 

@@ -225,6 +225,9 @@ class SidecarDaemonConfig:
     cpu_pool: bool = False
     """A CPU-only node: its ``cpu_budget`` cores join the allocator's CPU pool (remote loader
     workers run on them, through Ray); it offers no GPUs."""
+    lend_cores: bool = False
+    """A GPU node whose Ray node hosts other nodes' jobs' remote loader workers: the allocator
+    may lend them the cores its own jobs do not need."""
     log_level: str = "INFO"
     job_timeout_s: float = 60.0
     """A job silent this long is ended (0: never)."""
@@ -253,6 +256,11 @@ class SidecarDaemonConfig:
             raise ConfigError(
                 "--cpu-pool: a node of the allocator's CPU pool offers no GPUs (drop --gpus) "
                 "and needs --allocator"
+            )
+        if self.lend_cores and (self.cpu_pool or self.allocator is None):
+            raise ConfigError(
+                "--lend-cores: a GPU node lends its spare cores through the allocator (needs "
+                "--allocator; a --cpu-pool node's cores are all the pool's already)"
             )
 
     @classmethod
@@ -303,6 +311,7 @@ class SidecarDaemonConfig:
             node_host=args.node_host,
             gpus=args.gpus,
             cpu_pool=args.cpu_pool,
+            lend_cores=args.lend_cores,
             log_level=args.log_level,
             job_timeout_s=args.job_timeout,
         )

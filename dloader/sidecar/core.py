@@ -58,6 +58,9 @@ TREE_SLACK = 32
 _NAME_MAX = 200
 _SAVE_MODEL_EVERY = 5  # reports
 _COALESCE_S = 0.2  # after an event, wait this long for more before deciding
+_LENT_STEP = 0.1
+"""Cores lent (:meth:`NodeCore.set_lent_cores`) that change the node's budget, and the least
+a node that lends all its cores keeps for its own jobs."""
 _MAX_WORKERS = 4096  # worker processes one loader may report
 MAX_JOBS = 256  # registered jobs on one node
 OPERATOR_RESERVE = 32  # of those, kept for operators: other users together hold at most the rest
@@ -221,6 +224,8 @@ class NodeCore:
         self._trainer_weight = pol.trainer_weight(worker_nice)  # checks it
         self.store = store
         self.settings = settings
+        #: cores of this node lent to other nodes' jobs (the cluster allocator's lending)
+        self.lent_cores = 0.0
         #: the whole decision: every job's state, the node's measured truth
         self.policy = pol.NodePolicy(
             settings.name, self._budget(), spare=spare_workers, worker_nice=worker_nice
@@ -409,6 +414,21 @@ class NodeCore:
         for job in list(self.jobs.values()):
             self._start_from_target(job)
 
+    def set_lent_cores(self, cores: float) -> None:
+        """Cores of this node the cluster allocator lends to other nodes' jobs (their remote
+        loader workers run here, as Ray actors taking this node's ``dloader_node:<id>``): the
+        node's policy divides its CPU budget less these among its own jobs, and decides again
+        soon."""
+        cores = min(max(float(cores), 0.0), float(self.settings.cpu_budget))
+        if abs(cores - self.lent_cores) < _LENT_STEP:
+            return
+        self.lent_cores = cores
+        log.info(
+            "%.1f of the node's %s cores lent to other nodes' jobs", cores, self.settings.cpu_budget
+        )
+        self._enact(pol.Decided(self.policy.configure(self.settings.name, self._budget())))
+        self._wake.set()
+
     def allocator_jobs(self, digest: str) -> list[Job]:
         """The local jobs (one per rank) tied to the allocator's job whose key has ``digest``."""
         return [j for j in self.jobs.values() if digest and j.record.allocator_key == digest]
@@ -572,7 +592,7 @@ class NodeCore:
         """The node's worker and CPU budgets (the memory budget comes with each decision)."""
         return pol.Budget(
             self.settings.worker_budget,
-            float(self.settings.cpu_budget),
+            max(float(self.settings.cpu_budget) - self.lent_cores, _LENT_STEP),
             trainer_weight=self._trainer_weight,
         )
 

@@ -141,18 +141,20 @@ class CompleteJobResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "gpus", "sidecar_address", "host", "cpus")
+    __slots__ = ("node_id", "gpus", "sidecar_address", "host", "cpus", "lends")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     SIDECAR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     CPUS_FIELD_NUMBER: _ClassVar[int]
+    LENDS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     gpus: int
     sidecar_address: str
     host: str
     cpus: float
-    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ..., sidecar_address: _Optional[str] = ..., host: _Optional[str] = ..., cpus: _Optional[float] = ...) -> None: ...
+    lends: bool
+    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ..., sidecar_address: _Optional[str] = ..., host: _Optional[str] = ..., cpus: _Optional[float] = ..., lends: _Optional[bool] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ()
@@ -203,7 +205,14 @@ class NodeShare(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ..., cpus: _Optional[float] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("job_id", "gpus", "nodes", "batch_size", "reason", "queue_position", "rendezvous", "generation", "local_batch_size", "accumulation_steps", "key_digest", "remote_cpus", "done")
+    __slots__ = ("job_id", "gpus", "nodes", "batch_size", "reason", "queue_position", "rendezvous", "generation", "local_batch_size", "accumulation_steps", "key_digest", "remote_cpus", "done", "lent_cpus")
+    class LentCpusEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +226,7 @@ class Allocation(_message.Message):
     KEY_DIGEST_FIELD_NUMBER: _ClassVar[int]
     REMOTE_CPUS_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    LENT_CPUS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     gpus: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeShare]
@@ -230,7 +240,8 @@ class Allocation(_message.Message):
     key_digest: str
     remote_cpus: float
     done: float
-    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeShare, _Mapping]]] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., queue_position: _Optional[int] = ..., rendezvous: _Optional[str] = ..., generation: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accumulation_steps: _Optional[int] = ..., key_digest: _Optional[str] = ..., remote_cpus: _Optional[float] = ..., done: _Optional[float] = ...) -> None: ...
+    lent_cpus: _containers.ScalarMap[str, float]
+    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeShare, _Mapping]]] = ..., batch_size: _Optional[int] = ..., reason: _Optional[str] = ..., queue_position: _Optional[int] = ..., rendezvous: _Optional[str] = ..., generation: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accumulation_steps: _Optional[int] = ..., key_digest: _Optional[str] = ..., remote_cpus: _Optional[float] = ..., done: _Optional[float] = ..., lent_cpus: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GetAllocationsRequest(_message.Message):
     __slots__ = ()

@@ -21,6 +21,7 @@ from dloader.allocator.cpu_profiles import (
 from dloader.allocator.optimizer import place
 from dloader.allocator.policies import ClusterDecision, JobState, SynergyPolicy, make_policy
 from dloader.allocator.policies.cores import (
+    borrowed_cores,
     divide_cores,
     fed_table,
     feed_cores,
@@ -662,13 +663,15 @@ def test_spare_cores_are_what_a_nodes_own_jobs_do_not_need() -> None:
         (0.0, 0.0, 0.0)
     )
     assert spare_cores(placements, {}, need, Cluster((4, 4, 4))) == ()
+    lends = replace(cluster, lends=(True, False, True))  # the second node's Ray hosts none
+    assert spare_cores(placements, cores, need, lends) == pytest.approx((0.0, 0.0, 6.0))
 
 
 def test_goodput_dp_lend_feeds_a_starved_job_from_a_light_nodes_spare_cores() -> None:
     """Two nodes of 4 GPUs and 4 cores: a job whose pipeline feeds 10 samples/s a core on one,
     a job that needs almost no cores on the other. goodput-dp-lend lends the light node's
     spare to the starved job's remote workers; the light job keeps what it needs; the starved
-    node lends nothing. goodput-dp (and the live service) does not lend."""
+    node lends nothing; each borrowed core is named by its lender. goodput-dp does not lend."""
     cluster = Cluster((4, 4), (4.0, 4.0), pool_efficiency=0.75)
     jobs = [
         _job("starved", 4, input=InputModel.linear(10.0), remote_max=math.inf, max_gpus=4),
@@ -683,13 +686,23 @@ def test_goodput_dp_lend_feeds_a_starved_job_from_a_light_nodes_spare_cores() ->
     kept = d.cores["light"][light]
     assert kept + d.lent[light] == pytest.approx(4.0)
     assert kept == pytest.approx(4000 / 1e6)  # what its 4 GPUs need at 1,000 samples/s each
+    borrowed = borrowed_cores(d.remote, d.lent)
+    assert borrowed == {"starved": pytest.approx(d.lent)}
     plain = make_policy("goodput-dp").decide(jobs, cluster)
     assert plain.remote == {} and plain.lent == ()
-    from dloader.allocator.config import Settings
-    from dloader.errors import InvalidArgument
+    assert borrowed_cores(plain.remote, plain.lent) == {}
 
-    with pytest.raises(InvalidArgument, match="goodput-dp-lend"):
-        Settings(policy="goodput-dp-lend")  # live, remote workers cannot go to a lender
+
+def test_borrowed_cores_draw_on_the_pool_and_each_lender_alike() -> None:
+    """Three pool cores and 3 + 1 lent, taken 6 and 1 by two jobs: each job draws 4/7 of its
+    cores from the first lender and 1/7 from the second; the lenders lend what they lent."""
+    borrowed = borrowed_cores({"a": 6.0, "b": 1.0, "none": 0.0}, (3.0, 0.0, 1.0))
+    assert borrowed == {
+        "a": pytest.approx((18 / 7, 0.0, 6 / 7)),
+        "b": pytest.approx((3 / 7, 0.0, 1 / 7)),
+    }
+    assert [sum(x) for x in zip(*borrowed.values(), strict=True)] == pytest.approx([3, 0, 1])
+    assert borrowed_cores({"a": 6.0}, ()) == {} and borrowed_cores({}, (1.0,)) == {}
 
 
 def test_lent_cores_feed_a_hungry_job_in_the_simulator_within_each_nodes_cores(apps) -> None:

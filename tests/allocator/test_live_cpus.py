@@ -190,6 +190,41 @@ def test_the_allocators_cores_are_a_prior_for_jobs_not_placed_yet(tmp_path: Path
     assert core.cpu_targets == {key_digest(other_key): 4.0}
 
 
+def test_goodput_dp_lend_names_the_nodes_that_lend_a_starved_job_cores(tmp_path: Path) -> None:
+    """Live, goodput-dp-lend: a job its node cannot feed gets the spare cores of the node of a
+    job that needs almost none, named by that node (``lent_cpus``, through the proto too), as
+    much as that node lends; only a node registered as lending (its Ray node hosts the
+    workers) lends, across a restart too."""
+    core = _core(tmp_path, "goodput-dp-lend")
+    core.register_node("gpu-a", 1, cpus=2.0, lends=True)
+    core.register_node("gpu-b", 1, cpus=2.0, lends=True)
+    with pytest.raises(InvalidArgument, match="only a GPU node that gives its cores"):
+        core.register_node("pool", 0, cpus=8.0, lends=True)
+    core.submit(_spec("hungry", HUNGRY))
+    core.submit(_spec("light", LIGHT))
+    first = {a.job_id: a for a in core.decide().allocations}
+    for job_id, curve, remote in (("hungry", HUNGRY, 8.0), ("light", LIGHT, 0.0)):
+        (node,) = first[job_id].nodes
+        report = NodeJobReport(job_id, 100.0, input_curve=curve, remote_cores_max=remote)
+        core.report_node(node, 1, [report])
+    decided = core.decide()
+    snap = {a.job_id: a for a in decided.allocations}
+    hungry, light = snap["hungry"], snap["light"]
+    (lender,) = light.nodes
+    # the lender's sidecar watches its own jobs and those it lends cores to
+    assert {a.job_id for a in decided.to_pb(node_id=lender).allocations} == {"hungry", "light"}
+    assert list(hungry.lent_cpus) == [lender] and lender not in hungry.nodes
+    assert 1.5 < hungry.lent_cpus[lender] == pytest.approx(hungry.remote_cpus)  # no pool
+    assert hungry.lent_cpus[lender] + light.cpus[lender] == pytest.approx(2.0)
+    assert Allocation.from_pb(hungry.to_pb()).lent_cpus == hungry.lent_cpus
+    assert light.lent_cpus == {}
+    again = _core(tmp_path, "goodput-dp-lend")  # restarted: the nodes as registered
+    assert again.nodes.cluster()[1].lends == (True, True)
+    core.register_node(lender, 1, cpus=2.0)  # its Ray node no longer hosts them
+    after = {a.job_id: a for a in core.decide().allocations}
+    assert after["hungry"].lent_cpus == {} and after["hungry"].remote_cpus == 0.0
+
+
 def test_a_cpu_only_node_joins_the_pool_and_a_starved_job_gets_it(tmp_path: Path) -> None:
     """#47: a node registered with no GPUs and its cores is the CPU pool; a job whose loaders
     report remote workers (``remote_cores_max``) and whose pipeline its node cannot feed gets
@@ -263,3 +298,57 @@ def test_the_sidecar_directs_its_share_of_the_pool_as_remote_workers(tmp_path: P
         r.last_report = JobReport(0.0, 1, 32, 100.0, 0.0, 0.1, 0.0, 1.0, 100)
     report = {r.job_id: r for r in link.report().jobs}
     assert report["train"].remote_cores_max == 6.0  # both ranks' bounds: the ask
+
+
+def test_the_sidecar_places_lent_cores_on_their_lending_nodes(tmp_path: Path) -> None:
+    """goodput-dp-lend: of a job's remote cores, those other nodes lend go to remote workers
+    placed there (this node's share, split among its ranks here), the rest to the pool; taken
+    back, none are left there."""
+    from dloader._shared.allocator_messages import AllocationSet
+    from dloader._shared.client import Endpoint
+    from dloader.sidecar.allocator_link import AllocatorLink
+
+    node = NodeCore(SidecarStore(tmp_path / "n.db"), PolicySettings("even", 8, 2, 60.0))
+    key = job_key("the job's token")
+    limits = JobLimits(max_remote_workers=8)
+    rank = Registration("train", (os.getpid(),), 1, 32, limits, job_key=key)
+    ranks = sorted((node.register(rank) for _ in range(2)), key=lambda j: j.job_id)
+    link = AllocatorLink(node, Endpoint.of("unix:///nowhere.sock"), node_id="n0", gpus=2)
+
+    def allocate(remote: float, lent: dict[str, float], version: int) -> None:
+        a = Allocation(
+            "train", 2, {"n0": 2}, 64, "ok", key_digest=key_digest(key), remote_cpus=remote,
+            local_batch_size=32, lent_cpus=lent,
+        )  # fmt: skip
+        link.apply(AllocationSet(version, False, "goodput-dp-lend", (a,)))
+
+    allocate(7.0, {"n1": 4.0, "n2": 1.0}, 1)  # 2 of the pool, 4 lent by n1, 1 by n2
+    placed = [(r.directive.remote_workers, r.directive.remote_lent) for r in ranks]
+    assert placed == [(1, (("n1", 2), ("n2", 1))), (1, (("n1", 2),))]
+    assert "2.0 of the CPU pool, 4.0 lent by n1, 1.0 lent by n2" in ranks[0].directive.reason
+    allocate(0.0, {}, 2)
+    assert [(r.directive.remote_workers, r.directive.remote_lent) for r in ranks] == [(0, ())] * 2
+
+
+def test_a_lending_node_divides_what_it_keeps_among_its_own_jobs(tmp_path: Path) -> None:
+    """The cores this node lends to other nodes' jobs leave its policy's budget while lent."""
+    from dloader._shared.allocator_messages import AllocationSet
+    from dloader._shared.client import Endpoint
+    from dloader.sidecar.allocator_link import AllocatorLink
+
+    node = NodeCore(SidecarStore(tmp_path / "n.db"), PolicySettings("even", 8, 6, 60.0))
+    link = AllocatorLink(node, Endpoint.of("unix:///nowhere.sock"), node_id="n1", gpus=2)
+
+    def borrowing(lent: dict[str, float], version: int) -> None:
+        a = Allocation(
+            "elsewhere", 4, {"n0": 4}, 64, "ok", key_digest=key_digest(job_key("t")),
+            remote_cpus=sum(lent.values()), local_batch_size=16, lent_cpus=lent,
+        )  # fmt: skip
+        link.apply(AllocationSet(version, False, "goodput-dp-lend", (a,)))
+
+    borrowing({"n1": 2.5, "n2": 1.0}, 1)
+    assert (node.lent_cores, node.policy.budget.cores) == (2.5, 3.5)
+    borrowing({"n1": 9.0}, 2)  # more than it has: it keeps a sliver
+    assert node.lent_cores == 6.0 and 0 < node.policy.budget.cores < 0.5
+    borrowing({}, 3)
+    assert (node.lent_cores, node.policy.budget.cores) == (0.0, 6.0)

@@ -62,6 +62,8 @@ def test_environment_gives_tokens_and_flags_win(monkeypatch: pytest.MonkeyPatch)
         (("--metrics-port", "70000"), "--metrics-port 70000"),
         (("--period", "-1"), "config.period_seconds"),
         (("--worker-budget", "0"), "config.worker_budget"),
+        (("--lend-cores",), "--lend-cores: a GPU node lends its spare cores through the alloc"),
+        (("--cpu-pool",), "--cpu-pool: a node of the allocator's CPU pool offers no GPUs"),
     ],
 )
 def test_bad_sidecar_settings_name_the_value(flags: tuple[str, ...], message: str) -> None:

@@ -35,10 +35,10 @@
 * ``goodput-dp-cpu-blind``: ``goodput-dp`` deciding as if every pipeline fed any number of
   GPUs; a node's cores go to its jobs in proportion to their GPUs there (the GPU-proportional
   baseline).
-* ``goodput-dp-lend`` (the simulator only): ``goodput-dp`` lending each node's cores its own
-  jobs do not need to other nodes' jobs short of theirs, as remote loader workers (Ray) at the
-  pool's efficiency (:mod:`.cores`). Live, the remote workers would have to run on the lending
-  nodes (Ray node affinity), which the service does not do: it does not accept this policy.
+* ``goodput-dp-lend``: ``goodput-dp`` lending each node's cores its own jobs do not need to
+  other nodes' jobs short of theirs, as remote loader workers (Ray) at the pool's efficiency
+  (:mod:`.cores`). Live, each borrowing job's sidecars start them on the lending nodes
+  (``Allocation.lent_cpus``; each lending node's Ray node advertises ``dloader_node:<id>``).
 * ``pollux``: Pollux's own policy, from its paper, for comparison in the same simulator
   (:mod:`.pollux`); CPU-blind, so its jobs get GPU-proportional cores.
 * ``synergy``: Synergy-TUNE (OSDI'22), from its paper and artifact (:mod:`.synergy`): GPUs
@@ -95,7 +95,6 @@ from dloader.errors import AllocatorError
 __all__ = [
     "POLICIES",
     "REPLAN_MAX_SIZE",
-    "SIM_POLICIES",
     "ClusterDecision",
     "DpPolicy",
     "JobState",
@@ -123,6 +122,7 @@ POLICIES = (
     "goodput-dp-cpu-blind",
     "goodput-dp-no-core-admission",
     "goodput-dp-core-fifo",
+    "goodput-dp-lend",
     "goodput-dp-no-lengths",
     "pollux",
     "synergy",
@@ -130,9 +130,6 @@ POLICIES = (
     "synergy-proportional",
     "synergy-fifo-proportional",
 )
-#: Policies only the simulator runs (see the list above); ``dloader-sim --policy`` accepts them
-#: beside :data:`POLICIES`.
-SIM_POLICIES = ("goodput-dp-lend",)
 
 
 def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 0) -> Policy:
@@ -153,7 +150,7 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
         return SynergyPolicy("las", tune=False)
     if name == "synergy-fifo-proportional":
         return SynergyPolicy("fifo", tune=False)
-    if name.startswith("goodput-dp") and (name in POLICIES or name in SIM_POLICIES):
+    if name.startswith("goodput-dp") and name in POLICIES:
         return DpPolicy(
             name,
             objective="goodput",
@@ -171,4 +168,4 @@ def make_policy(name: str, *, horizon_s: float = DEFAULT_HORIZON_S, seed: int = 
             lend_spare=name == "goodput-dp-lend",
             core_lengths=name not in ("goodput-dp-core-fifo", "goodput-dp-no-lengths"),
         )
-    raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES + SIM_POLICIES)}")
+    raise AllocatorError(f"policy={name!r}: expected one of {', '.join(POLICIES)}")

@@ -34,11 +34,12 @@ each node's division, the pool goes to the jobs still short of what their GPUs n
 water-filling (:func:`divide_pool`), within what their loaders can use (``JobState.remote_max``);
 each batch is then refitted to the local and pool cores together.
 
-**Spare cores lent across nodes** (``goodput-dp-lend``, the simulator only): a node's cores that
-its own jobs do not need (:func:`spare_cores`) join the pool for that decision, as remote loader
-workers on that node for jobs short on theirs, at the pool's efficiency; the lending node's
-division is then made on what it keeps. The pooled same-cores bound is what this approaches:
-work moves to the idle cores, at the cost of moving its batches.
+**Spare cores lent across nodes** (``goodput-dp-lend``): a node's cores that its own jobs do
+not need (:func:`spare_cores`) join the pool for that decision, as remote loader workers on
+that node for jobs short on theirs, at the pool's efficiency; the lending node's division is
+then made on what it keeps. Each job draws on the pool and each lender alike
+(:func:`borrowed_cores`: what the service names in each allocation). The pooled same-cores
+bound is what this approaches: work moves to the idle cores, at the cost of moving its batches.
 
 Design for more resources: a further per-node resource (host memory, a GPU type) is one more
 per-node tuple in :class:`Cluster`, one more curve per job, and one more ``min`` in
@@ -50,7 +51,7 @@ Pure code: plain values in and out.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -58,6 +59,7 @@ from dloader.allocator.optimizer import Cluster
 from dloader.predictor import InputModel
 
 __all__ = [
+    "borrowed_cores",
     "divide_cores",
     "divide_pool",
     "fed_table",
@@ -165,7 +167,8 @@ def spare_cores(
 ) -> tuple[float, ...]:
     """Each node's cores its own jobs do not need: its cores less, for each job there, the
     lesser of what :func:`divide_cores` gave it (``cores``) and its ``need`` split by its GPUs
-    (a job without a known need counts all it got). Empty with unlimited cores."""
+    (a job without a known need counts all it got); none on a node that may not lend
+    (:attr:`Cluster.lends`). Empty with unlimited cores."""
     if cluster.cpus is None:
         return ()
     used = [0.0] * len(cluster.cpus)
@@ -175,7 +178,24 @@ def spare_cores(
         for n, (c, g) in enumerate(zip(row, gpus, strict=True)):
             if g:
                 used[n] += min(c, need.get(job, math.inf) * g / total)
-    return tuple(max(c - u, 0.0) for c, u in zip(cluster.cpus, used, strict=True))
+    lends = cluster.lends or (True,) * len(cluster.cpus)
+    return tuple(
+        max(c - u, 0.0) if may else 0.0 for c, u, may in zip(cluster.cpus, used, lends, strict=True)
+    )
+
+
+def borrowed_cores(
+    remote: Mapping[str, float], lent: Sequence[float]
+) -> dict[str, tuple[float, ...]]:
+    """Each job's remote cores (``remote``: the CPU pool's and the cores nodes lend, as
+    ``goodput-dp-lend`` decides them) by the node that lends them (``lent``: each node's cores
+    lent): every job draws on the pool and on each lending node in the same proportion, so that
+    each node lends what was decided. Jobs with none borrowed are left out; empty where no node
+    lends."""
+    total = sum(remote.values())
+    if total <= 0 or not any(x > 0 for x in lent):
+        return {}
+    return {job: tuple(r * x / total for x in lent) for job, r in remote.items() if r > 0}
 
 
 def divide_pool(
