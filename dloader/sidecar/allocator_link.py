@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 
 import grpc
 
@@ -152,9 +153,8 @@ class AllocatorLink:
                 if a.key_digest and self.node_id in a.cpus
             }
         )
-        self.core.set_lent_cores(
-            sum(a.lent_cpus.get(self.node_id, 0.0) for a in snapshot.allocations)
-        )
+        lent = [a.lent_cpus.get(self.node_id, 0.0) for a in snapshot.allocations]
+        self.core.set_lent_cores(sum(c for c in lent if math.isfinite(c) and c > 0))
         self._direct_remote(snapshot)
         for a in snapshot.allocations:
             if not a.gpus or not a.local_batch_size:
@@ -185,7 +185,7 @@ class AllocatorLink:
             else:
                 self._pooled.discard(a.key_digest)
             here = a.nodes.get(self.node_id, 0) / a.gpus if a.gpus else 0.0
-            lent = {node: cores * here for node, cores in a.lent_cpus.items()}
+            lent = {n: c * here for n, c in a.lent_cpus.items() if math.isfinite(c) and c > 0}
             pool = max(a.remote_cpus * here - sum(lent.values()), 0.0)
             ranks = sorted(ranks, key=lambda j: j.job_id)
             per_rank = _split(round(pool), len(ranks))
