@@ -25,6 +25,7 @@ import torch
 import dloader
 from dloader._engine.remote import REMOTE_SLOT_BASE, node_resource
 from dloader.errors import RemoteWorkerError
+from dloader.sidecar.config import DEFAULT_WORKER_NICE
 from tests.loader.test_resize import expected_order
 
 ray = pytest.importorskip("ray", reason="remote workers need Ray (dloader-elastic[ray])")
@@ -141,7 +142,9 @@ def test_remote_workers_keep_the_order_through_resizes_batch_changes_and_a_resto
 
 class Where(Slow):
     """Sample ``i`` is ``i`` plus where it was loaded: ``PLACE`` times 1 for a node lending
-    its cores (the Ray resource ``dloader_node:lender``), 2 for the pool, 0 here."""
+    its cores (the Ray resource ``dloader_node:lender``), 2 for the pool, 0 here. A remote
+    worker that would come before a lending node's trainers fails: Ray starts its workers at
+    nice 15 (``RAY_worker_niceness``), behind the sidecar's loader workers (10) too."""
 
     PLACE = 1_000_000
 
@@ -149,6 +152,9 @@ class Where(Slow):
         info = torch.utils.data.get_worker_info()
         if info is None or info.id < REMOTE_SLOT_BASE:
             return super().__getitem__(i)
+        nice = os.getpriority(os.PRIO_PROCESS, 0)  # this thread's
+        if nice < DEFAULT_WORKER_NICE:
+            raise RuntimeError(f"a remote worker at nice {nice}: ahead of the node's trainers")
         assigned = ray.get_runtime_context().get_assigned_resources()
         code = 1 if node_resource("lender") in assigned else 2 if "pool" in assigned else 3
         return super().__getitem__(i) + code * self.PLACE
