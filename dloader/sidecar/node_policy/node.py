@@ -514,7 +514,6 @@ class NodePolicy:
         if cpus or shares:
             self._divide_cpus(states, decisions, cpus, out)
         if self.guided:
-            self._nice_workers(states, now, out)
             for s in states:
                 d = s.decision = decisions[s.job_id]
                 if d.num_workers != s.ceiling:
@@ -524,6 +523,7 @@ class NodePolicy:
                     out.orders.append(Order(s.job_id, d.reason, changes))
                     out.notes.append(f"job {s.job_id}: {d.reason}")
                     out.events.append(PolicyEvent("ceiling", s.job_id, d.num_workers))
+            self._nice_workers(states, now, out)
             return out
         changed = any(decisions[s.job_id].num_workers != s.directed for s in states)
         expect = (
