@@ -25,6 +25,7 @@ from dloader._engine.remote import RayWorkers, check_placement, check_remote
 from dloader._engine.telemetry import LoaderStats, Telemetry
 from dloader._engine.timing import STATS_WINDOW_S
 from dloader._shared import env
+from dloader._shared.node_messages import fit_remote
 from dloader.errors import StateError
 
 __all__ = ["DataLoader"]
@@ -730,12 +731,9 @@ class _Controls:
         loader = self._ref()
         if loader is None or loader.remote is None:
             return False
-        placement: dict[str, int] = {}
-        room = loader.remote.max_workers
-        for place, n in sorted(workers.items()):  # the pool ("") first
-            placement[place] = min(n, room)
-            room -= placement[place]
-        placement = {place: n for place, n in placement.items() if n or place == ""}
+        lent = {place: n for place, n in workers.items() if place}
+        pool, on = fit_remote(workers.get("", 0), lent, loader.remote.max_workers)
+        placement = {"": pool, **dict(on)}
         if placement != loader.remote_placement:
             loader.resize_remote(placement)
         return True

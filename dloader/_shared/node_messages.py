@@ -12,10 +12,19 @@ sidecar).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["MAX_NICE", "Directive", "JobLimits", "JobReport", "Registration", "WorkerReport"]
+__all__ = [
+    "MAX_NICE",
+    "Directive",
+    "JobLimits",
+    "JobReport",
+    "Registration",
+    "WorkerReport",
+    "fit_remote",
+]
 
 MAX_NICE = 19
 """The highest nice value (Linux: -20..19)."""
@@ -232,6 +241,23 @@ class Registration:
             limits=JobLimits.from_pb(m.limits),
             job_key=m.job_key,
         )
+
+
+def fit_remote(
+    pool: int, lent: Mapping[str, int], most: int
+) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """Remote workers within ``most`` in all: the CPU pool's (``pool``) first, then each lending
+    node's (``lent``, by node id) in node-id order; a count below 0 counts 0, and a node left
+    with none is dropped. As :attr:`Directive.remote_workers` and :attr:`Directive.remote_lent`
+    carry them."""
+    n = min(max(pool, 0), most)
+    room, on = most - n, []
+    for node, k in sorted(lent.items()):
+        k = min(max(k, 0), room)
+        room -= k
+        if k:
+            on.append((node, k))
+    return n, tuple(on)
 
 
 @dataclass(frozen=True)

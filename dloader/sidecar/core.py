@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from dloader._daemon.peer import Role, Shares, current_caller, require, same_token
 from dloader._daemon.streams import Mailbox, Streams
 from dloader._shared.allocator_messages import key_digest
-from dloader._shared.node_messages import Directive, JobReport, Registration
+from dloader._shared.node_messages import Directive, JobReport, Registration, fit_remote
 from dloader.errors import (
     InvalidArgument,
     NotFound,
@@ -667,15 +667,9 @@ class NodeCore:
         most = job.record.limits.max_remote_workers
         if most <= 0:
             return False
-        n = min(max(workers, 0), most)
-        room, on = most - n, []
-        for node, k in sorted((lent or {}).items()):
-            k = min(max(k, 0), room)
-            room -= k
-            if k:
-                on.append((node, k))
-        if (n, tuple(on)) != (job.directive.remote_workers, job.directive.remote_lent):
-            self._direct(job, reason, remote_workers=n, remote_lent=tuple(on))
+        n, on = fit_remote(workers, lent or {}, most)
+        if (n, on) != (job.directive.remote_workers, job.directive.remote_lent):
+            self._direct(job, reason, remote_workers=n, remote_lent=on)
             where = "".join(f", {k} on {node}'s lent cores" for node, k in on)
             log.info("job %s: %d remote worker(s)%s (%s)", job_id, n, where, reason)
         return True
