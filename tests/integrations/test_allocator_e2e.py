@@ -43,10 +43,12 @@ SCALING = json.dumps(
 
 
 def events(prefix: Path) -> list[dict]:
+    """A job's events from every process it ran (one file per pid), steps in step order (pids
+    do not sort by time: 9999 sorts after 10001)."""
     out = []
     for f in sorted(prefix.parent.glob(prefix.name + ".*.jsonl")):
         out += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-    return out
+    return sorted(out, key=lambda e: e.get("step", 0))
 
 
 def wait_for(what: str, check, timeout: float = 90.0, procs=()) -> None:
