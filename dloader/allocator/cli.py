@@ -39,7 +39,10 @@ def parser() -> argparse.ArgumentParser:
         token_env="DLOADER_ALLOCATOR_TOKEN",
     )
     p.add_argument(
-        "--policy", choices=POLICIES, help="allocation policy (default: stored, else goodput-dp)"
+        "--policy",
+        choices=POLICIES,
+        help="allocation policy (default: stored, else goodput-dp-lend: goodput-dp, lending the "
+        "spare cores of nodes whose sidecar runs with --lend-cores; with none, goodput-dp)",
     )
     p.add_argument(
         "--interval", type=finite, help="seconds between decisions (default: stored, else 60)"

@@ -30,7 +30,9 @@ STORED_SETTINGS = "settings"
 class Settings:
     """The allocator's policy and loop (what ``Configure`` changes)."""
 
-    policy: str = "goodput-dp"
+    policy: str = "goodput-dp-lend"
+    """goodput-dp, lending spare cores only from nodes that may lend (``--lend-cores``): where none
+    may, it decides exactly as goodput-dp."""
     interval_s: float = 60.0
     """Seconds between periodic decisions."""
     dry_run: bool = False

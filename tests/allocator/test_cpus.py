@@ -693,6 +693,22 @@ def test_goodput_dp_lend_feeds_a_starved_job_from_a_light_nodes_spare_cores() ->
     assert borrowed_cores(plain.remote, plain.lent) == {}
 
 
+def test_goodput_dp_lend_decides_as_goodput_dp_where_no_node_may_lend(apps, workload) -> None:
+    """The service's default lends only from nodes whose sidecar says they may
+    (``--lend-cores``): where none may, its whole run is ``goodput-dp``'s, the CPU pool's cores
+    included; where they may, it lends."""
+
+    def run(policy: str, lends: tuple[bool, ...]):  # type: ignore[no-untyped-def]
+        cluster = replace(Cluster.uniform(3, 4, 3.0), pool=2.0, pool_efficiency=0.87, lends=lends)
+        sim = Simulator(workload, apps, make_policy(policy), cluster, learning="oracle")
+        return [(j.name, j.jct_s, j.remote_seconds) for j in sim.run().jobs]
+
+    plain = run("goodput-dp", (True,) * 3)  # (goodput-dp never lends)
+    assert run("goodput-dp-lend", (False,) * 3) == plain
+    assert any(remote > 0 for *_, remote in plain)  # the pool was used, alike
+    assert run("goodput-dp-lend", (True,) * 3) != plain
+
+
 def test_borrowed_cores_draw_on_the_pool_and_each_lender_alike() -> None:
     """Three pool cores and 3 + 1 lent, taken 6 and 1 by two jobs: each job draws 4/7 of its
     cores from the first lender and 1/7 from the second; the lenders lend what they lent."""

@@ -152,7 +152,7 @@ def test_bad_requests_name_the_field(alloc: Allocator) -> None:
         next(iter(s.WatchAllocations(pb.WatchAllocationsRequest(job_id="nope"), timeout=5)))
     assert err.value.code() == nf
     # the daemon is still healthy after all that
-    assert s.GetAllocations(pb.GetAllocationsRequest(), timeout=5).policy == "goodput-dp"
+    assert s.GetAllocations(pb.GetAllocationsRequest(), timeout=5).policy == "goodput-dp-lend"
     assert stat.S_IMODE(os.stat(alloc.socket).st_mode) == 0o660
 
 
@@ -201,7 +201,7 @@ def test_dry_run_only_recommends(alloc: Allocator) -> None:
     cfg = s.Configure(
         pb.ConfigureRequest(config=pb.AllocatorConfig(dry_run=True), set_dry_run=True)
     )
-    assert cfg.dry_run and cfg.policy == "goodput-dp"
+    assert cfg.dry_run and cfg.policy == "goodput-dp-lend"
     s.SubmitJob(job("b", max_gpus=4))
     snap = until(s, lambda x: x.dry_run and by_job(x).get("b") and by_job(x)["b"].gpus > 0)
     assert by_job(snap)["a"].gpus < 4  # the recommendation ...
@@ -239,7 +239,7 @@ def test_tcp_needs_the_token(tmp_path: Path) -> None:
         ok = stub.GetAllocations(
             pb.GetAllocationsRequest(), metadata=(("authorization", "Bearer t0ken"),), timeout=5
         )
-        assert ok.policy == "goodput-dp"
+        assert ok.policy == "goodput-dp-lend"
     finally:
         a.stop()
 
