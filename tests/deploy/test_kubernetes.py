@@ -117,3 +117,56 @@ def test_no_example_runs_a_torch_older_than_the_floor() -> None:
     assert (
         f"torch >= {lowest[0]}.{lowest[1]}" in (K8S / "examples" / "training-job.yaml").read_text()
     )
+
+
+def _rendered(overlay: str) -> list[dict[str, Any]]:
+    """``overlay`` as kustomize renders it (``kubectl kustomize``, offline)."""
+    import shutil
+    import subprocess
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (its kustomize) is not installed")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(K8S / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.mark.parametrize("overlay", ["tls", "lend"])
+def test_every_overlay_renders_to_valid_manifests(overlay: str) -> None:
+    for doc in _rendered(overlay):
+        kubernetes_validate.validate(doc, VERSION, strict=True)
+
+
+def test_a_lending_nodes_ray_node_advertises_the_id_its_sidecar_registers(capsys) -> None:
+    """overlays/lend: the sidecar may lend (``--lend-cores``); beside it ``dloader-ray-node``
+    advertises ``dloader_node:<node id>`` under the sidecar's own ``--node-id``, at a nice value
+    below the node's loader workers."""
+    from dloader.apps import raynode
+
+    ds = next(d for d in _rendered("lend") if d["kind"] == "DaemonSet")
+    containers = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
+    sidecar, ray = containers["sidecar"], containers["ray-node"]
+    args = sidecar_parser().parse_args(sidecar["args"])
+    assert args.lend_cores
+    env = {e["name"]: e.get("value") for e in ray["env"]}
+    node = next(e for e in ray["env"] if e["name"] == "NODE_NAME")
+    assert node["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+    def expand(a: str) -> str:  # what the kubelet does with $(VAR) from the container's env
+        return a.replace("$(NODE_NAME)", "gpu-7").replace(
+            "$(DLOADER_LEND_CPUS)", env["DLOADER_LEND_CPUS"]
+        )
+
+    assert ray["command"] == ["dloader-ray-node"]
+    assert _arg(ray["args"], "--node-id") == _arg(sidecar["args"], "--node-id")
+    assert int(env["RAY_worker_niceness"]) >= raynode.MIN_NICENESS
+    assert raynode.main(["--dry-run", f"--address={env['RAY_ADDRESS']}"] + [
+        expand(a) for a in ray["args"]
+    ]) == 0  # fmt: skip
+    assert '"dloader_node:gpu-7": 16' in capsys.readouterr().out

@@ -94,3 +94,39 @@ def test_the_systemd_unit_runs_the_real_command_line() -> None:
             text=True,
         )
         assert "Unknown key" not in out.stderr and "Invalid" not in out.stderr, out.stderr
+
+
+def _unit(path: Path) -> configparser.ConfigParser:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read(path)
+    return unit
+
+
+def test_a_lending_nodes_units_run_the_real_command_lines(capsys) -> None:
+    """dloader-ray-node.service runs ``dloader-ray-node`` at the cores the node's environment
+    file gives, after the sidecar; the sidecar's drop-in lets it lend, on its own command line."""
+    from dloader.apps import raynode
+    from dloader.sidecar.config import SidecarDaemonConfig
+
+    systemd = ROOT / "deploy" / "systemd"
+    ray = _unit(systemd / "dloader-ray-node.service")
+    svc = ray["Service"]
+    assert "dloader-sidecar.service" in ray["Unit"]["After"].split()
+    cmd = shlex.split(svc["ExecStart"].replace("${DLOADER_LEND_CPUS}", "16"))
+    assert cmd[0].endswith("/dloader-ray-node") and svc["User"] != "root"
+    assert "RAY_worker_niceness=15" in svc["Environment"]
+    assert raynode.main(["--dry-run", "--address=head:6379", "--node-id=gpu-7", *cmd[1:]]) == 0
+    assert '"dloader_node:gpu-7": 16' in capsys.readouterr().out
+
+    drop_in = _unit(systemd / "dloader-sidecar.service.d" / "lend.conf")["Service"]
+    assert drop_in["EnvironmentFile"] == svc["EnvironmentFile"]  # one file for the node
+    *_, start = [line for line in drop_in["ExecStart"].splitlines() if line.strip()]
+    base = shlex.split(_unit(systemd / "dloader-sidecar.service")["Service"]["ExecStart"])
+    assert shlex.split(start) == [*base, "--lend-cores"]
+    args = sidecar_parser().parse_args([*shlex.split(start)[1:], "--allocator=unix:///a.sock"])
+    assert SidecarDaemonConfig.resolve(args, None).lend_cores
+    if shutil.which("systemd-analyze"):
+        unit = str(systemd / "dloader-ray-node.service")
+        out = subprocess.run(["systemd-analyze", "verify", unit], capture_output=True, text=True)
+        assert "Unknown key" not in out.stderr and "Invalid" not in out.stderr, out.stderr
