@@ -187,6 +187,10 @@ def test_the_report_gives_the_adaptive_arm_of_a_guided_run_its_own_ratios() -> N
 
     out = generated.report([mix("s/0", 0.9, 1.2), mix("s/1", 0.95, 0.98), mix("s/2", 1.0, None)])
     assert "sidecar / auto (steady): median 0.950, worst 0.900 (n=3)" in out
+    # each of those intervals reaches 0.98; one that lies wholly below it is counted
+    assert "0 of 3 below 0.98 beyond their interval" in out
+    low = generated.report([mix("s/0", 0.85, None), mix("s/1", 0.95, None)])
+    assert "sidecar / auto (whole): median 0.900, worst 0.850 (n=2); 1 of 2 below 0.98" in low
     assert "adaptive sidecar / auto (steady): median 1.090, worst 0.980 (n=2)" in out
     assert "adaptive sidecar / naive" not in out
     assert "adaptive sidecar" not in generated.report([mix("s/2", 1.0, None)])
