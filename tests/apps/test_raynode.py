@@ -68,6 +68,7 @@ def test_bad_arguments_are_named_with_what_was_expected(capsys, monkeypatch, arg
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_a_lending_node_joins_the_cluster_with_its_resource(tmp_path: Path) -> None:
     """For real: a Ray head (``LocalRayCluster``), and ``dloader-ray-node`` joining it as the
     GPU node ``gpu-7`` lending 1 core; the cluster then has ``dloader_node:gpu-7`` (what a
