@@ -34,12 +34,13 @@ from pathlib import Path
 from dloader._engine.remote import node_resource
 from dloader._shared.allocator_messages import check_id
 from dloader.errors import InvalidArgument
+from dloader.sidecar.config import DEFAULT_WORKER_NICE
 
 __all__ = ["command", "main"]
 
-MIN_NICENESS = 10
+MIN_NICENESS = DEFAULT_WORKER_NICE
 """Lent workers below this nice value would compete with the node's own loader workers (the
-sidecar runs them at 10) and its training processes (0)."""
+sidecar's ``--worker-nice``) and come closer to its training processes (0)."""
 
 
 def command(
@@ -80,8 +81,7 @@ def _niceness(text: str) -> int:
     if not MIN_NICENESS <= nice <= 19:
         raise argparse.ArgumentTypeError(
             f"--niceness (or $RAY_worker_niceness) {text!r}: expected {MIN_NICENESS}-19 (below "
-            f"{MIN_NICENESS} lent "
-            "workers would compete with this node's own loader workers)"
+            f"{MIN_NICENESS} lent workers would compete with this node's own loader workers)"
         )
     return nice
 

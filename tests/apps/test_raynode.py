@@ -32,7 +32,7 @@ def test_it_starts_ray_advertising_the_sidecars_node_id_one_unit_a_core(capsys, 
     niceness, ray, *args = dry_run(capsys, "--address", "head:6379", "--cpus", "12")
     assert niceness == "RAY_worker_niceness=15" and Path(ray).name == "ray"
     resources = json.loads(args[args.index("--resources") + 1])
-    # the sidecar's default node id is the host name too (SidecarConfig.from_args)
+    # the sidecar's default node id is the host name too (SidecarDaemonConfig.resolve)
     assert resources == {node_resource(socket.gethostname()): 12}
     assert args[:2] == ["start", "--block"] and "--num-gpus" in args
     assert args[args.index("--num-cpus") + 1] == "12"

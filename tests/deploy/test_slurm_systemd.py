@@ -75,10 +75,15 @@ def test_prolog_and_epilog_never_fail_the_node(tmp_path: Path) -> None:
         assert out.returncode == 0, (script, out.stderr)
 
 
-def test_the_systemd_unit_runs_the_real_command_line() -> None:
+def _unit(path: Path) -> configparser.ConfigParser:
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.optionxform = str  # type: ignore[assignment,method-assign]
-    unit.read(ROOT / "deploy" / "systemd" / "dloader-sidecar.service")
+    unit.read(path)
+    return unit
+
+
+def test_the_systemd_unit_runs_the_real_command_line() -> None:
+    unit = _unit(ROOT / "deploy" / "systemd" / "dloader-sidecar.service")
     svc = unit["Service"]
     cmd = shlex.split(svc["ExecStart"])
     assert cmd[0].endswith("/dloader-sidecar")
@@ -94,13 +99,6 @@ def test_the_systemd_unit_runs_the_real_command_line() -> None:
             text=True,
         )
         assert "Unknown key" not in out.stderr and "Invalid" not in out.stderr, out.stderr
-
-
-def _unit(path: Path) -> configparser.ConfigParser:
-    unit = configparser.ConfigParser(strict=False, interpolation=None)
-    unit.optionxform = str  # type: ignore[assignment,method-assign]
-    unit.read(path)
-    return unit
 
 
 def test_a_lending_nodes_units_run_the_real_command_lines(capsys) -> None:
