@@ -33,6 +33,7 @@ from pathlib import Path
 
 from dloader._engine.remote import node_resource
 from dloader._shared.allocator_messages import check_id
+from dloader._shared.node_messages import MAX_NICE
 from dloader.errors import InvalidArgument
 from dloader.sidecar.config import DEFAULT_WORKER_NICE
 
@@ -78,10 +79,11 @@ def _niceness(text: str) -> int:
         nice = int(text)
     except ValueError:
         nice = -1
-    if not MIN_NICENESS <= nice <= 19:
+    if not MIN_NICENESS <= nice <= MAX_NICE:
         raise argparse.ArgumentTypeError(
-            f"--niceness (or $RAY_worker_niceness) {text!r}: expected {MIN_NICENESS}-19 (below "
-            f"{MIN_NICENESS} lent workers would compete with this node's own loader workers)"
+            f"--niceness (or $RAY_worker_niceness) {text!r}: expected {MIN_NICENESS}-{MAX_NICE} "
+            f"(below {MIN_NICENESS} lent workers would compete with this node's own loader "
+            "workers)"
         )
     return nice
 

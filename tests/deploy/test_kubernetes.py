@@ -3,6 +3,8 @@ consistent with each other and with the daemons' real command lines."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -121,9 +123,6 @@ def test_no_example_runs_a_torch_older_than_the_floor() -> None:
 
 def _rendered(overlay: str) -> list[dict[str, Any]]:
     """``overlay`` as kustomize renders it (``kubectl kustomize``, offline)."""
-    import shutil
-    import subprocess
-
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl (its kustomize) is not installed")
