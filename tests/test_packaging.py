@@ -13,6 +13,7 @@ from dloader.allocator.sim_cli import main as sim_main
 from dloader.allocator.traces import (
     PACKAGED_PHILLY,
     PACKAGED_TRACES,
+    POLLUX_WORKLOADS,
     load_apps,
     packaged_workload,
     read_philly,
@@ -26,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_packaged_traces_and_workloads_load() -> None:
     apps = load_apps(PACKAGED_TRACES)
     assert sorted(apps) == ["bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3"]
-    for n in (1, 2, 3, 4):
+    for n in POLLUX_WORKLOADS:
         assert len(read_workload(packaged_workload(n))) == 160
-    with pytest.raises(AllocatorError, match="workload 5"):
-        packaged_workload(5)
+    with pytest.raises(AllocatorError, match="workload 9"):
+        packaged_workload(9)
     jobs = read_philly(PACKAGED_PHILLY, apps, num_jobs=20, seed=1)
     assert len(jobs) == 20
 
@@ -67,6 +68,7 @@ def test_wheel_is_one_namespace_with_its_data_and_a_light_core(tmp_path: Path) -
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"dloader"}, tops
     assert "dloader/allocator/data/pollux/workloads/workload-1.csv" in names
+    assert "dloader/allocator/data/pollux/workloads/workload-8.csv" in names
     assert "dloader/allocator/data/philly/philly.csv.gz" in names
     assert "dloader/allocator/data/NOTICE.md" in names
     core = sorted(

@@ -1,6 +1,6 @@
 """``dloader-sim``: replay a workload under cluster policies and compare them.
 
-Examples (the Pollux traces, workloads 1-4 and the Philly arrivals ship with the package)::
+Examples (the Pollux traces, workloads 1-8 and the Philly arrivals ship with the package)::
 
     dloader-sim --workload 1 --policy goodput-dp --out results.json
     dloader-sim --workload jobs.csv --traces traces/ --policy all --out cmp.json --plot cmp.png
@@ -65,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
         "--workload",
-        help="workload CSV (name,time,application,num_replicas,batch_size), or 1-4 for the "
+        help="workload CSV (name,time,application,num_replicas,batch_size), or 1-8 for the "
         "Pollux workload shipped with the package",
     )
     src.add_argument(

@@ -54,7 +54,7 @@ def test_bench_cpu_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 def test_bad_arguments_name_the_value(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, says in (
-        (["--workloads", "7"], "--workloads='7'"),
+        (["--workloads", "9"], "--workloads='9'"),
         (["--cores-per-gpu", "0"], "--cores-per-gpu='0'"),
         (["--policies", "pollux"], "goodput-dp first"),
         (["--jitter-seeds", "0"], "--jitter-seeds=0"),
