@@ -33,6 +33,7 @@ from pathlib import Path
 
 from dloader._engine.remote import node_resource
 from dloader._shared.allocator_messages import check_id
+from dloader._shared.cli import number
 from dloader._shared.node_messages import MAX_NICE
 from dloader.errors import InvalidArgument
 from dloader.sidecar.config import DEFAULT_WORKER_NICE
@@ -64,28 +65,19 @@ def command(
     ]
 
 
-def _cpus(text: str) -> int:
-    try:
-        cpus = int(text)
-    except ValueError:
-        cpus = 0
-    if cpus < 1:
-        raise argparse.ArgumentTypeError(f"--cpus {text!r}: expected a whole number of cores >= 1")
-    return cpus
+#: ``--cpus``: whole cores, at least one.
+_CPUS = number(1, 65536, integer=True)
+_NICE = number(MIN_NICENESS, MAX_NICE, integer=True)
 
 
 def _niceness(text: str) -> int:
     try:
-        nice = int(text)
-    except ValueError:
-        nice = -1
-    if not MIN_NICENESS <= nice <= MAX_NICE:
+        return int(_NICE(text))
+    except argparse.ArgumentTypeError as e:
         raise argparse.ArgumentTypeError(
-            f"--niceness (or $RAY_worker_niceness) {text!r}: expected {MIN_NICENESS}-{MAX_NICE} "
-            f"(below {MIN_NICENESS} lent workers would compete with this node's own loader "
-            "workers)"
-        )
-    return nice
+            f"(or $RAY_worker_niceness) {e} (below {MIN_NICENESS} lent workers would compete "
+            "with this node's own loader workers)"
+        ) from None
 
 
 def _ray() -> str | None:
@@ -108,7 +100,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--cpus",
-        type=_cpus,
+        type=_CPUS,
         required=True,
         help="cores this node may lend at most (its sidecar's --cpu-budget is the usual value)",
     )

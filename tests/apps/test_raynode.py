@@ -48,12 +48,16 @@ def test_it_starts_ray_advertising_the_sidecars_node_id_one_unit_a_core(capsys, 
 @pytest.mark.parametrize(
     ("args", "env", "said"),
     [
-        (["--cpus", "0"], {}, "--cpus '0': expected a whole number of cores >= 1"),
-        (["--cpus", "two"], {}, "--cpus 'two'"),
+        (["--cpus", "0"], {}, "--cpus: '0': expected a finite number within [1, 65536]"),
+        (["--cpus", "two"], {}, "--cpus: 'two' is not an integer"),
         ([], {}, "--cpus"),
         (["--cpus", "2", "--address", ""], {}, "--address: the Ray head's host:port is needed"),
         (["--cpus", "2", "--node-id", " gpu"], {}, "--node-id: ' gpu' must be 1-"),
-        (["--cpus", "2", "--niceness", "5"], {}, "$RAY_worker_niceness) '5': expected 10-19"),
+        (
+            ["--cpus", "2", "--niceness", "5"],
+            {},
+            "$RAY_worker_niceness) '5': expected a finite number within [10, 19]",
+        ),
         (["--cpus", "2"], {"RAY_worker_niceness": "x"}, "$RAY_worker_niceness) 'x'"),
     ],
 )
