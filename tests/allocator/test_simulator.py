@@ -12,7 +12,7 @@ from dloader.allocator import AllocatorError, Cluster
 from dloader.allocator.policies import POLICIES, JobState, make_policy
 from dloader.allocator.sim_cli import main
 from dloader.allocator.simulator import Simulator, _fit_observed
-from dloader.allocator.traces import WorkloadJob, load_apps, read_workload
+from dloader.allocator.traces import PACKAGED_TRACES, WorkloadJob, load_apps, read_workload
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pollux-sim"
 CLUSTER = Cluster.uniform(3, 4)
@@ -301,6 +301,34 @@ def test_a_model_that_never_spanned_nodes_is_not_trusted_on_a_spread_placement()
     assert decide(None) == (1, 1)  # the oracle's model is trusted: spread
     assert decide(2) == (1, 1)  # it has measured a step across nodes
     assert sum(decide(1)) == 1  # only one node seen: one GPU, on one node
+
+
+def test_a_spread_placement_is_charged_at_the_batch_the_job_runs():
+    """yolov3 (local batch at most 8) on 4 GPUs over 4 nodes: at its largest batch, with
+    micro-batches, a spread costs little throughput, but its gradient noise makes such a batch
+    worth little, and it runs the batch that is best on 4 compact GPUs, where the network's
+    cost is large. The spread is charged its goodput at that batch (in the traces, 0.66 of
+    compact), not the ratio of the two placements' best throughputs (which called it ~0.9 and
+    kept yolov3 jobs on one GPU per node, 35 min a job lost, on Pollux workload 7)."""
+    from dloader.allocator.policies.throughput import throughput_fn
+    from dloader.predictor import GradientNoise
+
+    app = load_apps(PACKAGED_TRACES)["yolov3"]
+    policy = make_policy("goodput-dp")
+    job = JobState(
+        "yolo", 0, app.model, 4, 32, (8, 512), app.local_bsz_range,
+        noise=GradientNoise(base_batch=8, sqr=1.0, var=4.0), explored_nodes=4,
+    )  # fmt: skip
+    spec = policy.spec(job, Cluster.uniform(4, 4))
+    batches = np.asarray(spec.batch_sizes, dtype=float)
+    k = np.array([4.0])
+    compact = np.nan_to_num(np.ravel(spec.throughput(k, batches)))
+    spread = np.nan_to_num(np.ravel(throughput_fn(app.model, 1, app.local_bsz_range)(k, batches)))
+    goodput = compact * np.asarray(spec.efficiency(batches))
+    runs = int(goodput.argmax())
+    share = policy._spread_share(job, spec, 4, 4)
+    assert share == pytest.approx(spread[runs] / compact[runs])
+    assert share < 0.75 < spread.max() / compact.max()
 
 
 def test_a_job_alone_tries_more_gpus_than_its_early_network_slope_allows():
