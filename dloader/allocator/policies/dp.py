@@ -49,6 +49,11 @@ __all__ = [
 
 
 REPLAN_MAX_SIZE = 500_000
+#: The most times one decision charges spread placements and decides again. Each round can
+#: spread another job; two rounds (before 2026-12-03) left such jobs uncharged, and their counts
+#: moved back and forth from one decision to the next (up to twice the restarts on a bursty
+#: draw, docs/benchmarks.md). Rounds stop as soon as no charge changes.
+MAX_REPLANS = 8
 
 RestartModel = Literal["age", "horizon"]
 Admission = Literal["fifo", "las"]
@@ -514,21 +519,23 @@ class DpPolicy:
         if self.placement_aware and len(jobs) * cluster.capacity <= REPLAN_MAX_SIZE:
             # The DP values a count as a compact placement; the placer may have to spread a job
             # over more nodes. Charge such a count what the spread placement really delivers
-            # and decide again (twice at most: a new plan can spread another job). Each round
-            # is a whole DP: past REPLAN_MAX_SIZE (jobs x GPUs) it is skipped, so that a
-            # decision for 1,000 jobs on 2,048 GPUs stays under a second.
+            # and decide again, until no charge changes (a new plan can spread another job;
+            # MAX_REPLANS at most). Each round is a whole DP: past REPLAN_MAX_SIZE (jobs x
+            # GPUs) it is skipped, so that a decision for 1,000 jobs on 2,048 GPUs stays under
+            # a second.
             states = {j.job_id: j for j in jobs}
-            for _ in range(2):
+            for _ in range(MAX_REPLANS):
                 spread = _spread(placements, cluster)
-                if not spread:
-                    break
-                charged = []
+                charged, changed = [], False
                 for s in specs:
                     if s.job_id in spread:
                         gpus, nodes = spread[s.job_id]
                         share = self._spread_share(states[s.job_id], s, gpus, nodes)
-                        s = replace(s, placed={**s.placed, gpus: share})
+                        if s.placed.get(gpus) != share:
+                            s, changed = replace(s, placed={**s.placed, gpus: share}), True
                     charged.append(s)
+                if not changed:
+                    break
                 specs = charged
                 plan, placements = self._plan(specs, cluster, held, repack, needs)
         reasons = {k: a.reason for k, a in plan.assignments.items()}
