@@ -102,7 +102,7 @@ LAUNCH = [
     [*SUBMIT, "--measurements", ".", "train.py"],
 ]
 SIM = [
-    ["--workload", "7", "--out", "x.json"],
+    ["--workload", "9", "--out", "x.json"],
     ["--workload", "/nonexistent.csv", "--out", "x.json"],
     ["--workload", "1", "--traces", "/nonexistent", "--out", "x.json"],
     ["--workload", "1", "--policy", "bogus", "--out", "x.json"],
