@@ -44,7 +44,7 @@ from benchmarks.allocator.bench_pool import workload
 from dloader.allocator import Cluster
 from dloader.allocator.policies import DpPolicy, make_policy
 from dloader.allocator.simulator import MAX_DECLARED_SIGMA, Simulator
-from dloader.allocator.traces import POLLUX_WORKLOADS, jitter_arrivals
+from dloader.allocator.traces import POLLUX_NUMBERS, POLLUX_WORKLOADS, jitter_arrivals
 
 PEERS = (
     "pollux",
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--workloads and --thresholds: expected comma-separated numbers")
     peers = [x for x in args.peers.split(",") if x]
     if any(w not in POLLUX_WORKLOADS for w in pollux) or any(x not in PEERS for x in peers):
-        p.error(f"--workloads: some of 1-8; --peers: some of {PEERS}")
+        p.error(f"--workloads: some of {POLLUX_NUMBERS}; --peers: some of {PEERS}")
     if not thresholds or min(thresholds) <= 0:
         p.error(f"--thresholds={args.thresholds!r}: expected GPU-seconds > 0")
     if args.philly < 0 or args.jitter_seeds < 1 or args.processes < 1 or args.jobs < 1:

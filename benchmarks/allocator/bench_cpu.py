@@ -67,6 +67,7 @@ from dloader.allocator.simulator import Simulator
 from dloader.allocator.traces import (
     PACKAGED_PHILLY,
     PACKAGED_TRACES,
+    POLLUX_NUMBERS,
     POLLUX_WORKLOADS,
     AppTrace,
     WorkloadJob,
@@ -207,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         workloads = [int(x) for x in args.workloads.split(",") if x]
     except ValueError:
-        p.error(f"--workloads={args.workloads!r}: expected numbers 1-8")
+        p.error(f"--workloads={args.workloads!r}: expected numbers {POLLUX_NUMBERS}")
     if any(w not in POLLUX_WORKLOADS for w in workloads):
-        p.error(f"--workloads={args.workloads!r}: the Pollux workloads are 1-8")
+        p.error(f"--workloads={args.workloads!r}: the Pollux workloads are {POLLUX_NUMBERS}")
     cores = _numbers(args.cores_per_gpu, "--cores-per-gpu", p)
     philly_cores = _numbers(args.philly_cores_per_gpu, "--philly-cores-per-gpu", p)
     names = [n for n in args.policies.split(",") if n]

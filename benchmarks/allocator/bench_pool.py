@@ -46,6 +46,7 @@ from dloader.allocator.simulator import Simulator
 from dloader.allocator.traces import (
     PACKAGED_PHILLY,
     PACKAGED_TRACES,
+    POLLUX_NUMBERS,
     POLLUX_WORKLOADS,
     AppTrace,
     WorkloadJob,
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--workloads and --speeds: expected comma-separated numbers")
     peers = [x for x in args.peers.split(",") if x]
     if any(w not in POLLUX_WORKLOADS for w in pollux) or any(x not in PEERS for x in peers):
-        p.error(f"--workloads: some of 1-8; --peers: some of {PEERS}")
+        p.error(f"--workloads: some of {POLLUX_NUMBERS}; --peers: some of {PEERS}")
     if args.philly < 0 or args.processes < 1 or not speeds or min(speeds) <= 0:
         p.error("expected --philly >= 0, --processes >= 1, --speeds > 0")
     if not (args.cores_per_gpu > 0 and args.pool_per_gpu > 0):

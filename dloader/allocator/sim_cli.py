@@ -39,6 +39,7 @@ from dloader.allocator.traces import (
     DURATIONS,
     PACKAGED_PHILLY,
     PACKAGED_TRACES,
+    POLLUX_NUMBERS,
     WorkloadJob,
     jitter_arrivals,
     load_apps,
@@ -65,8 +66,8 @@ def parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
         "--workload",
-        help="workload CSV (name,time,application,num_replicas,batch_size), or 1-8 for the "
-        "Pollux workload shipped with the package",
+        help="workload CSV (name,time,application,num_replicas,batch_size), or "
+        f"{POLLUX_NUMBERS} for the Pollux workload shipped with the package",
     )
     src.add_argument(
         "--philly",

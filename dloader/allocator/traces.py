@@ -49,6 +49,7 @@ __all__ = [
     "PACKAGED_PHILLY",
     "PACKAGED_TRACES",
     "POLLUX_CONSTANTS",
+    "POLLUX_NUMBERS",
     "POLLUX_WORKLOADS",
     "AppTrace",
     "Durations",
@@ -71,12 +72,16 @@ PACKAGED_PHILLY = _DATA / "philly" / "philly.csv.gz"
 #: The Pollux workloads shipped with the package: 1-4 are those the Pollux paper reports on,
 #: 5-8 the rest of its artifact's set (held out: no policy here was tuned on them).
 POLLUX_WORKLOADS = range(1, 9)
+#: Their numbers, as help and error texts name them.
+POLLUX_NUMBERS = f"{POLLUX_WORKLOADS[0]}-{POLLUX_WORKLOADS[-1]}"
 
 
 def packaged_workload(number: int) -> Path:
-    """Pollux workload ``number`` (1-8), shipped with the package."""
+    """Pollux workload ``number`` (one of :data:`POLLUX_WORKLOADS`), shipped with the package."""
     if number not in POLLUX_WORKLOADS:
-        raise AllocatorError(f"workload {number}: the package ships Pollux workloads 1-8")
+        raise AllocatorError(
+            f"workload {number}: the package ships Pollux workloads {POLLUX_NUMBERS}"
+        )
     return _DATA / "pollux" / "workloads" / f"workload-{number}.csv"
 
 
