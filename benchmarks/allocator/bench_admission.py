@@ -40,11 +40,11 @@ import numpy as np
 
 from benchmarks._common import add_out_dir, machine, outputs, table
 from benchmarks.allocator import plots
-from benchmarks.allocator.bench_pool import workload
+from benchmarks.allocator.bench_pool import pollux_workloads, workload
 from dloader.allocator import Cluster
 from dloader.allocator.policies import DpPolicy, make_policy
 from dloader.allocator.simulator import MAX_DECLARED_SIGMA, Simulator
-from dloader.allocator.traces import POLLUX_NUMBERS, POLLUX_WORKLOADS, jitter_arrivals
+from dloader.allocator.traces import jitter_arrivals
 
 PEERS = (
     "pollux",
@@ -122,14 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     add_out_dir(p)
     args = p.parse_args(argv)
+    pollux = pollux_workloads(p, args.workloads)
     try:
-        pollux = [int(x) for x in args.workloads.split(",") if x]
         thresholds = [float(x) for x in args.thresholds.split(",") if x]
     except ValueError:
-        p.error("--workloads and --thresholds: expected comma-separated numbers")
+        p.error(f"--thresholds={args.thresholds!r}: expected comma-separated numbers")
     peers = [x for x in args.peers.split(",") if x]
-    if any(w not in POLLUX_WORKLOADS for w in pollux) or any(x not in PEERS for x in peers):
-        p.error(f"--workloads: some of {POLLUX_NUMBERS}; --peers: some of {PEERS}")
+    if any(x not in PEERS for x in peers):
+        p.error(f"--peers={args.peers!r}: expected some of {PEERS}")
     if not thresholds or min(thresholds) <= 0:
         p.error(f"--thresholds={args.thresholds!r}: expected GPU-seconds > 0")
     if args.philly < 0 or args.jitter_seeds < 1 or args.processes < 1 or args.jobs < 1:

@@ -59,6 +59,7 @@ import numpy as np
 from benchmarks._common import add_out_dir, machine, outputs, table
 from benchmarks.allocator import plots
 from benchmarks.allocator.bench_admission import check_declared_lengths, interval
+from benchmarks.allocator.bench_pool import pollux_workloads
 from dloader.allocator import Cluster
 from dloader.allocator.optimizer import POOL_EFFICIENCY
 from dloader.allocator.policies import POLICIES as KNOWN
@@ -67,8 +68,6 @@ from dloader.allocator.simulator import Simulator
 from dloader.allocator.traces import (
     PACKAGED_PHILLY,
     PACKAGED_TRACES,
-    POLLUX_NUMBERS,
-    POLLUX_WORKLOADS,
     AppTrace,
     WorkloadJob,
     jitter_arrivals,
@@ -205,12 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     add_out_dir(p)
     args = p.parse_args(argv)
-    try:
-        workloads = [int(x) for x in args.workloads.split(",") if x]
-    except ValueError:
-        p.error(f"--workloads={args.workloads!r}: expected numbers {POLLUX_NUMBERS}")
-    if any(w not in POLLUX_WORKLOADS for w in workloads):
-        p.error(f"--workloads={args.workloads!r}: the Pollux workloads are {POLLUX_NUMBERS}")
+    workloads = pollux_workloads(p, args.workloads)
     cores = _numbers(args.cores_per_gpu, "--cores-per-gpu", p)
     philly_cores = _numbers(args.philly_cores_per_gpu, "--philly-cores-per-gpu", p)
     names = [n for n in args.policies.split(",") if n]

@@ -60,6 +60,18 @@ PEERS = ("goodput-dp-cpu-blind", "synergy", "pollux")
 POOL_NODE_CORES = 16.0
 
 
+def pollux_workloads(p: argparse.ArgumentParser, text: str) -> list[int]:
+    """``--workloads``: the comma-separated numbers of shipped Pollux workloads (empty: none),
+    or a usage error naming the value."""
+    try:
+        numbers = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        p.error(f"--workloads={text!r}: expected numbers {POLLUX_NUMBERS}")
+    if any(w not in POLLUX_WORKLOADS for w in numbers):
+        p.error(f"--workloads={text!r}: the Pollux workloads are {POLLUX_NUMBERS}")
+    return numbers
+
+
 def workload(label: str, num_jobs: int = 160) -> tuple[list[WorkloadJob], dict[str, AppTrace]]:
     """``pollux-N`` (the shipped workload N) or ``philly-SEED`` (``num_jobs`` Philly arrivals)."""
     apps = load_apps(PACKAGED_TRACES)
@@ -104,14 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     add_out_dir(p)
     args = p.parse_args(argv)
+    pollux = pollux_workloads(p, args.workloads)
     try:
-        pollux = [int(x) for x in args.workloads.split(",") if x]
         speeds = [float(x) for x in args.speeds.split(",") if x]
     except ValueError:
-        p.error("--workloads and --speeds: expected comma-separated numbers")
+        p.error(f"--speeds={args.speeds!r}: expected comma-separated numbers")
     peers = [x for x in args.peers.split(",") if x]
-    if any(w not in POLLUX_WORKLOADS for w in pollux) or any(x not in PEERS for x in peers):
-        p.error(f"--workloads: some of {POLLUX_NUMBERS}; --peers: some of {PEERS}")
+    if any(x not in PEERS for x in peers):
+        p.error(f"--peers={args.peers!r}: expected some of {PEERS}")
     if args.philly < 0 or args.processes < 1 or not speeds or min(speeds) <= 0:
         p.error("expected --philly >= 0, --processes >= 1, --speeds > 0")
     if not (args.cores_per_gpu > 0 and args.pool_per_gpu > 0):
