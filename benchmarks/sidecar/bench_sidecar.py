@@ -628,6 +628,14 @@ def main(argv: list[str] | None = None) -> int:
         help="run only these mix indices of --generated N (a part of a long set, same seed)",
     )
     g.add_argument(
+        "--rooms",
+        action="store_true",
+        help="print each of the N mixes' room (what a perfect division of the cores would give "
+        "over an even one, by the jobs' costs, the real pipelines' measured here first) and "
+        "their distribution, and run nothing: whether a set of mixes leaves a node arbiter "
+        "anything to divide",
+    )
+    g.add_argument(
         "--combine",
         nargs="+",
         type=Path,
@@ -665,6 +673,17 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(f"--only {args.only}: expected indices within [0, {args.generated})")
         if args.jpegs < 1:
             p.error(f"--jpegs {args.jpegs}: expected at least 1")
+        if args.rooms:
+            from benchmarks.sidecar.generated import rooms
+
+            return rooms(
+                args.generated,
+                args.gen_seed,
+                contention=args.contention,
+                length=args.length,
+                jpegs=args.jpegs,
+                out_dir=args.out_dir,
+            )
         ablation = tuple(a for a in args.ablation.split(",") if a)
         if not set(ablation) <= set(ABLATIONS):
             p.error(f"--ablation {args.ablation}: expected groups of {','.join(ABLATIONS)}")

@@ -28,6 +28,14 @@ sidecar directed a count of its choosing) and the model's prediction error per j
 over the run of ``|predicted / measured - 1|`` for every split it predicted, against what the
 job measured there before the next change).
 
+Each mix's **room** is what a perfect division of the node's cores would give over an even
+one by the jobs' costs (:func:`dloader.apps.scenarios.division_room`, with the real
+pipelines' CPU per sample measured here first): 1.000 where there is nothing to divide (the
+jobs' needs fit the cores, or their worth per core is the same). A sidecar that beats jobs
+tuning themselves on a mix without room does it by worker counts (I/O-bound jobs) or by its
+trainers-first nice value, not by dividing cores; the summary gives its ratio to ``auto`` on
+mixes with room and without apart.
+
 Long sets run in parts (``--only 0,1,2`` from one ``--gen-seed``: a mix's draw depends on its
 index alone) and are combined (``--combine part1.json part2.json``).
 """
@@ -36,10 +44,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from statistics import median
@@ -51,8 +60,15 @@ from benchmarks._common import machine, outputs, table
 from benchmarks.sidecar import plots
 from benchmarks.sidecar.records import read_records
 from dloader.apps.experiment import Arrival, run_jobs, sidecar_process
-from dloader.apps.scenarios import NodeMix, cost_split, draw_contention_mix, draw_mix
+from dloader.apps.scenarios import (
+    NodeMix,
+    cost_split,
+    division_room,
+    draw_contention_mix,
+    draw_mix,
+)
 from dloader.apps.splits import QUICK_LADDER, Split, coordinate_search
+from dloader.apps.testbed import PROFILES, cpu_per_sample_ms
 from dloader.sidecar.config import DEFAULT_WORKER_NICE
 
 BLOCK_S = 5.0
@@ -207,6 +223,9 @@ ABLATIONS = ("nice", "spares")
 ``sidecar_no_spares``."""
 NICE = DEFAULT_WORKER_NICE
 """The ablation's nice value (the sidecar's default)."""
+ROOM = 1.05
+"""A mix whose :func:`~dloader.apps.scenarios.division_room` is this or more has cores worth
+dividing (the summary gives the sidecar's ratios on those mixes and on the rest apart)."""
 FLOORS = {"auto": 0.98, "ceiling": 0.93}
 """The worst ratio each arm's target allows: the summary counts the mixes whose whole interval
 lies below it (one run's worst mix is the lowest of several noisy ratios; a mix rerun moved
@@ -251,13 +270,15 @@ def run_mix(
     rng: np.random.Generator,
     ablation: Sequence[str] = (),
     policy: str = "adaptive",
+    cpu_ms: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """One mix: each arm of :data:`ARMS` and the sidecar (its ``policy``), interleaved; their
     scores, the sidecar's ratio to each (whole run and steady part, with intervals), placements
     and prediction errors. ``alone_s`` 0: no ``alone`` arm; ``static_runs`` 0: no ceiling;
     ``ablation``: ``"nice"``, the ``auto_nice`` and ``sidecar_nice0`` arms; ``"spares"``
     (adaptive), the ``sidecar_no_spares`` arm (:data:`ABLATIONS`); a ``policy`` other than
-    adaptive: the ``adaptive`` arm."""
+    adaptive: the ``adaptive`` arm; ``cpu_ms``: the real pipelines' CPU per sample here (for
+    the search's split by costs, :func:`~dloader.apps.scenarios.cost_split`)."""
     folder = tmp / mix.name.replace("/", "-")
     count = 0
 
@@ -326,7 +347,10 @@ def run_mix(
             tried[tuple(sorted(split.items()))] = score
             return score
 
-        seeds = [cost_split(mix, 2.0, budget), within_budget(held_split(sidecar[0]), mix, budget)]
+        seeds = [
+            cost_split(mix, 2.0, budget, cpu_ms),
+            within_budget(held_split(sidecar[0]), mix, budget),
+        ]
         if alone:
             seeds.append(within_budget(alone, mix, budget))
         _, best = coordinate_search(
@@ -429,6 +453,8 @@ def generated(
     )
     draw = draw_contention_mix if contention else draw_mix
     mixes = [draw(seed, i, length) for i in indices]
+    here = measured_costs(mixes, jpegs)
+    cores = float(len(os.sched_getaffinity(0)))
     tmp = Path(tempfile.mkdtemp(prefix="bench-generated-"))
     rng = np.random.default_rng(seed)
     outs = outputs(out_dir)
@@ -450,8 +476,11 @@ def generated(
             rng=rng,
             ablation=ablation,
             policy=policy,
+            cpu_ms=here,
         )
+        r["room"] = division_room(mix, cores, here)
         done.append(r)
+        print(f"  room for a division of the cores: {r['room']:.3f}")
         print("  sidecar " + ", ".join(f"/ {a} {_ci(v['whole'])}" for a, v in r["ratios"].items()))
         if r["adaptive_ratios"]:
             shown = (f"/ {a} {_ci(v['whole'])}" for a, v in r["adaptive_ratios"].items())
@@ -465,6 +494,7 @@ def generated(
                     "contention": contention,
                     "length_s": length,
                     "n": n,
+                    "cpu_ms_here": here,
                     "mixes": done,
                 }
             )
@@ -473,6 +503,58 @@ def generated(
     plots.generated(done, seed, outs(f"{name}.png"))
     print(f"wrote {outs(f'{name}.json')} and {outs(f'{name}.png')}")
     return 0
+
+
+def rooms(
+    n: int, seed: int | None, *, contention: bool, length: float, jpegs: int, out_dir: Path
+) -> int:
+    """``--rooms``: the room of each of ``n`` drawn mixes (printed for up to 40 of them) and
+    their distribution, a histogram; nothing runs but the cost measurement."""
+    if seed is None:
+        seed = int.from_bytes(np.random.default_rng().bytes(4), "little") % 10**9
+    print(f"machine: {machine()}", flush=True)
+    draw = draw_contention_mix if contention else draw_mix
+    mixes = [draw(seed, i, length) for i in range(n)]
+    here = measured_costs(mixes, jpegs)
+    cores = float(len(os.sched_getaffinity(0)))
+    room = np.array([division_room(m, cores, here) for m in mixes])
+    rows = [
+        [m.name, f"{r:.3f}", ", ".join(j.profile for j in m.jobs)]
+        for m, r in zip(mixes, room, strict=True)
+    ]
+    if n <= 40:
+        print(table(["mix", "room", "jobs' profiles"], rows))
+    kind = "contention" if contention else "general"
+    print(
+        f"{n} {kind} mixes of seed {seed} on {cores:g} cores: room median {np.median(room):.3f}, "
+        f"p75 {np.percentile(room, 75):.3f}, p90 {np.percentile(room, 90):.3f}, max "
+        f"{room.max():.3f}; {np.mean(room < 1.0005):.0%} with nothing to divide (< 1.0005), "
+        f"{np.mean(room >= ROOM):.0%} with {ROOM:g} or more"
+    )
+    outs = outputs(out_dir)
+    name = f"bench_sidecar_rooms_{kind}"
+    outs(f"{name}.json").write_text(
+        json.dumps({"machine": machine(), "seed": seed, "n": n, "cores": cores,
+                    "cpu_ms_here": here, "rooms": room.tolist()})
+    )  # fmt: skip
+    plots.rooms(room, f"{n} {kind} mixes, seed {seed}, {cores:g} cores", outs(f"{name}.png"))
+    print(f"wrote {outs(f'{name}.json')} and {outs(f'{name}.png')}")
+    return 0
+
+
+def measured_costs(mixes: Sequence[NodeMix], jpegs: int) -> dict[str, float]:
+    """The CPU per sample on this machine of each real pipeline in ``mixes`` (their
+    profiles' figures are another machine's), printed beside those figures."""
+    names = sorted({j.profile for m in mixes for j in m.jobs} - {
+        name for name, p in PROFILES.items() if p.pipeline == "emulated"
+    })  # fmt: skip
+    here = {name: cpu_per_sample_ms(PROFILES[name], jpegs=jpegs) for name in names}
+    if here:
+        shown = ", ".join(
+            f"{k} {v:.2f} ms (profile {PROFILES[k].cpu_ms:g})" for k, v in here.items()
+        )
+        print(f"CPU per sample here (one worker and its trainer): {shown}", flush=True)
+    return here
 
 
 def combine(files: list[Path], out_dir: Path) -> int:
@@ -525,13 +607,14 @@ def report(done: list[dict[str, Any]]) -> str:
                 if on
             ),
             r["jobs"],
+            f"{r['room']:.3f}" if "room" in r else "-",  # older results lack it
             *(cell(r, a, p) for a in arms for p in ("whole", "steady")),
             "/".join(str(v) for v in r["static_split"].values()) or "-",
             f"{max(r['prediction_error'].values()):.3f}" if r["prediction_error"] else "-",
         ]
         for r in done
     ]
-    head = ["mix", "kind", "jobs"]
+    head = ["mix", "kind", "jobs", "room"]
     head += [f"sidecar / {a} ({p})" for a in arms for p in ("whole", "steady")]
     lines = [table([*head, "ceiling split", "worst job's median error"], rows)]
 
@@ -550,6 +633,11 @@ def report(done: list[dict[str, Any]]) -> str:
                 below = sum(hi < FLOORS[arm] for _, _, hi in ratios)
                 line += f"; {below} of {len(ratios)} below {FLOORS[arm]} beyond their interval"
             lines.append(line)
+    rooms = [r for r in done if "room" in r and "steady" in r["ratios"].get("auto", {})]
+    for name, roomy in ((f"room >= {ROOM:g}", True), (f"room < {ROOM:g}", False)):
+        values = [r["ratios"]["auto"]["steady"][0] for r in rooms if (r["room"] >= ROOM) == roomy]
+        if rooms:
+            lines.append(summary(f"  mixes with {name}: sidecar / auto (steady)", values))
     for arm in ("naive", "auto"):  # --policy guided: the adaptive arm as well
         values = [
             r["adaptive_ratios"][arm]["steady"][0]

@@ -100,3 +100,19 @@ def generated(done: list[dict[str, Any]], seed: int, png: Path) -> None:
     fig.suptitle(f"Generated node mixes, seed {seed}\n{machine()}", fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
+
+
+def rooms(room: Any, title: str, png: Path) -> None:
+    """``--rooms``: the histogram of the mixes' room (what a perfect division of the cores
+    would give over an even one), the 1.05 line marked."""
+    plt = pyplot()
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.hist(room, bins=40)
+    ax.axvline(1.05, color="red", ls=":", label="1.05")
+    ax.set_xlabel("room: best division of the cores / an even one")
+    ax.set_ylabel("mixes")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{title}\n{machine()}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)

@@ -10,7 +10,8 @@ two thirds in, a pipeline's cost changing halfway. The same seed draws the same 
 Pure: it draws and describes; ``benchmarks/sidecar/bench_sidecar.py --generated N`` runs them
 (:mod:`dloader.apps.experiment`). :func:`cost_split` is the static split the jobs' true costs
 suggest (the benchmark's search starts from it, among others: a searched static baseline
-that knows what no policy is told).
+that knows what no policy is told); :func:`division_room` is how much any division of the
+node's cores could give over an even one (whether a mix leaves a node arbiter anything to win).
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from dataclasses import dataclass, replace
 from dloader.apps.experiment import Arrival
 from dloader.apps.splits import Split
 from dloader.apps.testbed import PROFILES, Profile
+from dloader.sidecar.node_policy.sharing import cpu_shares
 
 __all__ = [
     "MIX_PROFILES",
     "NodeMix",
     "ScenarioJob",
     "cost_split",
+    "division_room",
     "draw_contention_mix",
     "draw_mix",
     "draw_mixes",
@@ -287,16 +290,29 @@ def draw_mixes(
     return [draw(seed, i, length) for i in range(n)]
 
 
-def cost_split(mix: NodeMix, cores: float, budget: int) -> Split:
+def _measured(profile: Profile, cpu_ms: Mapping[str, float] | None) -> Profile:
+    """``profile`` with a real pipeline's CPU per sample as measured here (``cpu_ms``, by
+    profile name; emulated profiles cost what they say)."""
+    ms = (cpu_ms or {}).get(profile.name)
+    if ms is None or profile.pipeline == "emulated":
+        return profile
+    if not (math.isfinite(ms) and ms >= 0):
+        raise ValueError(f"cpu_ms[{profile.name!r}]={ms}: expected milliseconds >= 0")
+    return replace(profile, cpu_ms=ms)
+
+
+def cost_split(
+    mix: NodeMix, cores: float, budget: int, cpu_ms: Mapping[str, float] | None = None
+) -> Split:
     """The static split the jobs' true costs suggest within ``budget``: one worker each, then
     each further worker to the job whose throughput / limit (summed over the phases, each
     weighted by its length) it raises most, the node's cores shared in proportion to demand
     (a job's samples cost its workers' ``cpu_ms`` and its trainer's ``main_cpu_ms``; a worker
     delivers at most ``1000 / (io_ms + cpu_ms)`` samples/s), until no worker adds 0.5% or none
-    fits the budget in every phase. A
-    starting point for the benchmark's search, not a policy: it knows costs no policy is told
-    (real pipelines: their mean costs on the machine they were measured on)."""
-    costs = {j.label: j.costs for j in mix.jobs}
+    fits the budget in every phase. A starting point for the benchmark's search, not a policy:
+    it knows costs no policy is told (real pipelines: ``cpu_ms``, their CPU per sample measured
+    where the mix runs, as for :func:`division_room`; else their profiles' figures)."""
+    costs = {j.label: _measured(j.costs, cpu_ms) for j in mix.jobs}
     spans = mix.spans()
 
     def value(counts: Split) -> float:
@@ -320,3 +336,46 @@ def cost_split(mix: NodeMix, cores: float, budget: int) -> Split:
         if not scored or max(scored)[0] < 0.005:
             return k
         k = trials[max(scored)[1]]
+
+
+def division_room(mix: NodeMix, cores: float, cpu_ms: Mapping[str, float] | None = None) -> float:
+    """How much a node arbiter could give ``mix`` by dividing the node's ``cores``, by the
+    jobs' true costs and with workers free: the score (the sum over jobs of throughput / limit,
+    weighted by time) when the cores go to the jobs that turn a core-second into the largest
+    share of their limit first (the best division), over the score when each job gets an
+    equal share (capped at what it needs, the rest shared again: no arbiter). 1.0: nothing to
+    divide (the jobs' needs fit the cores, or their worth per core is the same).
+
+    A job needs ``limit x (cpu_ms + main_cpu_ms)`` cores for its limit (an emulated job's
+    ``cpu_ms`` times its cost change from ``change_at``); ``cpu_ms`` maps a real pipeline's
+    profile to its CPU per sample measured where the mix runs
+    (:func:`dloader.apps.testbed.cpu_per_sample_ms`; the profile's own figure is from another
+    machine). Fluid: no worker counts, no switching costs, I/O free; not a bound on a real
+    sidecar's gain over jobs tuning themselves, which need not reach the even share."""
+    if not (math.isfinite(cores) and cores > 0):
+        raise ValueError(f"cores={cores}: expected a number > 0")
+
+    def need(j: ScenarioJob, t: float) -> float:
+        """Cores ``j`` needs for its limit at ``t``."""
+        c = _measured(j.costs, cpu_ms)
+        ms = c.cpu_ms * (j.change_factor if j.change_at is not None and t >= j.change_at else 1)
+        return c.limit() * (ms + c.main_cpu_ms) / 1000
+
+    marks = sorted(
+        {0.0, mix.length, *(j.at for j in mix.jobs), *(j.until for j in mix.jobs)}
+        | {j.change_at for j in mix.jobs if j.change_at is not None}
+    )
+    best = even = 0.0
+    for a, b in itertools.pairwise(marks):
+        running = [j for j in mix.jobs if j.at <= (a + b) / 2 < j.until]
+        if not running:
+            continue
+        needs = [need(j, (a + b) / 2) for j in running]
+        left = cores
+        for d in sorted(needs, key=lambda d: d):  # the same limit share per core-second: 1 / d
+            got = min(d, left)
+            best += (b - a) * (got / d if d > 0 else 1.0)
+            left -= got
+        shares = cpu_shares(needs, [1] * len(needs), cores)
+        even += (b - a) * sum(s / d if d > 0 else 1.0 for s, d in zip(shares, needs, strict=True))
+    return best / even if even > 0 else 1.0

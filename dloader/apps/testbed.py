@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "Profile",
     "RunResult",
     "burn_cpu",
+    "cpu_per_sample_ms",
     "main",
     "make_dataset",
     "run_job",
@@ -174,6 +176,47 @@ def warm(profile: Profile, jpegs: int = pipelines.JPEGS) -> int:
     if profile.pipeline not in ("jpeg", "jpeg_u8"):
         return 0
     return pipelines.read_through(pipelines.jpeg_files(jpegs))
+
+
+def cpu_per_sample_ms(
+    profile: Profile, seconds: float = 3.0, jpegs: int = pipelines.JPEGS
+) -> float:
+    """What a sample of ``profile`` costs the node's CPU here, in milliseconds: the loader
+    workers' and the training process's CPU time (decode, collate, the hand-over between
+    them) over a torch ``DataLoader`` (one worker; up to 8 for an I/O-bound profile, whose
+    samples cost little CPU each), from each worker's first batch on (their start left out),
+    for about ``seconds`` by the profile's nominal costs. The figures in
+    :data:`PROFILES` for real pipelines are from another machine (on this project's 2-core
+    runners a JPEG sample cost 2.2 ms, not 4.1). Emulated profiles cost what they say (a spin
+    on thread CPU time), plus the hand-over."""
+    import psutil
+    from torch.utils.data import DataLoader
+
+    if not (math.isfinite(seconds) and 0 < seconds <= 600):
+        raise ValueError(f"seconds={seconds}: expected a duration within (0, 600]")
+    # I/O-bound: enough workers that the CPU time spent is many clock ticks (10 ms) long
+    workers = 1 if profile.io_ms <= profile.cpu_ms else min(8, math.ceil(profile.io_ms / 2))
+    per_batch_s = profile.batch_size * max(profile.io_ms + profile.cpu_ms, 0.01) / 1000 / workers
+    batches = min(max(round(seconds / per_batch_s), 4), 1000)
+    warm(profile, jpegs)
+    # more batches than are read: the workers are still there to be read at the end
+    data = make_dataset(profile, (batches + 3 * workers) * profile.batch_size, jpegs=jpegs)
+    me = psutil.Process()
+
+    def used() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in (me, *me.children()))
+
+    with warnings.catch_warnings():  # more workers than cores, on purpose
+        warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
+        it = iter(DataLoader(data, profile.batch_size, num_workers=workers))
+    for _ in range(workers):  # a batch from each: every worker has started
+        next(it)
+    before, samples = used(), 0
+    for _ in range(batches):
+        samples += _batch_len(next(it))
+    spent = used() - before
+    del it
+    return spent / samples * 1000
 
 
 def burn_cpu(seconds: float) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,9 +16,10 @@ from dloader.apps.scenarios import (
     NodeMix,
     ScenarioJob,
     cost_split,
+    division_room,
     draw_mixes,
 )
-from dloader.apps.testbed import PROFILES, Profile, main, run_job
+from dloader.apps.testbed import PROFILES, Profile, cpu_per_sample_ms, main, run_job
 
 
 def test_the_same_seed_draws_the_same_mixes_and_a_mix_does_not_depend_on_how_many() -> None:
@@ -104,6 +106,50 @@ def test_the_cost_split_gives_io_bound_jobs_workers_and_cpu_bound_jobs_few() -> 
     assert split["io"] >= 8 and split["cpu"] <= 4 and sum(split.values()) <= 16
     for m in draw_mixes(5, 10):
         assert m.within(cost_split(m, 2.0, 12), 12)
+
+
+def test_the_room_is_what_giving_cores_to_the_cheapest_limit_first_adds_to_an_even_split() -> None:
+    """cpu_heavy needs 800/s x 3 ms = 2.4 cores for its limit. On 2 cores, jobs needing 1.2
+    and 2.4: the best division gives the first its 1.2 and the second 0.8 (1 + 1/3); an even
+    one gives each 1 (5/6 + 5/12)."""
+    need = PROFILES["cpu_heavy"].limit() * 3.0 / 1000
+    assert need == pytest.approx(2.4)
+    half = ScenarioJob("a", "cpu_heavy", 1, 0.0, 30.0, cpu_scale=0.5)
+    full = ScenarioJob("b", "cpu_heavy", 1, 0.0, 30.0)
+    assert division_room(NodeMix(0, 0, 30.0, (half, full)), 2.0) == pytest.approx(
+        (1 + 0.8 / 2.4) / (1 / 1.2 + 1 / 2.4)
+    )
+    # needs that fit the cores, or the same worth per core: nothing to divide
+    assert division_room(NodeMix(0, 0, 30.0, (half, full)), 4.0) == pytest.approx(1.0)
+    assert division_room(NodeMix(0, 0, 30.0, (full, replace(full, label="c"))), 2.0) == 1.0
+    # the second job at half the cost from half-way: the room is the first half's, halved
+    changed = replace(full, change_at=15.0, change_factor=0.5)
+    first = (1 + 0.8 / 2.4) * 15 + (1 + 0.8 / 1.2) * 15
+    assert division_room(NodeMix(0, 0, 30.0, (half, changed)), 2.0) == pytest.approx(
+        first / ((1 / 1.2 + 1 / 2.4) * 15 + (1 / 1.2 + 1 / 1.2) * 15)
+    )
+
+
+def test_the_room_reads_real_pipelines_costs_measured_here() -> None:
+    fast = ScenarioJob("a", "image_jpeg", 1, 0.0, 30.0)
+    slow = ScenarioJob("b", "image_jpeg", 1, 0.0, 30.0, step_scale=0.5)  # twice the limit
+    mix = NodeMix(0, 0, 30.0, (fast, slow))
+    assert division_room(mix, 2.0) > 1.05  # at the profile's 4.1 ms they need ~8 cores
+    assert division_room(mix, 2.0, {"image_jpeg": 0.1}) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match=r"cpu_ms\['image_jpeg'\]=-1: expected milliseconds"):
+        division_room(mix, 2.0, {"image_jpeg": -1})
+    with pytest.raises(ValueError, match="cores=0: expected a number > 0"):
+        division_room(mix, 0)
+
+
+@pytest.mark.integration
+def test_cpu_per_sample_counts_the_workers_cpu_time() -> None:
+    """An emulated sample spins 2 ms of its thread's CPU time: measured through a loader of one
+    worker, it costs that and the hand-over (a speed-free bound: CPU time, not wall time)."""
+    ms = cpu_per_sample_ms(Profile("spin", 0.0, 2.0, 8, 1.0, 0.0), seconds=0.5)
+    assert 1.9 <= ms <= 8.0
+    with pytest.raises(ValueError, match="seconds=0: expected a duration"):
+        cpu_per_sample_ms(PROFILES["cpu_heavy"], seconds=0)
 
 
 def test_bad_draws_are_refused() -> None:

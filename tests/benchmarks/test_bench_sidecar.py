@@ -194,6 +194,12 @@ def test_the_report_gives_the_adaptive_arm_of_a_guided_run_its_own_ratios() -> N
     assert "adaptive sidecar / auto (steady): median 1.090, worst 0.980 (n=2)" in out
     assert "adaptive sidecar / naive" not in out
     assert "adaptive sidecar" not in generated.report([mix("s/2", 1.0, None)])
+    assert "mixes with room" not in out  # older results: no room, no such lines
+    roomy = [{**mix("s/0", 1.1, None), "room": 1.2}, {**mix("s/1", 0.99, None), "room": 1.0}]
+    roomy.append({**mix("s/2", 1.01, None), "room": 1.0})
+    out = generated.report(roomy)
+    assert "mixes with room >= 1.05: sidecar / auto (steady): median 1.100" in out
+    assert "mixes with room < 1.05: sidecar / auto (steady): median 1.000, worst 0.990 (n=2)" in out
 
 
 def test_held_split_and_the_cut_to_a_budget() -> None:
@@ -295,6 +301,20 @@ def test_bad_generated_arguments_stop_the_benchmark_before_it_runs(
         assert expected in capsys.readouterr().err
 
 
+@pytest.mark.integration
+def test_bench_sidecar_rooms_runs_nothing_but_the_cost_measurement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--generated", "3", "--gen-seed", "7", "--rooms", "--jpegs", "200"]
+    assert bench_sidecar.main([*argv, "--out-dir", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench_sidecar_rooms_general.json").read_text())
+    assert data["seed"] == 7 and len(data["rooms"]) == 3 and min(data["rooms"]) >= 1.0
+    assert (tmp_path / "bench_sidecar_rooms_general.png").stat().st_size > 0
+    out, err = capsys.readouterr()
+    assert "| 7/0 " in out and "3 general mixes of seed 7 on" in out and "nothing to divide" in out
+    assert "run 1" not in out + err  # no job ran
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(900)
@@ -318,6 +338,11 @@ def test_bench_sidecar_generated_small(tmp_path: Path, capsys: pytest.CaptureFix
         for v, lo, hi in parts.values():
             assert lo <= v <= hi, (arm, parts)
     assert mix["first_s"], "no job was placed by the sidecar"
+    assert mix["room"] >= 1.0 and set(data["cpu_ms_here"]) <= {
+        "image_jpeg",
+        "text_pack",
+        "remote_read",
+    }
     assert (tmp_path / "bench_sidecar_generated.png").stat().st_size > 0
     out = capsys.readouterr().out
     assert "seed 7 (reproduce: --generated 1 --gen-seed 7 --length 12)" in out
