@@ -553,7 +553,7 @@ def measured_costs(mixes: Sequence[NodeMix], jpegs: int) -> dict[str, float]:
         shown = ", ".join(
             f"{k} {v:.2f} ms (profile {PROFILES[k].cpu_ms:g})" for k, v in here.items()
         )
-        print(f"CPU per sample here (one worker and its trainer): {shown}", flush=True)
+        print(f"CPU per sample here (loader workers and trainer): {shown}", flush=True)
     return here
 
 

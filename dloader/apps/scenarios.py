@@ -372,7 +372,7 @@ def division_room(mix: NodeMix, cores: float, cpu_ms: Mapping[str, float] | None
             continue
         needs = [need(j, (a + b) / 2) for j in running]
         left = cores
-        for d in sorted(needs, key=lambda d: d):  # the same limit share per core-second: 1 / d
+        for d in sorted(needs):  # a core-second is worth 1 / need of a limit: least need first
             got = min(d, left)
             best += (b - a) * (got / d if d > 0 else 1.0)
             left -= got
