@@ -58,12 +58,8 @@ def overhead(trace: list[tuple[float, float]], split: float, goal: float | None,
     ax.axvline(split, color="grey", ls=":", label="steady window starts")
     if goal is not None:
         ax.axhline(100 * goal, color="red", ls="--", label=f"target: {goal:.0%} of one core")
-    ax.set_xlabel("seconds since the jobs registered")
-    ax.set_ylabel("sidecar CPU, % of one core")
-    ax.legend(fontsize=8)
-    ax.set_title(f"Sidecar CPU with N jobs reporting once a second\n{machine()}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    title = "Sidecar CPU with N jobs reporting once a second"
+    _save(fig, ax, ("seconds since the jobs registered", "sidecar CPU, % of one core"), title, png)
 
 
 def generated(done: list[dict[str, Any]], seed: int, png: Path) -> None:
@@ -110,8 +106,13 @@ def rooms(room: Any, title: str, png: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.hist(room, bins=40)
     ax.axvline(1.05, color="red", ls=":", label="1.05")
-    ax.set_xlabel("room: best division of the cores / an even one")
-    ax.set_ylabel("mixes")
+    _save(fig, ax, ("room: best division of the cores / an even one", "mixes"), title, png)
+
+
+def _save(fig: Any, ax: Any, labels: tuple[str, str], title: str, png: Path) -> None:
+    """One panel's axis labels, legend and title (the machine under it), written to ``png``."""
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
     ax.legend(fontsize=8)
     ax.set_title(f"{title}\n{machine()}", fontsize=8)
     fig.tight_layout()
