@@ -48,7 +48,7 @@ import os
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from statistics import median
@@ -437,8 +437,7 @@ def generated(
 ) -> int:
     """Runs ``n`` drawn mixes (or those of ``only``'s indices) and prints the table, the
     median and the worst."""
-    if seed is None:
-        seed = int.from_bytes(np.random.default_rng().bytes(4), "little") % 10**9
+    seed = _seed_or_new(seed)
     print(f"machine: {machine()}", flush=True)
     indices = only if only is not None else list(range(n))
     part = "" if only is None else f" --only {','.join(map(str, indices))}"
@@ -451,10 +450,7 @@ def generated(
         "here)",
         flush=True,
     )
-    draw = draw_contention_mix if contention else draw_mix
-    mixes = [draw(seed, i, length) for i in indices]
-    here = measured_costs(mixes, jpegs)
-    cores = float(len(os.sched_getaffinity(0)))
+    mixes, here, cores = _drawn(seed, indices, contention, length, jpegs)
     tmp = Path(tempfile.mkdtemp(prefix="bench-generated-"))
     rng = np.random.default_rng(seed)
     outs = outputs(out_dir)
@@ -510,13 +506,9 @@ def rooms(
 ) -> int:
     """``--rooms``: the room of each of ``n`` drawn mixes (printed for up to 40 of them) and
     their distribution, a histogram; nothing runs but the cost measurement."""
-    if seed is None:
-        seed = int.from_bytes(np.random.default_rng().bytes(4), "little") % 10**9
+    seed = _seed_or_new(seed)
     print(f"machine: {machine()}", flush=True)
-    draw = draw_contention_mix if contention else draw_mix
-    mixes = [draw(seed, i, length) for i in range(n)]
-    here = measured_costs(mixes, jpegs)
-    cores = float(len(os.sched_getaffinity(0)))
+    mixes, here, cores = _drawn(seed, range(n), contention, length, jpegs)
     room = np.array([division_room(m, cores, here) for m in mixes])
     rows = [
         [m.name, f"{r:.3f}", ", ".join(j.profile for j in m.jobs)]
@@ -540,6 +532,24 @@ def rooms(
     plots.rooms(room, f"{n} {kind} mixes, seed {seed}, {cores:g} cores", outs(f"{name}.png"))
     print(f"wrote {outs(f'{name}.json')} and {outs(f'{name}.png')}")
     return 0
+
+
+def _seed_or_new(seed: int | None) -> int:
+    """``seed``, or a new one where none was given (the caller prints it)."""
+    if seed is None:
+        return int.from_bytes(np.random.default_rng().bytes(4), "little") % 10**9
+    return seed
+
+
+def _drawn(
+    seed: int, indices: Iterable[int], contention: bool, length: float, jpegs: int
+) -> tuple[list[NodeMix], dict[str, float], float]:
+    """The mixes of ``indices`` drawn from ``seed``, their real pipelines' CPU per sample on
+    this machine (:func:`measured_costs`) and the cores this process may use (for their
+    room)."""
+    draw = draw_contention_mix if contention else draw_mix
+    mixes = [draw(seed, i, length) for i in indices]
+    return mixes, measured_costs(mixes, jpegs), float(len(os.sched_getaffinity(0)))
 
 
 def measured_costs(mixes: Sequence[NodeMix], jpegs: int) -> dict[str, float]:
