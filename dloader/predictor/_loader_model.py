@@ -6,7 +6,7 @@ Physical part (per sample: ``t_io`` waiting for storage, ``t_cpu`` of CPU work):
     L(k, c)   = softmin_q(k / (t_io + t_cpu), eta * c / t_cpu)   workers, then CPU, saturate
     T(k>=1)   = softmin_p(A, L)                           loading overlaps the step
     softmin_p(x, y) = (x^-p + y^-p)^(-1/p)                a min with a rounded knee
-    T(0)      = 1 / (1/A + (t_io + t_cpu))                in-process loading: no overlap
+    T(0)      = 1 / (1/A + t_io + t_cpu / min(c, 1))     in-process loading: no overlap
 
 ``a0, a1`` come from the measured step time less the data wait; ``t_cpu`` from the workers' CPU
 time per batch; ``t_io`` from their wall time per batch less CPU, taken at the least contended
@@ -377,8 +377,10 @@ class LoaderModel:
         every argument broadcasts."""
         per = t_io + t_cpu
         piped = _soft_min(np.maximum(k, 1e-9) / per, eta * c / t_cpu, q)
-        loader = np.where(k >= 1, piped, 1.0 / per)
-        tput = np.where(k >= 1, _soft_min(a, piped, p), 1.0 / (1.0 / a + per))
+        # in-process loading runs on one thread: on less than a core, its CPU work stretches
+        serial = t_io + t_cpu / np.minimum(c, 1.0)
+        loader = np.where(k >= 1, piped, 1.0 / serial)
+        tput = np.where(k >= 1, _soft_min(a, piped, p), 1.0 / (1.0 / a + serial))
         return loader, tput
 
     def _limits(self, k: np.ndarray, c: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:

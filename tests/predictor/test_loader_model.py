@@ -344,3 +344,21 @@ def test_a_restart_can_keep_the_curves_shape() -> None:
     for bad in ([0.6, 3.0], [0.0, 3.0, 3.0], [0.6, 3.0, float("nan")], "x"):
         with pytest.raises(PredictorError, match="shape_prior"):
             LoaderModel.from_dict({**kept.to_dict(), "shape_prior": bad})
+
+
+def test_in_process_loading_slows_on_less_than_a_core() -> None:
+    """With no workers the training process loads on its one thread: on half a core its CPU
+    work takes twice as long, and on a core or more it does not speed up. (It once predicted
+    a starved job's in-process rate at a whole core's, 1.5x what one worker measured there,
+    and the curve's monotone maximum carried that to every count.)"""
+    model = LoaderModel()
+    model.update(*(truth(k, 2, 32, **CPU_HEAVY) for k in (0, 1, 2)))
+    a = model.accelerator_limit(32)
+    t_cpu = model.cpu_seconds_per_sample
+    for cores in (0.5, 1.0, 2.0):
+        want = 1 / (1 / a + t_cpu / min(cores, 1.0))
+        got = model.predict(0, cores, 32)
+        assert got.loader_limit == pytest.approx(1 / (t_cpu / min(cores, 1.0)), rel=1e-6)
+        assert got.samples_per_s == pytest.approx(want, rel=0.05)  # within the correction
+    # one worker on half a core: what half a core loads, not the in-process rate on a whole one
+    assert model.predict(1, 0.5, 32).samples_per_s < 0.8 * model.predict(0, 1.0, 32).samples_per_s

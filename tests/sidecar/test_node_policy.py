@@ -416,3 +416,20 @@ def test_a_new_jobs_workers_run_before_niced_ones_until_its_model_places_it() ->
     off.add(job("a", registered_at=0.0), 0.0)
     assert off.nice_for(off.jobs["a"], 0.0) is None
     assert niced(off.decide(pol.UNPLACED_NICE_S + 1)) == {}
+
+
+def test_a_starved_jobs_cores_are_what_its_run_queue_wait_says() -> None:
+    """A job's workers that waited for a CPU were given ``workers * cpu / (cpu + wait)``
+    cores, whatever the reports add up to (they miss what does not report): a JPEG job whose
+    two workers each ran 64 ms and waited 100 ms a batch was given 0.78 cores, where the
+    reports' sum left it 1.7. Without a wait beyond wake-up latency, the reports' sum stands."""
+
+    def cores_seen(wait: float) -> float:
+        p = pol.NodePolicy("adaptive", BUDGET)
+        p.add(job("a", registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+        w = replace(window(2, 200.0, fetch=0.064 + wait, cpu=0.064), run_delay_s=(wait,) * 2)
+        p.report("a", w, 3.0)
+        return p.jobs["a"].model.observations[-1].cores
+
+    assert cores_seen(0.1) == pytest.approx(2 * 0.064 / 0.164, abs=pol.CORES_STEP / 2)
+    assert cores_seen(0.05 * 0.064 * 0.5) == pytest.approx(BUDGET.cores)  # wake-up latency

@@ -87,6 +87,11 @@ EWMA = 0.3
 CORES_STEP = 0.05
 """The cores an observation says a job's workers could use, rounded to this."""
 
+CONTENDED = 0.05
+"""Run-queue wait per unit of CPU time above which a job's workers were short of cores: then
+the cores they were given come from the wait itself. Below it the wait is wake-up latency, not a
+shortage, and the reports' sum of what the node has spare stands."""
+
 MAX_MAIN_CPU_PER_SAMPLE = 100.0
 """The most CPU seconds per sample a job's training process is credited with (whatever its CPU
 over its rate says): derived numbers stay finite."""
@@ -343,18 +348,17 @@ class NodePolicy:
         fetch = sum(w.fetch_s) / busy if busy else None
         cpu = sum(w.cpu_s) / busy if busy else None
         s.worker_cores = tput * cpu / b if cpu is not None else 0.0
+        wait = run_queue_wait(list(w.run_delay_s), s.cpu_wait_share, fetch, cpu, busy * b / tput)
         obs = LoaderObservation(
             num_workers=k,
-            cores=self._available_cores(s) if cpu is not None else self.budget.cores,
+            cores=self._available_cores(s, k, cpu, wait) if cpu is not None else self.budget.cores,
             batch_size=b,
             samples_per_s=tput,
             idle_share=w.idle_share,
             step_s=step,
             fetch_s=fetch,
             cpu_s=cpu,
-            cpu_wait_s=run_queue_wait(
-                list(w.run_delay_s), s.cpu_wait_share, fetch, cpu, busy * b / tput
-            ),
+            cpu_wait_s=wait,
         )
         notes: list[str] = []
         events: list[PolicyEvent] = []
@@ -620,14 +624,24 @@ class NodePolicy:
             if s.model.observations
         }
 
-    def _available_cores(self, s: PolicyJob) -> float:
-        """The cores ``s``'s workers could have used in its last window: those they used, and
-        those no job used (the node's CPU budget less every job's workers and training process,
-        from their last reports). On a full node that is what the job's workers got, not the
-        node's cores: its model learns its own curve, how fast it loads given the cores it
-        gets, and the policy's CPU sharing says how many it will get at a split (a model fitted
-        as if each job had every core reads the others' contention as its own limit, and a
-        CPU-bound job's fewer workers as a loss they are not). Rounded to ``CORES_STEP``."""
+    def _available_cores(self, s: PolicyJob, workers: int, cpu: float, wait: float | None) -> float:
+        """The cores ``s``'s ``workers`` could have used in its last window (``cpu``, ``wait``:
+        a batch's CPU time and run-queue wait): those they used, and those no job used (the
+        node's CPU budget less every job's workers and training process, from their last
+        reports). On a full node that is what the job's workers got, not the node's cores: its
+        model learns its own curve, how fast it loads given the cores it gets, and the policy's
+        CPU sharing says how many it will get at a split (a model fitted as if each job had
+        every core reads the others' contention as its own limit, and a CPU-bound job's fewer
+        workers as a loss they are not).
+
+        Where the workers waited for a CPU (more than ``CONTENDED`` of their CPU time), the node
+        was full for them whatever the reports add up to, and what they were given is measured
+        directly: while runnable each ran ``cpu / (cpu + wait)`` of the time, so the workers
+        were given ``workers`` times that. The reports' sum misses the CPU of whatever does not
+        report (the training processes' other threads, the sidecar, the rest of the node): it
+        once put a starved JPEG job at 1.35 cores where its workers were given 0.63, and the
+        model, fitted to such windows, levelled off at half the job's throughput. Rounded to
+        ``CORES_STEP``."""
         budget = self.budget.cores
         taken = sum(
             j.worker_cores + j.main_cpu_per_sample * j.rate
@@ -635,6 +649,8 @@ class NodePolicy:
             if j.rate is not None
         )
         free = s.worker_cores + max(budget - taken, 0.0)
+        if wait is not None and cpu > 0 and wait > CONTENDED * cpu:
+            free = min(free, workers * cpu / (cpu + wait))
         return min(max(round(free / CORES_STEP) * CORES_STEP, CORES_STEP), budget)
 
     def _measure(self, s: PolicyJob, w: ReportWindow, now: float) -> bool:
