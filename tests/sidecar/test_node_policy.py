@@ -422,7 +422,8 @@ def test_a_starved_jobs_cores_are_what_its_run_queue_wait_says() -> None:
     """A job's workers that waited for a CPU were given ``workers * cpu / (cpu + wait)``
     cores, whatever the reports add up to (they miss what does not report): a JPEG job whose
     two workers each ran 64 ms and waited 100 ms a batch was given 0.78 cores, where the
-    reports' sum left it 1.7. Without a wait beyond wake-up latency, the reports' sum stands."""
+    reports' sum (nothing else reports) left it the node's 2. Without a wait beyond wake-up
+    latency, the reports' sum stands."""
 
     def cores_seen(wait: float) -> float:
         p = pol.NodePolicy("adaptive", BUDGET)
