@@ -351,7 +351,7 @@ class NodePolicy:
         wait = run_queue_wait(list(w.run_delay_s), s.cpu_wait_share, fetch, cpu, busy * b / tput)
         obs = LoaderObservation(
             num_workers=k,
-            cores=self._available_cores(s, k, cpu, wait) if cpu is not None else self.budget.cores,
+            cores=self._available_cores(s, cpu, wait) if cpu is not None else self.budget.cores,
             batch_size=b,
             samples_per_s=tput,
             idle_share=w.idle_share,
@@ -624,8 +624,8 @@ class NodePolicy:
             if s.model.observations
         }
 
-    def _available_cores(self, s: PolicyJob, workers: int, cpu: float, wait: float | None) -> float:
-        """The cores ``s``'s ``workers`` could have used in its last window (``cpu``, ``wait``:
+    def _available_cores(self, s: PolicyJob, cpu: float, wait: float | None) -> float:
+        """The cores ``s``'s workers could have used in its last window (``cpu``, ``wait``:
         a batch's CPU time and run-queue wait): those they used, and those no job used (the
         node's CPU budget less every job's workers and training process, from their last
         reports). On a full node that is what the job's workers got, not the node's cores: its
@@ -637,7 +637,7 @@ class NodePolicy:
         Where the workers waited for a CPU (more than ``CONTENDED`` of their CPU time), the node
         was full for them whatever the reports add up to, and what they were given is measured
         directly: while runnable each ran ``cpu / (cpu + wait)`` of the time, so the workers
-        were given ``workers`` times that. The reports' sum misses the CPU of whatever does not
+        were given their count times that. The reports' sum misses the CPU of whatever does not
         report (the training processes' other threads, the sidecar, the rest of the node): it
         once put a starved JPEG job at 1.35 cores where its workers were given 0.63, and the
         model, fitted to such windows, levelled off at half the job's throughput. Rounded to
@@ -650,7 +650,7 @@ class NodePolicy:
         )
         free = s.worker_cores + max(budget - taken, 0.0)
         if wait is not None and cpu > 0 and wait > CONTENDED * cpu:
-            free = min(free, workers * cpu / (cpu + wait))
+            free = min(free, s.workers * cpu / (cpu + wait))
         return min(max(round(free / CORES_STEP) * CORES_STEP, CORES_STEP), budget)
 
     def _measure(self, s: PolicyJob, w: ReportWindow, now: float) -> bool:
