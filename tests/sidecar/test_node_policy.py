@@ -434,3 +434,23 @@ def test_a_starved_jobs_cores_are_what_its_run_queue_wait_says() -> None:
 
     assert cores_seen(0.1) == pytest.approx(2 * 0.064 / 0.164, abs=pol.CORES_STEP / 2)
     assert cores_seen(0.05 * 0.064 * 0.5) == pytest.approx(BUDGET.cores)  # wake-up latency
+
+
+def test_a_jobs_worker_activity_is_how_many_of_its_workers_were_runnable() -> None:
+    """8 workers that each ran 64 ms and waited 100 ms a batch, at 780 samples/s: 4 of them
+    were runnable on average (780 * 0.164 / 32), the others blocked, so 8 workers claim the
+    cores of 4 (activity ln 4 / ln 8). Workers all runnable keep 1; a window without a wait
+    beyond wake-up latency says nothing of how they claim cores when short (the view's 1)."""
+
+    def activity(rate: float, wait: float) -> float:
+        p = pol.NodePolicy("adaptive", pol.Budget(16, 2.0))
+        p.add(job("a", 8, registered_at=0.0, directive_at=-pol.SETTLE_S), 0.0)
+        w = replace(window(8, rate, fetch=0.064 + wait, cpu=0.064), run_delay_s=(wait,) * 8)
+        p.report("a", w, 3.0)
+        return p.view("a").worker_activity
+
+    runnable4 = 4 * 32 / 0.164
+    assert activity(runnable4, 0.1) == pytest.approx(math.log(4) / math.log(8))
+    assert activity(8 * 32 / 0.164, 0.1) == pytest.approx(1.0)
+    assert activity(runnable4 / 4, 0.1) == pol.MIN_ACTIVITY  # fewer than 2: not below the floor
+    assert activity(runnable4, 0.001) == 1.0

@@ -643,6 +643,23 @@ def test_what_the_model_expects_of_a_split_shares_the_cores() -> None:
     assert expected([JobView("new", 32, 4)], Budget(workers=8, cores=2), {"new": 4}) == {}
 
 
+def test_workers_that_are_not_all_runnable_claim_fewer_cores() -> None:
+    """Two CPU-bound jobs on 1.5 cores, one at 8 workers and one at 1: counted all runnable, the
+    one worker gets a ninth of what the workers share; where the 8 workers' activity says 4 of
+    them are runnable (8 ** (2/3) = 4), it gets a fifth, and the 8 workers less."""
+    jobs = [
+        JobView("many", 32, 8, model=fitted(CPU_HEAVY)),
+        JobView("one", 32, 1, model=fitted(CPU_HEAVY)),
+    ]
+    counts, budget = {"many": 8, "one": 1}, Budget(workers=9, cores=1.5)
+    one = curve(jobs[1], budget, 1)[1]  # the one worker alone: its rate and its cores
+    every = expected(jobs, budget, counts)
+    fewer = expected([replace(jobs[0], worker_activity=2 / 3), jobs[1]], budget, counts)
+    assert every["one"] == pytest.approx(one.predicted * 1.5 / 9 / one.cpu_cores)
+    assert fewer["one"] == pytest.approx(one.predicted * 1.5 / 5 / one.cpu_cores)
+    assert fewer["many"] < every["many"]
+
+
 def test_a_probe_must_measure_better_to_stay() -> None:
     """A model's move stays unless measured worse by the margin; a probe goes back unless it
     measured better than the split it left by PROBE_GAIN."""

@@ -196,8 +196,9 @@ class ModelledNode:
     """The planned jobs' predicted curves as arrays, to evaluate many allocations (rows of
     worker counts, in ``ids`` order) in one pass: a greedy step's trials, or every local move.
 
-    Each job is two CPU consumers: its ``k`` loader workers and its training process (one
-    thread's weight, times ``trainer_weight`` where the workers are niced); a job runs at its
+    Each job is two CPU consumers: its ``k`` loader workers (``k ** activity`` runnable threads'
+    weight: ``JobView.worker_activity``) and its training process (one thread's weight, times
+    ``trainer_weight`` where the workers are niced); a job runs at its
     prediction scaled by the smaller fraction of its demand either gets. The objective is the
     sum over jobs of that normalised throughput.
     """
@@ -210,6 +211,7 @@ class ModelledNode:
         cores: float,
         memory: WorkerMemory,
         trainer_weight: float = 1.0,
+        activity: dict[str, float] | None = None,
     ) -> None:
         self.ids = ids
         self.cores = cores
@@ -232,6 +234,7 @@ class ModelledNode:
         # CPU demand at each count: the workers', then the training process's
         main = np.array([main_cpu[j] for j in ids])[:, None]
         self.demand = np.concatenate([self.cpu, self.predicted * main])
+        self.activity = np.array([(activity or {}).get(j, 1.0) for j in ids])
         self._rows = np.arange(len(ids))
         self._both = np.arange(2 * len(ids))
 
@@ -253,6 +256,7 @@ class ModelledNode:
             budget.cores,
             memory if memory is not None else WorkerMemory.of(jobs),
             budget.trainer_weight,
+            {j.job_id: j.worker_activity for j in jobs},
         )
 
     def row(self, alloc: dict[str, int]) -> np.ndarray:
@@ -271,9 +275,8 @@ class ModelledNode:
         each gets."""
         twice = np.concatenate([allocs, allocs], axis=1)
         demand = self.demand[self._both, twice]
-        weights = np.where(
-            self._both < len(self.ids), np.maximum(twice, 1), self.trainer_weight
-        ).astype(float)
+        workers = np.maximum(allocs, 1) ** self.activity
+        weights = np.concatenate([workers, np.full(allocs.shape, self.trainer_weight)], axis=1)
         return demand, water_fill(demand, weights, self.cores)
 
     def scale(self, allocs: np.ndarray) -> np.ndarray:

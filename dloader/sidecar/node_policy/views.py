@@ -60,6 +60,10 @@ class JobView:
     worker_upkeep_cores: float = 0.0
     """Cores each of its workers takes beyond its samples' work (waking, sending batches,
     idling), measured: part of its CPU demand at every count (0: unknown)."""
+    worker_activity: float = 1.0
+    """How its workers claim cores when cores are short: ``k`` workers count as ``k **
+    worker_activity`` runnable threads (1: all always runnable; measured from its run-queue
+    wait: workers blocked on a full queue or a slow trainer claim none)."""
     started: bool = True
     """Its loader runs: it has loader workers or has delivered a batch. False for a loader
     created and never iterated (its agent registers it at creation): it holds no workers, so
