@@ -165,6 +165,7 @@ class LoaderModel:
         self._phys = _Physics()
         self._ridge: BayesianRidge | None = None
         self._offset = 0.0  # before the ridge (< 3 observations): their mean log residual
+        self._seen_x = (0.0, 0.0)  # the ridge's first feature, least and most among its windows
         self._shape_seen: set[tuple[int, int]] = set()
         """Allocations the last shape fit saw."""
         self._added = 0  # observations ever added
@@ -293,8 +294,10 @@ class LoaderModel:
         resid = np.log(np.array([o.samples_per_s for o in obs])) - np.log(self._physical(obs))
         if len(obs) >= 3:
             ridge = BayesianRidge(fit_intercept=True)
-            ridge.fit(self._features(obs), resid)
+            features = self._features(obs)
+            ridge.fit(features, resid)
             self._ridge = ridge
+            self._seen_x = float(features[:, 0].min()), float(features[:, 0].max())
         else:  # what the shape cannot explain in a window or two (the ridge's intercept)
             self._ridge = None
             self._offset = float(np.clip(resid.mean(), -_MAX_CORRECTION, _MAX_CORRECTION))
@@ -411,7 +414,14 @@ class LoaderModel:
     def _raw(self, k: np.ndarray, c: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
         a, loader, phys = self._limits(k, c, b)
         if self._ridge is not None:
-            mean, std = self._ridge.predict(self._features_of(k, c, b), return_std=True)
+            # The correction is fitted where the windows were: beyond them (a count or cores
+            # no window had) it holds at the nearest window's, not its quadratic's. Fitted to
+            # windows at 1.25-1.45 cores, one bent the curve down beyond them, to 0.85x at 2
+            # cores what it predicted at 1.5, and the policy read the job as needing less CPU.
+            features = self._features_of(k, c, b)
+            x = np.clip(features[:, 0], *self._seen_x)
+            features[:, 0], features[:, 1] = x, x * x
+            mean, std = self._ridge.predict(features, return_std=True)
             # A correction is a calibration, not a new physics: keep it within a factor ~2.
             mean = np.clip(mean, -_MAX_CORRECTION, _MAX_CORRECTION)
         else:

@@ -362,3 +362,44 @@ def test_in_process_loading_slows_on_less_than_a_core() -> None:
         assert got.samples_per_s == pytest.approx(want, rel=0.05)  # within the correction
     # one worker on half a core: what half a core loads, not the in-process rate on a whole one
     assert model.predict(1, 0.5, 32).samples_per_s < 0.8 * model.predict(0, 1.0, 32).samples_per_s
+
+
+# (workers, cores, samples/s, idle share, step s, fetch s, CPU s, run-queue wait s): windows of
+# a CPU-bound job (1.6 ms a sample) measured on a full 2-core node, at 0.95-1.5 cores
+STARVED_WINDOWS = (
+    (3, 1.2, 751.3, 0.246, 0.0426, 0.0981, 0.0520, 0.0462),
+    (3, 1.25, 773.7, 0.222, 0.0414, 0.0896, 0.0519, 0.0377),
+    (3, 1.3, 796.0, 0.201, 0.0402, 0.0876, 0.0519, 0.0357),
+    (4, 1.2, 701.4, 0.291, 0.0456, 0.1337, 0.0524, 0.0813),
+    (4, 1.25, 729.5, 0.265, 0.0439, 0.1331, 0.0524, 0.0808),
+    (4, 1.3, 711.0, 0.282, 0.0450, 0.1332, 0.0524, 0.0808),
+    (5, 1.2, 739.2, 0.255, 0.0433, 0.1629, 0.0522, 0.1107),
+    (5, 1.25, 751.9, 0.243, 0.0426, 0.1585, 0.0523, 0.1062),
+    (5, 1.3, 700.1, 0.296, 0.0457, 0.1550, 0.0522, 0.1028),
+    (5, 1.35, 737.3, 0.260, 0.0434, 0.1382, 0.0521, 0.0860),
+    (5, 1.4, 763.9, 0.233, 0.0419, 0.1481, 0.0521, 0.0960),
+    (5, 1.45, 814.5, 0.182, 0.0393, 0.1523, 0.0521, 0.1002),
+    (6, 1.35, 775.8, 0.219, 0.0413, 0.1510, 0.0521, 0.0988),
+    (6, 1.4, 772.2, 0.224, 0.0414, 0.1733, 0.0521, 0.1211),
+    (6, 1.45, 843.9, 0.150, 0.0379, 0.1562, 0.0521, 0.1041),
+    (6, 1.5, 852.1, 0.143, 0.0376, 0.1666, 0.0522, 0.1144),
+    (8, 0.95, 440.0, 0.536, 0.0727, 0.4485, 0.0531, 0.3954),
+)
+
+
+def test_the_correction_holds_beyond_the_windows_it_was_fitted_to() -> None:
+    """Windows measured on a full node (the 17 of ``STARVED_WINDOWS``) fit a correction that
+    is a quadratic in the loader's rate: beyond them it once bent the curve down, to 0.85x at 2
+    cores what it predicted at 1.5. Beyond the windows, the correction is the nearest window's:
+    more cores never predict less, and within them the predictions are as fitted."""
+    model = LoaderModel()
+    model.update(
+        *(
+            LoaderObservation(k, c, 32, x, idle, step, fetch, cpu, wait)
+            for k, c, x, idle, step, fetch, cpu, wait in STARVED_WINDOWS
+        )
+    )
+    rates = [model.predict(6, c, 32).samples_per_s for c in (1.0, 1.5, 2.0, 4.0)]
+    assert rates == sorted(rates)
+    assert rates[2] > 1.1 * rates[1]  # 2 cores load 1.33x the samples of 1.5 at 1.6 ms each
+    assert model.predict(6, 1.5, 32).samples_per_s == pytest.approx(852.1, rel=0.05)
