@@ -750,10 +750,10 @@ class NodePolicy:
         taken the last batch. Recorded as the exponent ``a`` with ``k ** a = runnable`` (``k``
         workers, at least 2; ``MIN_ACTIVITY`` to 1), which carries the measurement to the other
         counts (a CPU-bound job's 2-9 workers held an exponent of 0.77-0.88 while the share of
-        them runnable fell from 0.92 to 0.63). Counting every worker as runnable once gave its
-        8 workers 1.4x the cores the kernel did, and predicted its one-worker neighbour 40%
-        slow at every split. A moving average; a change beyond ``MAIN_CPU_CHANGE`` calls for a
-        decision."""
+        them runnable fell from 0.92 to 0.63). With every worker counted as runnable, its
+        one-worker neighbour was given 0.19 cores where the kernel gave it 0.33, and predicted
+        30-40% slow at every split. A moving average; a change beyond ``MAIN_CPU_CHANGE`` calls
+        for a decision."""
         k = s.workers
         if k < 2 or cpu <= 0 or wait <= CONTENDED * cpu:
             return
