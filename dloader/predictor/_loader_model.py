@@ -404,9 +404,17 @@ class LoaderModel:
         b = np.array([o.batch_size for o in obs], dtype=float)
         return self._features_of(k, c, b)
 
-    def _features_of(self, k: np.ndarray, c: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def _features_of(
+        self,
+        k: np.ndarray,
+        c: np.ndarray,
+        b: np.ndarray,
+        within: tuple[float, float] = (-4.0, 4.0),
+    ) -> np.ndarray:
+        """The correction's features; ``within``: the range the loader's log rate (to the
+        accelerator's) is held to."""
         a, loader, _ = self._limits(k, c, b)
-        x = np.clip(np.log(loader / a), -4.0, 4.0)
+        x = np.clip(np.log(loader / a), *within)
         return np.column_stack([x, x * x, (k == 0).astype(float)])
 
     # ------------------------------------------------------------------ predicting
@@ -418,9 +426,7 @@ class LoaderModel:
             # no window had) it holds at the nearest window's, not its quadratic's. Fitted to
             # windows at 1.25-1.45 cores, one bent the curve down beyond them, to 0.85x at 2
             # cores what it predicted at 1.5, and the policy read the job as needing less CPU.
-            features = self._features_of(k, c, b)
-            x = np.clip(features[:, 0], *self._seen_x)
-            features[:, 0], features[:, 1] = x, x * x
+            features = self._features_of(k, c, b, within=self._seen_x)
             mean, std = self._ridge.predict(features, return_std=True)
             # A correction is a calibration, not a new physics: keep it within a factor ~2.
             mean = np.clip(mean, -_MAX_CORRECTION, _MAX_CORRECTION)

@@ -663,7 +663,7 @@ class NodePolicy:
             if j.rate is not None
         )
         free = s.worker_cores + max(budget - taken, 0.0)
-        if wait is not None and cpu > 0 and wait > CONTENDED * cpu:
+        if wait is not None and _short_of_cores(cpu, wait):
             free = min(free, s.workers * cpu / (cpu + wait))
         return min(max(round(free / CORES_STEP) * CORES_STEP, CORES_STEP), budget)
 
@@ -755,7 +755,7 @@ class NodePolicy:
         30-40% slow at every split. A moving average; a change beyond ``MAIN_CPU_CHANGE`` calls
         for a decision."""
         k = s.workers
-        if k < 2 or cpu <= 0 or wait <= CONTENDED * cpu:
+        if k < 2 or not _short_of_cores(cpu, wait):
             return
         x = min(max(math.log(max(runnable, 1.0)) / math.log(k), MIN_ACTIVITY), 1.0)
         a = s.worker_activity
@@ -803,6 +803,13 @@ class NodePolicy:
                 s.cpus = got
                 reason = f"CPU set {list(got)}: its share {out.shares[s.job_id]:.2f} cores"
                 out.orders.append(Order(s.job_id, reason, {"cpus": got}))
+
+
+def _short_of_cores(cpu: float, wait: float) -> bool:
+    """Whether workers whose batch took ``cpu`` seconds of CPU and ``wait`` of run-queue wait
+    were short of cores: a wait beyond ``CONTENDED`` of their CPU time (below it, wake-up
+    latency)."""
+    return cpu > 0 and wait > CONTENDED * cpu
 
 
 def _started(s: PolicyJob) -> bool:
