@@ -1,7 +1,9 @@
 """dloader vs torch's DataLoader, side by side: throughput and peak memory.
 
 For each profile (io-bound, cpu-bound) and worker count, both loaders iterate the same emulated
-dataset as fast as they can (no accelerator step: this measures the loaders), alternating
+dataset as fast as they can (no accelerator step: this measures the loaders; with ``--step-ms``,
+the training process sleeps that long per batch, an emulated accelerator step, so that batches
+arrive while it is busy, as in training), alternating
 dloader / torch in fresh processes, ``--repeats`` times. Reported: median samples/s of each, the
 median of the per-pair ratios (target >= 0.98), peak RSS of main process + workers, and the
 main process's CPU time per batch (where a loader's own overhead would show). Also the cost of
@@ -9,6 +11,7 @@ main process's CPU time per batch (where a loader's own overhead would show). Al
 
     python -m benchmarks.loader.bench_loader            # full run (~4 min on 2 cores)
     python -m benchmarks.loader.bench_loader --quick    # smoke run
+    python -m benchmarks.loader.bench_loader --workers 2,3,4 --step-ms 45   # a training step
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ PROFILES = {
 }
 
 
-def child(loader_kind: str, profile: str, workers: int, seconds: float) -> dict[str, Any]:
+def child(
+    loader_kind: str, profile: str, workers: int, seconds: float, step_s: float = 0.0
+) -> dict[str, Any]:
     """One measurement, in its own process (clean RSS)."""
     import warnings
 
@@ -55,6 +60,8 @@ def child(loader_kind: str, profile: str, workers: int, seconds: float) -> dict[
         while time.perf_counter() - start < seconds:
             samples += len(next(it)[0])
             batches += 1
+            if step_s:
+                time.sleep(step_s)  # the accelerator's step: the batches come meanwhile
         elapsed = time.perf_counter() - start
         main_cpu = time.process_time() - cpu0  # this process: the main thread and its helpers
         del it
@@ -85,7 +92,9 @@ def stats_cost(workers: int = 16, calls: int = 20000) -> float:
     return cost
 
 
-def run_child(kind: str, profile: str, workers: int, seconds: float) -> dict[str, Any]:
+def run_child(
+    kind: str, profile: str, workers: int, seconds: float, step_s: float
+) -> dict[str, Any]:
     out = subprocess.run(
         [
             sys.executable,
@@ -96,6 +105,7 @@ def run_child(kind: str, profile: str, workers: int, seconds: float) -> dict[str
             profile,
             str(workers),
             str(seconds),
+            str(step_s),
         ],
         check=True,
         capture_output=True,
@@ -119,13 +129,20 @@ def main(argv: list[str] | None = None) -> int:
         default=3.0,
         help="measured seconds per run, after warm-up (default: 3)",
     )
+    parser.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="the training process sleeps this long per batch (an emulated accelerator step; "
+        "default: 0, the loaders as fast as they go)",
+    )
     parser.add_argument("--quick", action="store_true", help="1 repeat of 1 s, workers 0,2")
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     add_out_dir(parser)
     args = parser.parse_args(argv)
     if args.child:
-        kind, profile, workers, seconds = args.child
-        print(json.dumps(child(kind, profile, int(workers), float(seconds))))
+        kind, profile, workers, seconds, step_s = args.child
+        print(json.dumps(child(kind, profile, int(workers), float(seconds), float(step_s))))
         return 0
     if args.quick:
         args.workers, args.repeats, args.seconds = "0,2", 1, 1.0
@@ -133,10 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         worker_counts = [int(w) for w in args.workers.split(",")]
     except ValueError:
         parser.error(f"--workers={args.workers!r} must be comma-separated integers")
-    if args.repeats < 1 or args.seconds <= 0:
-        parser.error("--repeats must be >= 1 and --seconds > 0")
+    if args.repeats < 1 or args.seconds <= 0 or not 0 <= args.step_ms < 10_000:
+        parser.error(
+            f"--repeats={args.repeats}, --seconds={args.seconds}, --step-ms={args.step_ms}: "
+            "expected --repeats >= 1, --seconds > 0 and 0 <= --step-ms < 10000"
+        )
+    step_s = args.step_ms / 1000
 
     print(f"machine: {machine()}", flush=True)
+    if step_s:
+        print(f"training step: {args.step_ms:g} ms per batch (emulated)", flush=True)
     rows, results = [], []
     total = len(PROFILES) * len(worker_counts) * args.repeats
     done = 0
@@ -147,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.repeats):
                 # Alternate which runs first, so drift on a shared machine hits both alike.
                 order = ["dloader", "torch"] if r % 2 == 0 else ["torch", "dloader"]
-                got = {k: run_child(k, profile, workers, args.seconds) for k in order}
+                got = {k: run_child(k, profile, workers, args.seconds, step_s) for k in order}
                 ours.append(got["dloader"]["samples_per_s"])
                 theirs.append(got["torch"]["samples_per_s"])
                 ratios.append(ours[-1] / theirs[-1])
@@ -212,7 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     path = outs("bench_loader.json")
     path.write_text(
         json.dumps(
-            {"machine": machine(), "rows": results, "median_ratio": overall, "stats_cost_us": cost},
+            {
+                "machine": machine(),
+                "step_ms": args.step_ms,
+                "rows": results,
+                "median_ratio": overall,
+                "stats_cost_us": cost,
+            },
             indent=2,
         )
     )

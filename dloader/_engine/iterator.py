@@ -88,9 +88,10 @@ _PENDING = object()  # a task's result has not arrived yet
 _DRAIN_EVERY_S = 0.1
 """How often, at most, the batches that arrived ahead of their turn are taken in while the
 trainer is served from those that are ready: their workers' timings then count at most this
-late (the agent reports windows of 0.25 s and more). Taking them in every 10 ms cost a loader
-of one-sample batches on 2 cores 1-23% of its throughput (four runs); every 0.1 s, nothing
-measurable (-20% to +19% by run, five runs, noise)."""
+late (the agent reports windows of 0.25 s and more). They come from the receiver thread's inbox,
+already unpickled. When the iterating thread read them from the pipe itself, taking them in
+every 10 ms cost a loader of one-sample batches on 2 cores 1-23% of its throughput, and every
+0.1 s a CPU-bound loader behind a training step 11% (:func:`_receive_and_pin`)."""
 
 
 @dataclass(frozen=True)
@@ -188,17 +189,27 @@ def _receive_and_pin(
     inbox: queue.SimpleQueue[Any],
     stop: threading.Event,
     workers: dict[int, _Worker],
+    pin: bool,
     device: str | None,
     index: int | None,
 ) -> None:
-    """The receiver thread: reads each message from the workers, pins a batch's data (a pin
-    error becomes the batch's error, as in torch's pin-memory thread) and queues it for the
-    iterating thread, until ``stop``. While a message is half read it checks, between polls,
-    that no worker not told to stop has exited; if one has, or a read fails, it queues the
-    failure and ends."""
-    if index is not None:
-        torch.accelerator.set_device_index(index)  # the current device is per thread
-    torch.set_num_threads(1)
+    """The receiver thread: reads each message from the workers as it arrives, unpickles it,
+    with ``pin`` pins a batch's data (a pin error becomes the batch's error, as in torch's
+    pin-memory thread) and queues it for the iterating thread, until ``stop``. While a message
+    is half read it checks, between polls, that no worker not told to stop has exited; if one
+    has, or a read fails, it queues the failure and ends.
+
+    Why a thread even without pinning: unpickling a batch's tensors fetches their shared-memory
+    file descriptors from the sending worker's ``resource_sharer`` thread, which needs that
+    worker's GIL. Just after sending, the worker mostly waits for its next task and answers at
+    once; while it computes its next batch, each fetch waited for its GIL switch interval.
+    Read by the iterating thread when their turn came, or taken in with the batches ahead of
+    their turn, CPU-bound batches on 2 cores stalled the trainer 6-9 ms each: 0.89x torch's
+    throughput at the same worker count, 1.02x with this thread (docs/benchmarks.md)."""
+    if pin:
+        if index is not None:
+            torch.accelerator.set_device_index(index)  # the current device is per thread
+        torch.set_num_threads(1)
 
     def check() -> None:
         if stop.is_set():  # the iterator is shutting down (PEP 475: never a real EINTR)
@@ -218,7 +229,12 @@ def _receive_and_pin(
             inbox.put(_ReceiveFailed(exc))
             return
         slot, gen, task_idx, payload, num, fetch_s, cpu_s, delay_s = msg
-        if task_idx >= 0 and payload is not ITER_END and not isinstance(payload, ExceptionWrapper):
+        if (
+            pin
+            and task_idx >= 0
+            and payload is not ITER_END
+            and not isinstance(payload, ExceptionWrapper)
+        ):
             try:
                 payload = _Pinned(_pin_memory(payload, device))
             except Exception:
@@ -269,7 +285,7 @@ class LoaderIterator:
         self._len_called = plan.len_called
         self._pin_memory = self._check_pin_memory(config)
         self._pin_device = None
-        self._inbox: queue.SimpleQueue[Any] | None = None  # the receiver's results (pinning)
+        self._inbox: queue.SimpleQueue[Any] | None = None  # the receiver thread's messages
         self._receiver: threading.Thread | None = None
         self._receiver_stop = threading.Event()
         if self._pin_memory:
@@ -520,8 +536,7 @@ class LoaderIterator:
         milliseconds each and the trainer must not wait for them."""
         if self._result_queue is None:
             self._result_queue = ResultPipe(self._ctx)
-            if self._pin_memory:
-                self._start_receiver()
+            self._start_receiver()
             self._done_event = self._ctx.Event()
         processes = []
         for _ in range(count):
@@ -585,8 +600,7 @@ class LoaderIterator:
         assert self._remote is not None
         if self._result_queue is None:
             self._result_queue = ResultPipe(self._ctx)
-            if self._pin_memory:
-                self._start_receiver()
+            self._start_receiver()
             self._done_event = self._ctx.Event()
         if self._helper is None:
             self._helper_tasks = self._ctx.Queue()
@@ -905,9 +919,9 @@ class LoaderIterator:
             return ExceptionWrapper(where="in the DataLoader's main process"), 0
 
     def _start_receiver(self) -> None:
-        """The receiver thread (pinned memory). It is given what it reads, never ``self``: a
-        thread holding the iterator would keep it from being collected (and its workers from
-        being stopped) when the trainer drops it."""
+        """The receiver thread (:func:`_receive_and_pin`). It is given what it reads, never
+        ``self``: a thread holding the iterator would keep it from being collected (and its
+        workers from being stopped) when the trainer drops it."""
         self._inbox = queue.SimpleQueue()
         index = None if self._pin_device is None else torch.accelerator.current_device_index()
         self._receiver = threading.Thread(
@@ -917,20 +931,20 @@ class LoaderIterator:
                 self._inbox,
                 self._receiver_stop,
                 self._workers,
+                self._pin_memory,
                 self._pin_device,
                 index,
             ),
-            name="dloader-pin",
+            name="dloader-pin" if self._pin_memory else "dloader-receive",
             daemon=True,
         )
         self._receiver.start()
 
     def _recv(self, timeout: float) -> tuple[Any, ...]:
-        """The next message from the workers (through the receiver when pinning);
-        ``queue.Empty`` if none within ``timeout``. A failed read names the dead worker."""
+        """The next message from the workers (through the receiver thread); ``queue.Empty``
+        if none within ``timeout``. A failed read names the dead worker."""
+        assert self._inbox is not None  # started with the result pipe
         try:
-            if self._inbox is None:
-                return self._result_queue.recv(timeout, self._reap, POLL_INTERVAL_S)
             item = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
             if isinstance(item, _ReceiveFailed):
                 raise item.error

@@ -9,11 +9,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import psutil
 import pytest
 
 import dloader
+from dloader._engine.result_pipe import ResultPipe
 from tests.loader import datasets as D
 
 pytestmark = pytest.mark.integration
@@ -148,9 +150,21 @@ def test_workers_exit_when_main_process_dies(tmp_path: object) -> None:
     assert _wait_gone(pids, 10) == []
 
 
-def test_a_worker_killed_mid_write_raises_instead_of_hanging() -> None:
-    # each batch is 64 MB of numpy data, written through a 64 KB pipe: the worker blocks in
-    # the middle of its write until the trainer reads, and is killed there
+def test_a_worker_killed_mid_write_raises_instead_of_hanging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # each batch is 64 MB of numpy data, written through a 64 KB pipe. The receiver thread
+    # reads as messages arrive; here it starts on a message's body only 3 s after its header
+    # (as a receiver kept from running would), so the worker blocks in the middle of its
+    # write, and is killed there
+    read = ResultPipe._read
+
+    def late(fd: int, size: int, *args: Any) -> bytearray:
+        if size > 2**20:
+            time.sleep(3.0)
+        return read(fd, size, *args)
+
+    monkeypatch.setattr(ResultPipe, "_read", staticmethod(late))
     loader = dloader.DataLoader(
         D.Big(8, mb=64), batch_size=None, num_workers=1, collate_fn=lambda x: x
     )

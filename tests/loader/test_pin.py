@@ -1,4 +1,5 @@
-"""Pinned memory on the pin thread: order, overlap with the training step, errors, resizes.
+"""Pinned memory on the pin thread: order, overlap with the training step, errors, resizes;
+and the same receiver thread taking batches in without pinning.
 
 This machine has no accelerator, so ``pin_memory=True`` is off here as in torch; these tests turn
 it on and stand in for ``pin_memory`` (at the hardware boundary: pinning needs a GPU driver) with a
@@ -63,6 +64,26 @@ def test_batches_are_pinned_on_the_pin_thread_in_order(pin: FakePin) -> None:
     assert torch.cat([b for _, b in got]).tolist() == list(range(96))
     assert {name.split("_")[0] for _, name, _ in pin.calls} == {"dloader-pin"}
     assert sorted(first for first, _, _ in pin.calls) == list(range(0, 96, 4))  # each once
+
+
+def test_without_pinning_batches_are_taken_in_on_the_receiver_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without pinning too, each message is read and unpickled by the receiver thread as it
+    arrives, never by the training thread in its next(): unpickling a batch's tensors waits
+    for the sending worker's GIL, and done in next() (in its turn, or with the batches taken
+    in ahead of it) it stalled a CPU-bound loader's trainer (0.89x torch's throughput)."""
+    readers: list[str] = []
+    recv = _iter.ResultPipe.recv
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> Any:
+        readers.append(threading.current_thread().name)
+        return recv(self, *args, **kwargs)
+
+    monkeypatch.setattr(_iter.ResultPipe, "recv", recording)
+    loader = dloader.DataLoader(Range(96), batch_size=4, num_workers=2)
+    assert torch.cat(list(loader)).tolist() == list(range(96))
+    assert readers and set(readers) == {"dloader-receive"}
 
 
 def test_pinning_overlaps_the_training_step(pin: FakePin) -> None:
