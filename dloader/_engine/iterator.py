@@ -204,8 +204,8 @@ def _receive_and_pin(
     worker's GIL. Just after sending, the worker mostly waits for its next task and answers at
     once; while it computes its next batch, each fetch waited for its GIL switch interval.
     Read by the iterating thread when their turn came, or taken in with the batches ahead of
-    their turn, CPU-bound batches on 2 cores stalled the trainer 6-9 ms each: 0.89x torch's
-    throughput at the same worker count, 1.02x with this thread (docs/benchmarks.md)."""
+    their turn, CPU-bound batches on 2 cores stalled the trainer 6-9 ms each: 0.85-0.94x torch's
+    throughput at 2-4 workers, 1.02-1.04x with this thread (docs/benchmarks.md)."""
     if pin:
         if index is not None:
             torch.accelerator.set_device_index(index)  # the current device is per thread

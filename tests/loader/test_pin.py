@@ -72,7 +72,7 @@ def test_without_pinning_batches_are_taken_in_on_the_receiver_thread(
     """Without pinning too, each message is read and unpickled by the receiver thread as it
     arrives, never by the training thread in its next(): unpickling a batch's tensors waits
     for the sending worker's GIL, and done in next() (in its turn, or with the batches taken
-    in ahead of it) it stalled a CPU-bound loader's trainer (0.89x torch's throughput)."""
+    in ahead of it) it stalled a CPU-bound loader's trainer (0.85-0.94x torch's throughput)."""
     readers: list[str] = []
     recv = _iter.ResultPipe.recv
 
