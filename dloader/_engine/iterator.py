@@ -534,10 +534,7 @@ class LoaderIterator:
         """Creates ``count`` workers. The initial pool starts here, as torch's does; workers added
         by a resize start on a launcher thread, because a fork of a large process takes tens of
         milliseconds each and the trainer must not wait for them."""
-        if self._result_queue is None:
-            self._result_queue = ResultPipe(self._ctx)
-            self._start_receiver()
-            self._done_event = self._ctx.Event()
+        self._open_results()
         processes = []
         for _ in range(count):
             slot = next(i for i in itertools.count() if i not in self._workers)
@@ -598,10 +595,7 @@ class LoaderIterator:
         process runs as Ray actors (the helper and the result pipe start with the first). They
         take tasks once up."""
         assert self._remote is not None
-        if self._result_queue is None:
-            self._result_queue = ResultPipe(self._ctx)
-            self._start_receiver()
-            self._done_event = self._ctx.Event()
+        self._open_results()
         if self._helper is None:
             self._helper_tasks = self._ctx.Queue()
             self._helper_tasks.cancel_join_thread()
@@ -918,10 +912,15 @@ class LoaderIterator:
         except Exception:
             return ExceptionWrapper(where="in the DataLoader's main process"), 0
 
-    def _start_receiver(self) -> None:
-        """The receiver thread (:func:`_receive_and_pin`). It is given what it reads, never
-        ``self``: a thread holding the iterator would keep it from being collected (and its
-        workers from being stopped) when the trainer drops it."""
+    def _open_results(self) -> None:
+        """With the first worker, local or remote: the result pipe, the workers' shutdown event
+        and the receiver thread (:func:`_receive_and_pin`). The thread is given what it reads,
+        never ``self``: a thread holding the iterator would keep it from being collected (and
+        its workers from being stopped) when the trainer drops it."""
+        if self._result_queue is not None:
+            return
+        self._result_queue = ResultPipe(self._ctx)
+        self._done_event = self._ctx.Event()
         self._inbox = queue.SimpleQueue()
         index = None if self._pin_device is None else torch.accelerator.current_device_index()
         self._receiver = threading.Thread(
@@ -943,7 +942,7 @@ class LoaderIterator:
     def _recv(self, timeout: float) -> tuple[Any, ...]:
         """The next message from the workers (through the receiver thread); ``queue.Empty``
         if none within ``timeout``. A failed read names the dead worker."""
-        assert self._inbox is not None  # started with the result pipe
+        assert self._inbox is not None  # opened with the result pipe (_open_results)
         try:
             item = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
             if isinstance(item, _ReceiveFailed):
