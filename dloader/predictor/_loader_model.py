@@ -143,6 +143,15 @@ class _Physics:
 _PRIOR = _Physics()  # the shape fit's prior: sharp knees, most of the cores
 
 
+def _own_pace(obs: Sequence[LoaderObservation]) -> np.ndarray:
+    """Each window's own accelerator rate, samples/s: its batch over its step less the data
+    wait (what the job's ``A(b)`` is fitted from, window by window). Where the trainer never
+    waited for data, this is what the window measured: its loader gave at least that much."""
+    return np.array(
+        [o.batch_size / max(o.step_s * (1.0 - o.idle_share), 1e-9) for o in obs], dtype=float
+    )
+
+
 def _soft_min(a: np.ndarray, b: np.ndarray, p: float | np.ndarray) -> np.ndarray:
     lo, hi = np.minimum(a, b), np.maximum(a, b)
     return lo * (1.0 + (lo / hi) ** p) ** (-1.0 / p)
@@ -312,16 +321,16 @@ class LoaderModel:
     ) -> None:
         """Fits ``eta``, ``p``, ``q`` (and, without CPU timings, the CPU share of a sample)."""
         # Least squares over observations equals least squares over each allocation's mean
-        # log throughput weighted by its count: fit the (few) allocations, not every report.
-        groups: dict[tuple[int, float, int], list[float]] = {}
-        for o in obs:
-            groups.setdefault((o.num_workers, o.cores, o.batch_size), []).append(
-                math.log(o.samples_per_s)
-            )
-        k, c, b = (np.array([g[i] for g in groups], dtype=float) for i in range(3))
-        y = np.array([sum(v) / len(v) for v in groups.values()])
+        # log throughput weighted by its count: fit the (few) allocations, not every report,
+        # each at its windows' own trainer pace (their geometric mean), as in _physical.
+        groups: dict[tuple[int, float, int], list[tuple[float, float]]] = {}
+        for o, pace in zip(obs, np.log(_own_pace(obs)), strict=True):
+            key = (o.num_workers, o.cores, o.batch_size)
+            groups.setdefault(key, []).append((math.log(o.samples_per_s), float(pace)))
+        k, c = (np.array([g[i] for g in groups], dtype=float) for i in range(2))
+        y, a = (np.array([sum(v[i] for v in g) / len(g) for g in groups.values()]) for i in (0, 1))
+        a = np.exp(a)
         weight = np.sqrt([len(v) for v in groups.values()])
-        a = b / (ph.a0 + ph.a1 * b)
         per = ph.t_io + ph.t_cpu
         fixed_share = ph.t_cpu / per
 
@@ -393,10 +402,13 @@ class LoaderModel:
         return a, loader, tput
 
     def _physical(self, obs: Sequence[LoaderObservation]) -> np.ndarray:
+        """The physical part's throughput in each observed window, at the trainer's pace in
+        that window (:func:`_own_pace`), not the job's fitted accelerator limit: a window whose
+        trainer was slow (starved of CPU while every job started) says nothing of the loader."""
         k = np.array([o.num_workers for o in obs], dtype=float)
         c = np.array([o.cores for o in obs], dtype=float)
-        b = np.array([o.batch_size for o in obs], dtype=float)
-        return self._limits(k, c, b)[2]
+        ph = self._phys
+        return self._rates(ph.t_io, ph.t_cpu, k, c, _own_pace(obs), ph.eta, ph.p, ph.q)[1]
 
     def _features(self, obs: Sequence[LoaderObservation]) -> np.ndarray:
         k = np.array([o.num_workers for o in obs], dtype=float)

@@ -403,3 +403,51 @@ def test_the_correction_holds_beyond_the_windows_it_was_fitted_to() -> None:
     assert rates == sorted(rates)
     assert rates[2] > 1.1 * rates[1]  # 2 cores load 1.33x the samples of 1.5 at 1.6 ms each
     assert model.predict(6, 1.5, 32).samples_per_s == pytest.approx(852.1, rel=0.05)
+
+
+# (workers, cores, samples/s, idle share, step ms, fetch ms, CPU ms, run-queue wait ms): a job
+# whose trainer does 1.2 ms of CPU work a sample (host_heavy, contention seed 2026120408, mix
+# 1). Its first three windows, at 2 workers while every job on the node started, had a
+# trainer starved of CPU that never waited for data; then, at 1 worker, its trainer waited for
+# its one worker 39-52% of the time (the windows as the sidecar recorded them).
+SLOW_TRAINER_FIRST = [
+    (2, 0.85, 383, 0.004, 83.6, 101.4, 19.7, 26.5),
+    (2, 0.8, 296, 0.003, 108.1, 103.8, 19.2, 28.7),
+    (2, 0.8, 284, 0.003, 112.5, 103.8, 19.2, 28.7),
+    (1, 0.3, 352, 0.421, 91.0, 87.8, 17.3, 13.6),
+    (1, 0.3, 329, 0.452, 97.2, 93.0, 18.2, 17.6),
+    (1, 0.5, 303, 0.491, 105.5, 103.9, 21.2, 23.0),
+    (1, 0.45, 294, 0.5, 109.0, 106.6, 20.5, 23.9),
+    (1, 0.35, 326, 0.451, 98.1, 93.7, 19.4, 17.2),
+    (1, 0.35, 330, 0.454, 97.1, 91.9, 19.0, 15.5),
+    (1, 0.35, 338, 0.44, 94.8, 91.8, 19.9, 14.7),
+    (1, 0.4, 315, 0.473, 101.5, 98.2, 20.3, 20.4),
+    (1, 0.3, 353, 0.417, 90.7, 86.1, 19.2, 9.5),
+    (1, 0.35, 352, 0.424, 91.0, 87.6, 18.2, 12.7),
+    (1, 0.3, 347, 0.429, 92.2, 88.6, 18.7, 12.8),
+    (1, 0.35, 340, 0.426, 94.2, 88.9, 18.9, 13.1),
+    (1, 0.35, 360, 0.389, 88.9, 85.0, 18.1, 10.2),
+    (1, 0.3, 351, 0.424, 91.3, 87.7, 18.7, 11.8),
+    (1, 0.5, 283, 0.518, 112.9, 108.2, 22.2, 23.8),
+    (1, 0.45, 258, 0.468, 123.8, 120.0, 21.5, 24.8),
+    (1, 0.45, 311, 0.484, 102.8, 99.4, 18.3, 21.8),
+]
+
+
+def test_a_window_of_a_slow_trainer_says_nothing_of_its_loader() -> None:
+    """Each window is read at its own trainer's pace. The three start-up windows at 2 workers
+    measured a trainer starved of CPU, not the loader: read against the job's accelerator
+    limit (597/s, from the later windows) they fitted a model in which a second worker added
+    nothing (324/s at 1 and at 2 workers), and the sidecar held the job at one worker for the
+    whole run where its own tuner, at 2, reached 13% more."""
+    model = LoaderModel()
+    model.update(
+        *(
+            LoaderObservation(k, c, 32, x, idle, step / 1e3, fetch / 1e3, cpu / 1e3, wait / 1e3)
+            for k, c, x, idle, step, fetch, cpu, wait in SLOW_TRAINER_FIRST
+        )
+    )
+    one, two = (model.predict(k, 0.45, 32).samples_per_s for k in (1, 2))
+    assert one == pytest.approx(330, rel=0.1)  # what the windows at 1 worker measured
+    assert two > 1.3 * one  # a second worker of 2.3 ms a sample nearly doubles the loader
+    assert two <= model.predict(2, 0.45, 32).accelerator_limit

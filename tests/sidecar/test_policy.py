@@ -503,13 +503,10 @@ def test_probing_tries_the_best_untried_near_tie() -> None:
         m = measured({s: 1.0 for s in tried})
     # first, the node being full (2 cores), cpu's worker less, kept or moved to io (14%
     # predicted loss: within RELEASE_LOSS); then one io worker fewer, kept or moved to cpu
-    # (< 1% predicted loss); not io 17 with cpu 2 (over the budget)
-    assert tried == [
-        split_of({"io": 17, "cpu": 1}),
-        split_of({"io": 16, "cpu": 1}),
-        split_of({"io": 15, "cpu": 2}),
-        split_of({"io": 15, "cpu": 3}),
-    ]
+    # (< 1% predicted loss; the model ties cpu's 2 and 3 workers within 2e-6: either may come
+    # first); not io 17 with cpu 2 (over the budget)
+    assert tried[:2] == [split_of({"io": 17, "cpu": 1}), split_of({"io": 16, "cpu": 1})]
+    assert sorted(tried[2:]) == [split_of({"io": 15, "cpu": 2}), split_of({"io": 15, "cpu": 3})]
 
 
 def test_no_probe_adds_a_worker_to_a_job_at_its_accelerator_limit() -> None:
