@@ -16,6 +16,12 @@ workers really get) and the knees' sharpness ``p`` and ``q`` are fitted by least
 throughput once there are two observations, with a weak prior towards sharp knees and most of
 the cores (``_PRIOR_WEIGHT``): it decides only where the observed counts leave the shape open.
 
+Each window is compared with the physical part at its own trainer's pace (``b`` over its step
+less its data wait) rather than at the fitted ``A(b)``: a window whose trainer was slow (starved
+of CPU) and never waited for data measured the trainer, and says only that the loader gave at
+least that much. The shape fit and the correction below see the loader, not the trainer's ups
+and downs; predictions use the fitted ``A(b)``.
+
 Learned part: a scikit-learn ``BayesianRidge`` fitted online to the log-residual
 ``log(measured / physical)`` over the features ``[x, x^2, k == 0]`` with ``x = log(L / A)`` (how
 loader-bound the allocation is). It corrects the shape near the knee and gives a predictive
