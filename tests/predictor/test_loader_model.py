@@ -387,51 +387,57 @@ STARVED_WINDOWS = (
 )
 
 
+def fitted_to(windows: tuple[tuple[float, ...], ...]) -> LoaderModel:
+    """A model fed ``windows`` (rows as in ``STARVED_WINDOWS``), at batch size 32."""
+    model = LoaderModel()
+    model.update(
+        *(
+            LoaderObservation(int(k), c, 32, x, idle, step, fetch, cpu, wait)
+            for k, c, x, idle, step, fetch, cpu, wait in windows
+        )
+    )
+    return model
+
+
 def test_the_correction_holds_beyond_the_windows_it_was_fitted_to() -> None:
     """Windows measured on a full node (the 17 of ``STARVED_WINDOWS``) fit a correction that
     is a quadratic in the loader's rate: beyond them it once bent the curve down, to 0.85x at 2
     cores what it predicted at 1.5. Beyond the windows, the correction is the nearest window's:
     more cores never predict less, and within them the predictions are as fitted."""
-    model = LoaderModel()
-    model.update(
-        *(
-            LoaderObservation(k, c, 32, x, idle, step, fetch, cpu, wait)
-            for k, c, x, idle, step, fetch, cpu, wait in STARVED_WINDOWS
-        )
-    )
+    model = fitted_to(STARVED_WINDOWS)
     rates = [model.predict(6, c, 32).samples_per_s for c in (1.0, 1.5, 2.0, 4.0)]
     assert rates == sorted(rates)
     assert rates[2] > 1.1 * rates[1]  # 2 cores load 1.33x the samples of 1.5 at 1.6 ms each
     assert model.predict(6, 1.5, 32).samples_per_s == pytest.approx(852.1, rel=0.05)
 
 
-# (workers, cores, samples/s, idle share, step ms, fetch ms, CPU ms, run-queue wait ms): a job
+# (workers, cores, samples/s, idle share, step s, fetch s, CPU s, run-queue wait s): a job
 # whose trainer does 1.2 ms of CPU work a sample (host_heavy, contention seed 2026120408, mix
 # 1). Its first three windows, at 2 workers while every job on the node started, had a
 # trainer starved of CPU that never waited for data; then, at 1 worker, its trainer waited for
 # its one worker 39-52% of the time (the windows as the sidecar recorded them).
-SLOW_TRAINER_FIRST = [
-    (2, 0.85, 383, 0.004, 83.6, 101.4, 19.7, 26.5),
-    (2, 0.8, 296, 0.003, 108.1, 103.8, 19.2, 28.7),
-    (2, 0.8, 284, 0.003, 112.5, 103.8, 19.2, 28.7),
-    (1, 0.3, 352, 0.421, 91.0, 87.8, 17.3, 13.6),
-    (1, 0.3, 329, 0.452, 97.2, 93.0, 18.2, 17.6),
-    (1, 0.5, 303, 0.491, 105.5, 103.9, 21.2, 23.0),
-    (1, 0.45, 294, 0.5, 109.0, 106.6, 20.5, 23.9),
-    (1, 0.35, 326, 0.451, 98.1, 93.7, 19.4, 17.2),
-    (1, 0.35, 330, 0.454, 97.1, 91.9, 19.0, 15.5),
-    (1, 0.35, 338, 0.44, 94.8, 91.8, 19.9, 14.7),
-    (1, 0.4, 315, 0.473, 101.5, 98.2, 20.3, 20.4),
-    (1, 0.3, 353, 0.417, 90.7, 86.1, 19.2, 9.5),
-    (1, 0.35, 352, 0.424, 91.0, 87.6, 18.2, 12.7),
-    (1, 0.3, 347, 0.429, 92.2, 88.6, 18.7, 12.8),
-    (1, 0.35, 340, 0.426, 94.2, 88.9, 18.9, 13.1),
-    (1, 0.35, 360, 0.389, 88.9, 85.0, 18.1, 10.2),
-    (1, 0.3, 351, 0.424, 91.3, 87.7, 18.7, 11.8),
-    (1, 0.5, 283, 0.518, 112.9, 108.2, 22.2, 23.8),
-    (1, 0.45, 258, 0.468, 123.8, 120.0, 21.5, 24.8),
-    (1, 0.45, 311, 0.484, 102.8, 99.4, 18.3, 21.8),
-]
+SLOW_TRAINER_FIRST = (
+    (2, 0.85, 383, 0.004, 0.0836, 0.1014, 0.0197, 0.0265),
+    (2, 0.8, 296, 0.003, 0.1081, 0.1038, 0.0192, 0.0287),
+    (2, 0.8, 284, 0.003, 0.1125, 0.1038, 0.0192, 0.0287),
+    (1, 0.3, 352, 0.421, 0.0910, 0.0878, 0.0173, 0.0136),
+    (1, 0.3, 329, 0.452, 0.0972, 0.0930, 0.0182, 0.0176),
+    (1, 0.5, 303, 0.491, 0.1055, 0.1039, 0.0212, 0.0230),
+    (1, 0.45, 294, 0.5, 0.1090, 0.1066, 0.0205, 0.0239),
+    (1, 0.35, 326, 0.451, 0.0981, 0.0937, 0.0194, 0.0172),
+    (1, 0.35, 330, 0.454, 0.0971, 0.0919, 0.0190, 0.0155),
+    (1, 0.35, 338, 0.44, 0.0948, 0.0918, 0.0199, 0.0147),
+    (1, 0.4, 315, 0.473, 0.1015, 0.0982, 0.0203, 0.0204),
+    (1, 0.3, 353, 0.417, 0.0907, 0.0861, 0.0192, 0.0095),
+    (1, 0.35, 352, 0.424, 0.0910, 0.0876, 0.0182, 0.0127),
+    (1, 0.3, 347, 0.429, 0.0922, 0.0886, 0.0187, 0.0128),
+    (1, 0.35, 340, 0.426, 0.0942, 0.0889, 0.0189, 0.0131),
+    (1, 0.35, 360, 0.389, 0.0889, 0.0850, 0.0181, 0.0102),
+    (1, 0.3, 351, 0.424, 0.0913, 0.0877, 0.0187, 0.0118),
+    (1, 0.5, 283, 0.518, 0.1129, 0.1082, 0.0222, 0.0238),
+    (1, 0.45, 258, 0.468, 0.1238, 0.1200, 0.0215, 0.0248),
+    (1, 0.45, 311, 0.484, 0.1028, 0.0994, 0.0183, 0.0218),
+)
 
 
 def test_a_window_of_a_slow_trainer_says_nothing_of_its_loader() -> None:
@@ -440,13 +446,7 @@ def test_a_window_of_a_slow_trainer_says_nothing_of_its_loader() -> None:
     limit (597/s, from the later windows) they fitted a model in which a second worker added
     nothing (324/s at 1 and at 2 workers), and the sidecar held the job at one worker for the
     whole run where its own tuner, at 2, reached 13% more."""
-    model = LoaderModel()
-    model.update(
-        *(
-            LoaderObservation(k, c, 32, x, idle, step / 1e3, fetch / 1e3, cpu / 1e3, wait / 1e3)
-            for k, c, x, idle, step, fetch, cpu, wait in SLOW_TRAINER_FIRST
-        )
-    )
+    model = fitted_to(SLOW_TRAINER_FIRST)
     one, two = (model.predict(k, 0.45, 32).samples_per_s for k in (1, 2))
     assert one == pytest.approx(330, rel=0.1)  # what the windows at 1 worker measured
     assert two > 1.3 * one  # a second worker of 2.3 ms a sample nearly doubles the loader
