@@ -149,15 +149,6 @@ class _Physics:
 _PRIOR = _Physics()  # the shape fit's prior: sharp knees, most of the cores
 
 
-def _own_pace(obs: Sequence[LoaderObservation]) -> np.ndarray:
-    """Each window's own accelerator rate, samples/s: its batch over its step less the data
-    wait (what the job's ``A(b)`` is fitted from, window by window). Where the trainer never
-    waited for data, this is what the window measured: its loader gave at least that much."""
-    return np.array(
-        [o.batch_size / max(o.step_s * (1.0 - o.idle_share), 1e-9) for o in obs], dtype=float
-    )
-
-
 def _soft_min(a: np.ndarray, b: np.ndarray, p: float | np.ndarray) -> np.ndarray:
     lo, hi = np.minimum(a, b), np.maximum(a, b)
     return lo * (1.0 + (lo / hi) ** p) ** (-1.0 / p)
@@ -255,6 +246,10 @@ class LoaderModel:
             ph.a1, ph.a0 = max(float(a1), 1e-9), max(float(a0), 0.0)
         else:
             ph.a1, ph.a0 = max(float(np.median(compute / b)), 1e-9), 0.0
+        # Each window's own accelerator rate (its trainer's pace), samples/s, from the same
+        # step less data wait that A(b) is fitted from. Where the trainer never waited for
+        # data, it is what the window measured: its loader gave at least that much.
+        pace = b / np.maximum(compute, 1e-9)
         cpu = [o.cpu_s / o.batch_size for o in obs if o.cpu_s is not None and o.num_workers > 0]
         walls = [  # a worker's wall time per sample without its wait for a CPU, and its CPU
             ((o.fetch_s - (o.cpu_wait_s or 0.0)) / o.batch_size, (o.cpu_s or 0.0) / o.batch_size)
@@ -297,7 +292,7 @@ class LoaderModel:
                 # Refit the shape when an allocation is new, else on a geometric schedule of
                 # reports: more reports of known allocations move it less and less (the
                 # residual model below is refitted every time).
-                self._fit_shape(ph, obs, fit_cpu_share=not cpu, multi_start=new)
+                self._fit_shape(ph, obs, pace, fit_cpu_share=not cpu, multi_start=new)
                 self._shape_seen, self._shape_at = allocations, self._added
             else:
                 prev = self._phys
@@ -306,7 +301,7 @@ class LoaderModel:
                     per, share = ph.t_io + ph.t_cpu, prev.t_cpu / (prev.t_io + prev.t_cpu)
                     ph.t_cpu, ph.t_io = per * share, per * (1.0 - share)
         self._phys = ph
-        resid = np.log(np.array([o.samples_per_s for o in obs])) - np.log(self._physical(obs))
+        resid = np.log(np.array([o.samples_per_s for o in obs])) - np.log(self._physical(obs, pace))
         if len(obs) >= 3:
             ridge = BayesianRidge(fit_intercept=True)
             features = self._features(obs)
@@ -321,21 +316,25 @@ class LoaderModel:
         self,
         ph: _Physics,
         obs: Sequence[LoaderObservation],
+        pace: np.ndarray,
         *,
         fit_cpu_share: bool,
         multi_start: bool,
     ) -> None:
-        """Fits ``eta``, ``p``, ``q`` (and, without CPU timings, the CPU share of a sample)."""
+        """Fits ``eta``, ``p``, ``q`` (and, without CPU timings, the CPU share of a sample);
+        ``pace``: each observation's own accelerator rate (see :meth:`_physical`)."""
         # Least squares over observations equals least squares over each allocation's mean
         # log throughput weighted by its count: fit the (few) allocations, not every report,
         # each at its windows' own trainer pace (their geometric mean), as in _physical.
         groups: dict[tuple[int, float, int], list[tuple[float, float]]] = {}
-        for o, pace in zip(obs, np.log(_own_pace(obs)), strict=True):
+        for o, log_pace in zip(obs, np.log(pace), strict=True):
             key = (o.num_workers, o.cores, o.batch_size)
-            groups.setdefault(key, []).append((math.log(o.samples_per_s), float(pace)))
+            groups.setdefault(key, []).append((math.log(o.samples_per_s), float(log_pace)))
         k, c = (np.array([g[i] for g in groups], dtype=float) for i in range(2))
-        y, a = (np.array([sum(v[i] for v in g) / len(g) for g in groups.values()]) for i in (0, 1))
-        a = np.exp(a)
+        y, log_a = (
+            np.array([sum(v[i] for v in g) / len(g) for g in groups.values()]) for i in (0, 1)
+        )
+        a = np.exp(log_a)
         weight = np.sqrt([len(v) for v in groups.values()])
         per = ph.t_io + ph.t_cpu
         fixed_share = ph.t_cpu / per
@@ -407,14 +406,15 @@ class LoaderModel:
         loader, tput = self._rates(ph.t_io, ph.t_cpu, k, c, a, ph.eta, ph.p, ph.q)
         return a, loader, tput
 
-    def _physical(self, obs: Sequence[LoaderObservation]) -> np.ndarray:
+    def _physical(self, obs: Sequence[LoaderObservation], pace: np.ndarray) -> np.ndarray:
         """The physical part's throughput in each observed window, at the trainer's pace in
-        that window (:func:`_own_pace`), not the job's fitted accelerator limit: a window whose
-        trainer was slow (starved of CPU while every job started) says nothing of the loader."""
+        that window (``pace``, samples/s: batch over step less data wait), not the job's fitted
+        accelerator limit: a window whose trainer was slow (starved of CPU while every job
+        started) says nothing of the loader."""
         k = np.array([o.num_workers for o in obs], dtype=float)
         c = np.array([o.cores for o in obs], dtype=float)
         ph = self._phys
-        return self._rates(ph.t_io, ph.t_cpu, k, c, _own_pace(obs), ph.eta, ph.p, ph.q)[1]
+        return self._rates(ph.t_io, ph.t_cpu, k, c, pace, ph.eta, ph.p, ph.q)[1]
 
     def _features(self, obs: Sequence[LoaderObservation]) -> np.ndarray:
         k = np.array([o.num_workers for o in obs], dtype=float)
